@@ -1,0 +1,133 @@
+// swarmkv_prefill_bench: prefill time of one document against n_batch.
+//
+// All n_batch values are measured in one run; their order alternates between
+// trials so drift does not favour one. Prints (or writes) one JSON object.
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/error.h"
+#include "swarmkv/paths.h"
+
+namespace {
+
+// "The quick brown fox ..." repeated and cut to exactly n tokens (the seed's
+// synthetic document).
+std::vector<swarmkv::Token> synthetic_tokens(const swarmkv::Model& model, size_t n) {
+  std::string text;
+  std::vector<swarmkv::Token> tokens;
+  while (tokens.size() < n) {
+    for (int i = 0; i < 64; ++i) text += "The quick brown fox jumps over the lazy dog. ";
+    tokens = model.tokenize(text, true);
+  }
+  tokens.resize(n);
+  return tokens;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Measures prefill time of one document for several n_batch values, in one run."};
+  std::string model_arg, doc_file, out_file;
+  size_t doc_tokens = 3501;
+  std::vector<uint32_t> n_batches = {64, 256, 512, 1024};
+  int trials = 3;
+  int threads = 0;
+  app.add_option("-m,--model", model_arg,
+                 "GGUF model (default: $SWARMKV_MODEL or the cached default)");
+  auto* doc_opt = app.add_option("--doc", doc_file, "document file (default: synthetic)")
+                      ->check(CLI::ExistingFile);
+  app.add_option("--doc-tokens", doc_tokens, "synthetic document length in tokens")
+      ->excludes(doc_opt)
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--n-batch", n_batches, "n_batch values to compare")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--trials", trials, "trials per n_batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app.add_option("-o,--out", out_file, "write the JSON here instead of stdout");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const std::string model_path = swarmkv::resolve_model_path(model_arg);
+    auto model = swarmkv::Model::load(model_path);
+    std::vector<swarmkv::Token> tokens;
+    if (doc_file.empty()) {
+      tokens = synthetic_tokens(*model, doc_tokens);
+    } else {
+      std::ifstream in(doc_file, std::ios::binary);
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      tokens = model->tokenize(ss.str(), true);
+    }
+    std::vector<std::vector<double>> ms(n_batches.size());
+    std::vector<swarmkv::Token> top1(n_batches.size(), -1);
+    for (int t = 0; t < trials; ++t) {
+      for (size_t k = 0; k < n_batches.size(); ++k) {
+        const size_t i = (t % 2 == 0) ? k : n_batches.size() - 1 - k;
+        swarmkv::ContextOptions o;
+        o.n_ctx = static_cast<uint32_t>(tokens.size() + 16);
+        o.n_batch = n_batches[i];
+        o.n_ubatch = n_batches[i];
+        o.n_threads = threads;
+        swarmkv::Context ctx(model, o);
+        const auto start = std::chrono::steady_clock::now();
+        ctx.decode_prompt(tokens, 0, 0);
+        ms[i].push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count());
+        const auto logits = ctx.logits(-1);
+        top1[i] = static_cast<swarmkv::Token>(std::max_element(logits.begin(), logits.end()) -
+                                              logits.begin());
+        std::cerr << "trial " << t + 1 << "/" << trials << " n_batch " << n_batches[i] << ": "
+                  << ms[i].back() << " ms\n";
+      }
+    }
+    nlohmann::json results = nlohmann::json::array();
+    for (size_t i = 0; i < n_batches.size(); ++i) {
+      const double med = median(ms[i]);
+      results.push_back({{"n_batch", n_batches[i]},
+                         {"prefill_ms", ms[i]},
+                         {"median_ms", med},
+                         {"tokens_per_s", 1000.0 * static_cast<double>(tokens.size()) / med},
+                         {"top1_matches_first", top1[i] == top1[0]}});
+    }
+    nlohmann::json out = {
+        {"params",
+         {{"model", model_path},
+          {"doc", doc_file.empty() ? "synthetic" : doc_file},
+          {"doc_tokens", tokens.size()},
+          {"n_batch", n_batches},
+          {"trials", trials},
+          {"threads", threads}}},
+        {"environment", {{"engine", swarmkv::engine_build_info()}}},
+        {"results", results},
+    };
+    if (out_file.empty()) {
+      std::cout << out.dump(2) << "\n";
+    } else {
+      std::ofstream(out_file) << out.dump(2) << "\n";
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "swarmkv_prefill_bench: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,266 @@
+// The engine layer: SwarmKV's only door to llama.cpp.
+//
+// Exactly one translation unit (src/engine/engine.cpp) includes llama.h. Every
+// llama.cpp handle (model, context, batch, sampler) is owned here by an RAII
+// class; nothing else in SwarmKV frees an engine handle. All failures are
+// reported as swarmkv::Error, and llama.cpp return codes are mapped to it in
+// one place (engine.cpp, check_decode()).
+//
+// Thread rules (from llama.cpp's maintainers): a Model is immutable and may be
+// shared by any number of threads; a Context, Batch or Sampler is
+// thread-confined: one thread at a time, never two at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+struct llama_model;
+struct llama_context;
+struct llama_sampler;
+
+namespace swarmkv {
+
+using Token = std::int32_t;  // llama_token
+using Pos = std::int32_t;    // llama_pos: absolute position in a sequence
+using SeqId = std::int32_t;  // llama_seq_id
+
+// Options for Model::load.
+struct ModelOptions {
+  int32_t n_gpu_layers = 0;  // layers offloaded to a GPU build; 0 = CPU only, -1 = all
+};
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+namespace detail {
+struct ModelDeleter {
+  void operator()(llama_model* model) const noexcept;
+};
+struct ContextDeleter {
+  void operator()(llama_context* ctx) const noexcept;
+};
+struct SamplerDeleter {
+  void operator()(llama_sampler* sampler) const noexcept;
+};
+}  // namespace detail
+
+// A loaded GGUF model. Immutable after load. Thread-safe.
+class Model {
+ public:
+  // Loads `path`. Throws Error: kNotFound when the file does not exist,
+  // kModelLoad when llama.cpp rejects it (not a GGUF, unsupported
+  // architecture, truncated). Nothing is left allocated on failure.
+  static std::shared_ptr<const Model> load(const std::string& path,
+                                           const ModelOptions& options = {});
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  ~Model();
+
+  const std::string& path() const noexcept { return path_; }
+  std::string description() const;  // e.g. "llama ?B Q4_1"
+  int32_t n_vocab() const noexcept;
+  int32_t n_ctx_train() const noexcept;
+  int32_t n_layer() const noexcept;
+  uint64_t size_bytes() const noexcept;
+
+  // Text -> tokens. `add_special` adds BOS/EOS where the model wants them;
+  // `parse_special` turns control-token text (e.g. "<|im_start|>") into the
+  // control token. Throws Error(kTokenize) on failure.
+  std::vector<Token> tokenize(std::string_view text, bool add_special,
+                              bool parse_special = true) const;
+  // One token -> its text piece. `special` renders control tokens.
+  std::string token_to_piece(Token token, bool special = false) const;
+  // Tokens -> text. Throws Error(kTokenize) on an invalid token.
+  std::string detokenize(std::span<const Token> tokens, bool special = false) const;
+  // True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...).
+  bool is_eog(Token token) const;
+
+  // True when the GGUF carries a chat template that llama.cpp can apply.
+  bool has_chat_template() const;
+  // Formats `messages` with the model's own chat template; with
+  // `add_assistant` the result ends with the assistant turn's opening.
+  // Throws Error(kChatTemplate) when the model has no usable template.
+  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_assistant) const;
+
+  // For the engine layer only.
+  llama_model* raw() const noexcept { return model_.get(); }
+
+ private:
+  Model(std::string path, llama_model* model);
+
+  std::string path_;
+  std::unique_ptr<llama_model, detail::ModelDeleter> model_;
+};
+
+// Options for Context; after construction Context::options() holds the
+// values really in use (llama.cpp may pad n_ctx).
+struct ContextOptions {
+  uint32_t n_ctx = 4096;    // KV cache size in tokens, all sequences together
+  uint32_t n_batch = 512;   // most tokens one llama_decode call may carry
+  uint32_t n_ubatch = 512;  // physical micro-batch size (<= n_batch)
+  uint32_t n_seq_max = 1;   // distinct sequence ids the context may hold
+  int32_t n_threads = 0;    // CPU threads; 0 = all hardware threads; capped by $SWARMKV_MAX_THREADS
+  bool kv_unified = false;  // one KV stream shared by all sequences
+  bool flash_attn = false;  // flash attention; off keeps results reproducible
+};
+
+// A batch of tokens for Context::decode. Owns its llama_batch.
+// Thread-confined.
+class Batch {
+ public:
+  // Room for `capacity` tokens, each tagged with up to `n_seq_max` sequences.
+  // Throws Error(kInvalidArgument) when either is < 1.
+  explicit Batch(int32_t capacity, int32_t n_seq_max = 1);
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  ~Batch();
+
+  void clear() noexcept;
+  // Appends a token at absolute position `pos` for `seqs`; `logits` asks for
+  // its output row. Throws Error(kInvalidArgument) when the batch is full or
+  // `seqs` is empty or too long.
+  void add(Token token, Pos pos, std::span<const SeqId> seqs, bool logits);
+  void add(Token token, Pos pos, SeqId seq, bool logits) {
+    add(token, pos, std::span(&seq, 1), logits);
+  }
+
+  int32_t size() const noexcept;
+  int32_t capacity() const noexcept { return capacity_; }
+
+  // For the engine layer only.
+  struct Impl;
+  Impl& impl() const noexcept { return *impl_; }
+
+ private:
+  int32_t capacity_;
+  int32_t n_seq_max_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A llama.cpp context: the KV cache and compute state. Thread-confined.
+class Context {
+ public:
+  // Creates a context on `model`. Throws Error(kInvalidArgument) for
+  // inconsistent options and Error(kContextCreate) when llama.cpp refuses.
+  Context(std::shared_ptr<const Model> model, const ContextOptions& options);
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  ~Context();
+
+  const ContextOptions& options() const noexcept { return options_; }
+  const Model& model() const noexcept { return *model_; }
+
+  // Decodes `tokens` on sequence `seq` at absolute positions pos0, pos0+1, ...
+  // in chunks of at most n_batch tokens. With `logits_last` the last token's
+  // logits are kept (read them with logits(-1)). Throws Error(kBudget) when
+  // pos0 + tokens.size() exceeds n_ctx, before decoding anything; on a decode
+  // failure (kNoKvSlot, kAborted, kInvalidBatch, kDecodeFatal) the chunks
+  // decoded before the failing one stay in the KV cache. `progress`, when
+  // set, is called after each chunk with (tokens decoded, tokens in total).
+  void decode_prompt(std::span<const Token> tokens, Pos pos0, SeqId seq, bool logits_last = true,
+                     const std::function<void(size_t, size_t)>& progress = {});
+
+  // Decodes one batch (at most n_batch tokens). Errors as for decode_prompt;
+  // on kNoKvSlot/kInvalidBatch the memory is as before the call.
+  void decode(const Batch& batch);
+
+  // Logits of output row `i` of the last decode (-1: the last row).
+  // Valid until the next decode. Throws Error(kInvalidArgument) for a row
+  // that produced no logits.
+  std::span<const float> logits(int32_t i = -1);
+
+  // KV memory of the sequences.
+  void memory_clear();
+  // Removes positions [p0, p1) of `seq` (-1: open end). Returns false when
+  // llama.cpp cannot remove a partial range (recurrent models).
+  bool seq_rm(SeqId seq, Pos p0 = -1, Pos p1 = -1);
+  // Makes positions [p0, p1) of `src` visible to `dst` as well.
+  void seq_cp(SeqId src, SeqId dst, Pos p0 = -1, Pos p1 = -1);
+  // Highest / lowest position held for `seq`; -1 when the sequence is empty.
+  Pos seq_pos_max(SeqId seq) const;
+  Pos seq_pos_min(SeqId seq) const;
+
+  // Exact size in bytes of the state of `seq`, as this llama.cpp build
+  // serialises it.
+  std::size_t state_seq_size(SeqId seq);
+  // Writes the state of `seq` into `dst`; returns the bytes written.
+  // Throws Error(kState) when `dst` is too small or nothing was written.
+  std::size_t state_seq_get(SeqId seq, std::span<std::uint8_t> dst);
+  // Restores a state exported by state_seq_get into `seq`. Throws
+  // Error(kState) unless llama.cpp consumed exactly src.size() bytes; after a
+  // failure `seq` is empty (llama.cpp clears it), other sequences untouched.
+  void state_seq_set(SeqId seq, std::span<const std::uint8_t> src);
+
+  // For the engine layer only.
+  llama_context* raw() const noexcept { return ctx_.get(); }
+
+ private:
+  std::shared_ptr<const Model> model_;  // outlives ctx_: declared first
+  ContextOptions options_;
+  std::unique_ptr<llama_context, detail::ContextDeleter> ctx_;
+};
+
+// Sampling settings for one generation.
+struct SamplingOptions {
+  float temperature = 0.0f;  // <= 0: greedy (argmax); otherwise softmax temperature
+  float top_p = 1.0f;        // nucleus mass kept; 1 = off
+  int32_t top_k = 0;         // keep the k most likely tokens; 0 = off
+  uint32_t seed = 42;        // RNG seed for sampled generation
+};
+
+// A token sampler (llama_sampler chain). Thread-confined.
+class Sampler {
+ public:
+  // Throws Error(kInvalidArgument) for top_p outside (0, 1] or top_k < 0.
+  explicit Sampler(const SamplingOptions& options);
+  Sampler(const Sampler&) = delete;
+  Sampler& operator=(const Sampler&) = delete;
+  ~Sampler();
+
+  // Samples from output row `i` of ctx's last decode and records the token
+  // in the sampler's history.
+  Token sample(Context& ctx, int32_t i = -1);
+  // Forgets the history and reseeds.
+  void reset();
+
+ private:
+  std::unique_ptr<llama_sampler, detail::SamplerDeleter> chain_;
+};
+
+enum class StopReason { kEndOfGeneration, kMaxTokens, kStopString };
+std::string_view to_string(StopReason reason) noexcept;
+
+struct GenerateOptions {
+  int32_t max_tokens = 128;  // generated tokens at most (>= 1)
+  std::vector<std::string>
+      stop;  // stop once the answer contains one (it may span tokens); text cut there
+};
+
+struct Generation {
+  std::vector<Token>
+      tokens;        // generated tokens (EOG excluded; the token completing a stop string included)
+  std::string text;  // their text, stop string removed
+  StopReason stop_reason = StopReason::kMaxTokens;
+};
+
+// Generates an answer on `seq`. Precondition: ctx's last decode produced
+// logits for the last prompt token of `seq` in output row `first_row`, and
+// `next_pos` is the position that follows that token. Throws what
+// Context::decode throws (kBudget when next_pos would pass n_ctx); the tokens
+// generated so far are then lost with the exception.
+Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
+                    const GenerateOptions& options, int32_t first_row = -1);
+
+// The llama.cpp build SwarmKV runs on ("<build number> (<commit>)").
+std::string engine_build_info();
+
+}  // namespace swarmkv

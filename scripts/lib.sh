@@ -1,0 +1,114 @@
+# Shared helpers for scripts/*.sh. Source it; it defines functions only.
+# shellcheck shell=bash
+
+SWARMKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=deps.env
+. "$SWARMKV_ROOT/scripts/deps.env"
+
+# All caches live outside the repository, keyed by version and options.
+SWARMKV_CACHE=${SWARMKV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/swarmkv}
+
+log() { printf '[swarmkv] %s\n' "$*" >&2; }
+die() { printf '[swarmkv] error: %s\n' "$*" >&2; exit 1; }
+
+# sha256_ok FILE EXPECTED -> 0 when FILE exists and its sha256 is EXPECTED.
+sha256_ok() {
+  [ -f "$1" ] || return 1
+  local got
+  got=$(sha256sum "$1" | cut -d' ' -f1)
+  [ "$got" = "$2" ]
+}
+
+# pip_download SPEC DEST [extra pip args...]: one package, no dependencies.
+pip_download() {
+  local spec=$1 dest=$2
+  shift 2
+  mkdir -p "$dest"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+    -d "$dest" "$@" "$spec" >&2 || die "pip could not download $spec"
+}
+
+# Debian packages the build, the tests and the tools need.
+SWARMKV_APT_PACKAGES=(
+  g++ cmake ninja-build pkg-config python3 python3-pip unzip clang-format
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libyaml-cpp-dev
+)
+
+# Installs the missing Debian packages (as root), saying what it installs.
+ensure_system_packages() {
+  local missing=() pkg
+  for pkg in "${SWARMKV_APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  # A python3 with its own pip (pyenv, venv) needs no python3-pip.
+  if [ ${#missing[@]} -gt 0 ] && python3 -m pip --version >/dev/null 2>&1; then
+    local keep=()
+    for pkg in "${missing[@]}"; do [ "$pkg" = python3-pip ] || keep+=("$pkg"); done
+    missing=("${keep[@]}")
+  fi
+  # A python3 from outside Debian (pyenv) also counts.
+  if [ ${#missing[@]} -gt 0 ] && command -v python3 >/dev/null 2>&1; then
+    local keep=()
+    for pkg in "${missing[@]}"; do [ "$pkg" = python3 ] || keep+=("$pkg"); done
+    missing=("${keep[@]}")
+  fi
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "not root and no sudo: install these packages first: ${missing[*]}"
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || die "apt-get update failed"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+    die "apt-get install failed for: ${missing[*]}"
+}
+
+# Sets SWARMKV_LLAMA_PREFIX to an installed llama.cpp: the one named by
+# $SWARMKV_LLAMA_PREFIX, else one that find_package(llama) already finds
+# (e.g. through $CMAKE_PREFIX_PATH), else the pinned build (built if needed).
+ensure_llama() {
+  if [ -n "${SWARMKV_LLAMA_PREFIX:-}" ]; then
+    [ -f "$SWARMKV_LLAMA_PREFIX/lib/cmake/llama/llama-config.cmake" ] ||
+      [ -n "$(find "$SWARMKV_LLAMA_PREFIX" -path '*cmake/llama/llama-config.cmake' -print -quit 2>/dev/null)" ] ||
+      die "SWARMKV_LLAMA_PREFIX=$SWARMKV_LLAMA_PREFIX holds no lib/cmake/llama/llama-config.cmake"
+    log "using llama.cpp from SWARMKV_LLAMA_PREFIX=$SWARMKV_LLAMA_PREFIX"
+    export SWARMKV_LLAMA_PREFIX
+    return 0
+  fi
+  if [ "${SWARMKV_BUILD_LLAMA:-0}" != 1 ]; then
+    local probe dir
+    probe=$(mktemp -d)
+    cat >"$probe/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(probe C CXX)
+find_package(llama CONFIG QUIET)
+if(llama_FOUND)
+  file(WRITE "${CMAKE_BINARY_DIR}/llama_dir.txt" "${llama_DIR}")
+endif()
+CMAKE
+    if cmake -S "$probe" -B "$probe/build" >/dev/null 2>&1 && [ -f "$probe/build/llama_dir.txt" ]; then
+      dir=$(cat "$probe/build/llama_dir.txt")
+      SWARMKV_LLAMA_PREFIX=$(cd "$dir/../../.." && pwd)
+      log "using the llama.cpp installation that find_package(llama) found: $SWARMKV_LLAMA_PREFIX" \
+        "(SWARMKV_BUILD_LLAMA=1 builds the pinned one instead)"
+    fi
+    rm -rf "$probe"
+  fi
+  if [ -z "${SWARMKV_LLAMA_PREFIX:-}" ]; then
+    SWARMKV_LLAMA_PREFIX=$("$SWARMKV_ROOT/scripts/build-llama.sh")
+  fi
+  export SWARMKV_LLAMA_PREFIX
+}
+
+# configure_and_build PRESET: configures (idempotent) and builds one preset.
+configure_and_build() {
+  local preset=$1
+  mkdir -p "$SWARMKV_ROOT/build"
+  (cd "$SWARMKV_ROOT" && cmake --preset "$preset" >"$SWARMKV_ROOT/build/configure-$preset.log" 2>&1) || {
+    tail -n 30 "$SWARMKV_ROOT/build/configure-$preset.log" >&2
+    die "configure failed for preset $preset (log: build/configure-$preset.log)"
+  }
+  (cd "$SWARMKV_ROOT" && cmake --build --preset "$preset" >&2) || die "build failed for preset $preset"
+}

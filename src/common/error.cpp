@@ -1,0 +1,48 @@
+#include "swarmkv/error.h"
+
+namespace swarmkv {
+
+std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kModelLoad:
+      return "model_load";
+    case ErrorCode::kContextCreate:
+      return "context_create";
+    case ErrorCode::kBudget:
+      return "budget";
+    case ErrorCode::kNoKvSlot:
+      return "no_kv_slot";
+    case ErrorCode::kAborted:
+      return "aborted";
+    case ErrorCode::kInvalidBatch:
+      return "invalid_batch";
+    case ErrorCode::kDecodeFatal:
+      return "decode_fatal";
+    case ErrorCode::kTokenize:
+      return "tokenize";
+    case ErrorCode::kChatTemplate:
+      return "chat_template";
+    case ErrorCode::kState:
+      return "state";
+    case ErrorCode::kGraph:
+      return "graph";
+    case ErrorCode::kDependencyFailed:
+      return "dependency_failed";
+    case ErrorCode::kInternal:
+      return "internal";
+  }
+  return "unknown";
+}
+
+Error::Error(ErrorCode code, const std::string& message)
+    : std::runtime_error(std::string(to_string(code)) + ": " + message),
+      code_(code),
+      message_(message) {}
+
+}  // namespace swarmkv

@@ -1,0 +1,510 @@
+// The only translation unit that includes llama.h (see include/swarmkv/engine.h).
+#include "swarmkv/engine.h"
+
+#include <llama.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+#include "decode_status.h"
+#include "swarmkv/error.h"
+#include "swarmkv/log.h"
+
+#ifndef SWARMKV_LLAMA_COMMIT
+#define SWARMKV_LLAMA_COMMIT "unknown"
+#endif
+
+namespace swarmkv {
+
+static_assert(std::is_same_v<Token, llama_token>);
+static_assert(std::is_same_v<Pos, llama_pos>);
+static_assert(std::is_same_v<SeqId, llama_seq_id>);
+
+namespace detail {
+void ModelDeleter::operator()(llama_model* model) const noexcept {
+  llama_model_free(model);
+}
+void ContextDeleter::operator()(llama_context* ctx) const noexcept {
+  llama_free(ctx);
+}
+void SamplerDeleter::operator()(llama_sampler* sampler) const noexcept {
+  llama_sampler_free(sampler);
+}
+}  // namespace detail
+
+namespace {
+
+// llama.cpp's log arrives here. Its INFO chatter (tensor lists, buffer sizes)
+// is debug-level for our users; its warnings and errors stay what they are.
+// GGML_LOG_LEVEL_CONT continues the previous message at its level.
+void route_llama_log(ggml_log_level level, const char* text, void* /*user*/) {
+  static thread_local LogLevel last = LogLevel::kDebug;
+  LogLevel ours = last;
+  switch (level) {
+    case GGML_LOG_LEVEL_ERROR:
+      ours = LogLevel::kError;
+      break;
+    case GGML_LOG_LEVEL_WARN:
+      ours = LogLevel::kWarn;
+      break;
+    case GGML_LOG_LEVEL_CONT:
+      break;
+    default:
+      ours = LogLevel::kDebug;
+      break;
+  }
+  last = ours;
+  if (text == nullptr || ours < log_level()) return;
+  std::string_view message(text);
+  if (message.empty() || message == "\n" || message == ".") return;
+  log_message(ours, fmt::format("llama.cpp: {}", message));
+}
+
+void ensure_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llama_log_set(route_llama_log, nullptr);
+    llama_backend_init();
+  });
+}
+
+const llama_vocab* vocab_of(const Model& model) {
+  return llama_model_get_vocab(model.raw());
+}
+
+}  // namespace
+
+namespace detail {
+
+// The one place where llama_decode's return codes become errors.
+void check_decode(int32_t rc, int32_t n_tokens, const ContextOptions& options) {
+  switch (rc) {
+    case 0:
+      return;
+    case 1:
+      throw Error(
+          ErrorCode::kNoKvSlot,
+          fmt::format("llama_decode: no KV slot for a batch of {} tokens (n_ctx {}, n_seq_max {}); "
+                      "free sequences or raise n_ctx",
+                      n_tokens, options.n_ctx, options.n_seq_max));
+    case 2:
+      throw Error(
+          ErrorCode::kAborted,
+          fmt::format("llama_decode: aborted while decoding a batch of {} tokens", n_tokens));
+    case -1:
+      throw Error(
+          ErrorCode::kInvalidBatch,
+          fmt::format("llama_decode: invalid batch of {} tokens (see the llama.cpp log line above)",
+                      n_tokens));
+    default:
+      throw Error(rc > 0 ? ErrorCode::kInternal : ErrorCode::kDecodeFatal,
+                  fmt::format("llama_decode: returned {} for a batch of {} tokens", rc, n_tokens));
+  }
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- Model
+
+Model::Model(std::string path, llama_model* model) : path_(std::move(path)), model_(model) {}
+Model::~Model() = default;
+
+std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw Error(ErrorCode::kNotFound, fmt::format("model file '{}' does not exist", path));
+  }
+  ensure_backend();
+  llama_model_params params = llama_model_default_params();
+  params.n_gpu_layers = options.n_gpu_layers;
+  llama_model* raw = llama_model_load_from_file(path.c_str(), params);
+  if (raw == nullptr) {
+    throw Error(
+        ErrorCode::kModelLoad,
+        fmt::format(
+            "llama.cpp could not load '{}' ({} bytes): not a GGUF model, truncated, or an "
+            "unsupported architecture (run with SWARMKV_LOG_LEVEL=debug for llama.cpp's reason)",
+            path, std::filesystem::file_size(path, ec)));
+  }
+  // The constructor is private, so make_shared cannot reach it.
+  std::shared_ptr<const Model> model(new Model(path, raw));
+  log_info("loaded model '{}' ({}, {} layers, {} MiB)", path, model->description(),
+           model->n_layer(), model->size_bytes() >> 20);
+  return model;
+}
+
+std::string Model::description() const {
+  char buf[256];
+  int32_t n = llama_model_desc(model_.get(), buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(std::min<int32_t>(n, sizeof(buf) - 1)))
+               : "unknown";
+}
+
+int32_t Model::n_vocab() const noexcept {
+  return llama_vocab_n_tokens(vocab_of(*this));
+}
+int32_t Model::n_ctx_train() const noexcept {
+  return llama_model_n_ctx_train(model_.get());
+}
+int32_t Model::n_layer() const noexcept {
+  return llama_model_n_layer(model_.get());
+}
+uint64_t Model::size_bytes() const noexcept {
+  return llama_model_size(model_.get());
+}
+
+std::vector<Token> Model::tokenize(std::string_view text, bool add_special,
+                                   bool parse_special) const {
+  if (text.size() > static_cast<size_t>(INT32_MAX)) {
+    throw Error(ErrorCode::kTokenize,
+                fmt::format("text of {} bytes is too long to tokenize", text.size()));
+  }
+  const auto len = static_cast<int32_t>(text.size());
+  // A first guess that fits almost always: one token per byte plus specials.
+  std::vector<Token> tokens(text.size() + 8);
+  int32_t n = llama_tokenize(vocab_of(*this), text.data(), len, tokens.data(),
+                             static_cast<int32_t>(tokens.size()), add_special, parse_special);
+  if (n < 0 && n != INT32_MIN) {
+    tokens.resize(static_cast<size_t>(-n));
+    n = llama_tokenize(vocab_of(*this), text.data(), len, tokens.data(),
+                       static_cast<int32_t>(tokens.size()), add_special, parse_special);
+  }
+  if (n < 0) {
+    throw Error(ErrorCode::kTokenize,
+                fmt::format("llama_tokenize failed on {} bytes of text", text.size()));
+  }
+  tokens.resize(static_cast<size_t>(n));
+  return tokens;
+}
+
+std::string Model::token_to_piece(Token token, bool special) const {
+  if (token < 0 || token >= n_vocab()) {
+    throw Error(ErrorCode::kTokenize,
+                fmt::format("token {} is outside the vocabulary (n_vocab {})", token, n_vocab()));
+  }
+  std::string piece(16, '\0');
+  int32_t n = llama_token_to_piece(vocab_of(*this), token, piece.data(),
+                                   static_cast<int32_t>(piece.size()), 0, special);
+  if (n < 0) {
+    piece.resize(static_cast<size_t>(-n));
+    n = llama_token_to_piece(vocab_of(*this), token, piece.data(),
+                             static_cast<int32_t>(piece.size()), 0, special);
+  }
+  if (n < 0)
+    throw Error(ErrorCode::kTokenize,
+                fmt::format("llama_token_to_piece failed for token {}", token));
+  piece.resize(static_cast<size_t>(n));
+  return piece;
+}
+
+std::string Model::detokenize(std::span<const Token> tokens, bool special) const {
+  for (Token t : tokens) {
+    if (t < 0 || t >= n_vocab()) {
+      throw Error(ErrorCode::kTokenize,
+                  fmt::format("token {} is outside the vocabulary (n_vocab {})", t, n_vocab()));
+    }
+  }
+  std::string text(tokens.size() * 8 + 16, '\0');
+  const auto n_tokens = static_cast<int32_t>(tokens.size());
+  int32_t n = llama_detokenize(vocab_of(*this), tokens.data(), n_tokens, text.data(),
+                               static_cast<int32_t>(text.size()), false, special);
+  if (n < 0) {
+    text.resize(static_cast<size_t>(-n));
+    n = llama_detokenize(vocab_of(*this), tokens.data(), n_tokens, text.data(),
+                         static_cast<int32_t>(text.size()), false, special);
+  }
+  if (n < 0)
+    throw Error(ErrorCode::kTokenize,
+                fmt::format("llama_detokenize failed on {} tokens", tokens.size()));
+  text.resize(static_cast<size_t>(n));
+  return text;
+}
+
+bool Model::is_eog(Token token) const {
+  return llama_vocab_is_eog(vocab_of(*this), token);
+}
+
+bool Model::has_chat_template() const {
+  const char* tmpl = llama_model_chat_template(model_.get(), nullptr);
+  if (tmpl == nullptr) return false;
+  const llama_chat_message probe{"user", "x"};
+  return llama_chat_apply_template(tmpl, &probe, 1, true, nullptr, 0) >= 0;
+}
+
+std::string Model::apply_chat_template(std::span<const ChatMessage> messages,
+                                       bool add_assistant) const {
+  const char* tmpl = llama_model_chat_template(model_.get(), nullptr);
+  if (tmpl == nullptr) {
+    throw Error(ErrorCode::kChatTemplate,
+                fmt::format("model '{}' has no chat template in its GGUF", path_));
+  }
+  std::vector<llama_chat_message> chat;
+  size_t n_chars = 0;
+  chat.reserve(messages.size());
+  for (const ChatMessage& m : messages) {
+    chat.push_back({m.role.c_str(), m.content.c_str()});
+    n_chars += m.role.size() + m.content.size();
+  }
+  std::string out(2 * n_chars + 256, '\0');
+  int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, out.data(),
+                                        static_cast<int32_t>(out.size()));
+  if (n > static_cast<int32_t>(out.size())) {
+    out.resize(static_cast<size_t>(n));
+    n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, out.data(),
+                                  static_cast<int32_t>(out.size()));
+  }
+  if (n < 0) {
+    throw Error(
+        ErrorCode::kChatTemplate,
+        fmt::format(
+            "llama.cpp does not support the chat template of '{}' (only its built-in templates "
+            "are applied; there is no Jinja engine)",
+            path_));
+  }
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+// ---------------------------------------------------------------- Batch
+
+struct Batch::Impl {
+  llama_batch batch{};
+  ~Impl() { llama_batch_free(batch); }
+};
+
+Batch::Batch(int32_t capacity, int32_t n_seq_max) : capacity_(capacity), n_seq_max_(n_seq_max) {
+  if (capacity < 1 || n_seq_max < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("Batch needs capacity >= 1 and n_seq_max >= 1 (got {} and {})",
+                            capacity, n_seq_max));
+  }
+  impl_ = std::make_unique<Impl>();
+  impl_->batch = llama_batch_init(capacity, 0, n_seq_max);
+}
+
+Batch::~Batch() = default;
+
+void Batch::clear() noexcept {
+  impl_->batch.n_tokens = 0;
+}
+
+int32_t Batch::size() const noexcept {
+  return impl_->batch.n_tokens;
+}
+
+void Batch::add(Token token, Pos pos, std::span<const SeqId> seqs, bool logits) {
+  llama_batch& b = impl_->batch;
+  if (b.n_tokens >= capacity_) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("Batch is full ({} tokens)", capacity_));
+  }
+  if (seqs.empty() || seqs.size() > static_cast<size_t>(n_seq_max_)) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("a batch token needs 1..{} sequence ids (got {})", n_seq_max_, seqs.size()));
+  }
+  const int32_t i = b.n_tokens;
+  b.token[i] = token;
+  b.pos[i] = pos;
+  b.n_seq_id[i] = static_cast<int32_t>(seqs.size());
+  std::copy(seqs.begin(), seqs.end(), b.seq_id[i]);
+  b.logits[i] = logits ? 1 : 0;
+  b.n_tokens = i + 1;
+}
+
+// ---------------------------------------------------------------- Context
+
+Context::Context(std::shared_ptr<const Model> model, const ContextOptions& options)
+    : model_(std::move(model)), options_(options) {
+  if (!model_) throw Error(ErrorCode::kInvalidArgument, "Context needs a model");
+  if (options.n_ctx < 1 || options.n_batch < 1 || options.n_seq_max < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("n_ctx, n_batch and n_seq_max must be >= 1 (got {}, {}, {})",
+                            options.n_ctx, options.n_batch, options.n_seq_max));
+  }
+  if (options.n_threads < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("n_threads must be >= 0 (got {})", options.n_threads));
+  }
+  llama_context_params params = llama_context_default_params();
+  params.n_ctx = options.n_ctx;
+  params.n_batch = options.n_batch;
+  params.n_ubatch = std::min(options.n_ubatch, options.n_batch);
+  params.n_seq_max = options.n_seq_max;
+  int32_t threads = options.n_threads > 0
+                        ? options.n_threads
+                        : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  // $SWARMKV_MAX_THREADS caps every context's thread pool (the TSan preset
+  // sets 1: ggml's OpenMP workers are invisible to TSan and drown it in
+  // false reports).
+  if (const char* cap = std::getenv("SWARMKV_MAX_THREADS"); cap != nullptr && std::atoi(cap) > 0) {
+    threads = std::min(threads, std::atoi(cap));
+  }
+  params.n_threads = threads;
+  params.n_threads_batch = threads;
+  params.kv_unified = options.kv_unified;
+  params.flash_attn_type =
+      options.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  params.no_perf = true;
+  ctx_.reset(llama_init_from_model(model_->raw(), params));
+  if (!ctx_) {
+    throw Error(
+        ErrorCode::kContextCreate,
+        fmt::format("llama.cpp could not create a context (n_ctx {}, n_batch {}, n_seq_max {}, "
+                    "kv_unified {}); see the llama.cpp log above",
+                    options.n_ctx, options.n_batch, options.n_seq_max, options.kv_unified));
+  }
+  // Record what llama.cpp really uses (it pads n_ctx, clamps n_ubatch).
+  options_.n_ctx = llama_n_ctx(ctx_.get());
+  options_.n_batch = llama_n_batch(ctx_.get());
+  options_.n_ubatch = llama_n_ubatch(ctx_.get());
+  options_.n_seq_max = llama_n_seq_max(ctx_.get());
+  options_.n_threads = threads;
+}
+
+Context::~Context() = default;
+
+void Context::decode_prompt(std::span<const Token> tokens, Pos pos0, SeqId seq, bool logits_last,
+                            const std::function<void(size_t, size_t)>& progress) {
+  if (tokens.empty()) throw Error(ErrorCode::kInvalidArgument, "decode_prompt: no tokens");
+  if (pos0 < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("decode_prompt: negative position {}", pos0));
+  const uint64_t end = static_cast<uint64_t>(pos0) + tokens.size();
+  if (end > options_.n_ctx) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("decode_prompt: positions {}..{} do not fit n_ctx {} ({} tokens "
+                            "starting at position {})",
+                            pos0, end - 1, options_.n_ctx, tokens.size(), pos0));
+  }
+  const auto n_batch = static_cast<int32_t>(options_.n_batch);
+  Batch batch(n_batch, 1);
+  const auto n = static_cast<int32_t>(tokens.size());
+  for (int32_t start = 0; start < n; start += n_batch) {
+    const int32_t stop = std::min(n, start + n_batch);
+    batch.clear();
+    for (int32_t i = start; i < stop; ++i) {
+      batch.add(tokens[static_cast<size_t>(i)], pos0 + i, seq, logits_last && i == n - 1);
+    }
+    decode(batch);
+    if (progress) progress(static_cast<size_t>(stop), tokens.size());
+  }
+}
+
+void Context::decode(const Batch& batch) {
+  const int32_t n = batch.size();
+  if (n == 0) throw Error(ErrorCode::kInvalidArgument, "decode: empty batch");
+  if (static_cast<uint32_t>(n) > options_.n_batch) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("decode: batch of {} tokens exceeds n_batch {}", n, options_.n_batch));
+  }
+  detail::check_decode(llama_decode(ctx_.get(), batch.impl().batch), n, options_);
+}
+
+std::span<const float> Context::logits(int32_t i) {
+  const float* row = llama_get_logits_ith(ctx_.get(), i);
+  if (row == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("logits: output row {} has no logits", i));
+  }
+  return {row, static_cast<size_t>(model_->n_vocab())};
+}
+
+void Context::memory_clear() {
+  llama_memory_clear(llama_get_memory(ctx_.get()), true);
+}
+
+bool Context::seq_rm(SeqId seq, Pos p0, Pos p1) {
+  return llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, p0, p1);
+}
+
+void Context::seq_cp(SeqId src, SeqId dst, Pos p0, Pos p1) {
+  llama_memory_seq_cp(llama_get_memory(ctx_.get()), src, dst, p0, p1);
+}
+
+Pos Context::seq_pos_max(SeqId seq) const {
+  return llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), seq);
+}
+
+Pos Context::seq_pos_min(SeqId seq) const {
+  return llama_memory_seq_pos_min(llama_get_memory(ctx_.get()), seq);
+}
+
+std::size_t Context::state_seq_size(SeqId seq) {
+  return llama_state_seq_get_size(ctx_.get(), seq);
+}
+
+std::size_t Context::state_seq_get(SeqId seq, std::span<std::uint8_t> dst) {
+  const size_t need = state_seq_size(seq);
+  if (dst.size() < need) {
+    throw Error(ErrorCode::kState,
+                fmt::format("state_seq_get: buffer of {} bytes is smaller than the {} bytes "
+                            "of sequence {}",
+                            dst.size(), need, seq));
+  }
+  const size_t written = llama_state_seq_get_data(ctx_.get(), dst.data(), dst.size(), seq);
+  if (written == 0)
+    throw Error(ErrorCode::kState, fmt::format("state_seq_get: sequence {} exported 0 bytes", seq));
+  return written;
+}
+
+void Context::state_seq_set(SeqId seq, std::span<const std::uint8_t> src) {
+  const size_t consumed = llama_state_seq_set_data(ctx_.get(), src.data(), src.size(), seq);
+  if (consumed != src.size()) {
+    // llama.cpp clears the destination sequence on failure; keep it that way explicitly.
+    seq_rm(seq);
+    throw Error(
+        ErrorCode::kState,
+        fmt::format(
+            "state_seq_set: restored {} of {} bytes into sequence {} (the snapshot does not match "
+            "this context: model, n_ctx layout, kv_unified, flash attention or K/V types differ, "
+            "or the data is corrupt)",
+            consumed, src.size(), seq));
+  }
+}
+
+// ---------------------------------------------------------------- Sampler
+
+Sampler::Sampler(const SamplingOptions& options) {
+  if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("top_p must be in (0, 1] (got {})", options.top_p));
+  }
+  if (options.top_k < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("top_k must be >= 0 (got {})", options.top_k));
+  ensure_backend();
+  chain_.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+  if (options.temperature <= 0.0f) {
+    llama_sampler_chain_add(chain_.get(), llama_sampler_init_greedy());
+    return;
+  }
+  if (options.top_k > 0)
+    llama_sampler_chain_add(chain_.get(), llama_sampler_init_top_k(options.top_k));
+  if (options.top_p < 1.0f)
+    llama_sampler_chain_add(chain_.get(), llama_sampler_init_top_p(options.top_p, 1));
+  llama_sampler_chain_add(chain_.get(), llama_sampler_init_temp(options.temperature));
+  llama_sampler_chain_add(chain_.get(), llama_sampler_init_dist(options.seed));
+}
+
+Sampler::~Sampler() = default;
+
+Token Sampler::sample(Context& ctx, int32_t i) {
+  // Validates the row first, so a bad index is an Error, not a crash inside llama.cpp.
+  (void)ctx.logits(i);
+  // llama_sampler_sample also accepts the token into the chain's history.
+  return llama_sampler_sample(chain_.get(), ctx.raw(), i);
+}
+
+void Sampler::reset() {
+  llama_sampler_reset(chain_.get());
+}
+
+std::string engine_build_info() {
+  ensure_backend();
+  return fmt::format("llama.cpp {} | {}", SWARMKV_LLAMA_COMMIT, llama_print_system_info());
+}
+
+}  // namespace swarmkv

@@ -1,0 +1,84 @@
+// Token-by-token generation on one sequence, written against the engine API
+// only (no llama.h here).
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/error.h"
+
+namespace swarmkv {
+
+std::string_view to_string(StopReason reason) noexcept {
+  switch (reason) {
+    case StopReason::kEndOfGeneration:
+      return "eog";
+    case StopReason::kMaxTokens:
+      return "max_tokens";
+    case StopReason::kStopString:
+      return "stop_string";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// If a stop string occurs in `text` in a match that ends in the newly
+// appended bytes (from `old_size` on), cuts the text where the earliest such
+// match starts and returns true. A stop string may span several tokens.
+bool trim_stop(std::string& text, size_t old_size, const std::vector<std::string>& stops) {
+  size_t cut = std::string::npos;
+  for (const std::string& stop : stops) {
+    if (stop.empty()) continue;
+    const size_t from = old_size >= stop.size() - 1 ? old_size - (stop.size() - 1) : 0;
+    const size_t at = text.find(stop, from);
+    if (at != std::string::npos) cut = std::min(cut, at);
+  }
+  if (cut == std::string::npos) return false;
+  text.resize(cut);
+  return true;
+}
+
+}  // namespace
+
+Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
+                    const GenerateOptions& options, int32_t first_row) {
+  if (options.max_tokens < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("max_tokens must be >= 1 (got {})", options.max_tokens));
+  }
+  const Model& model = ctx.model();
+  Generation out;
+  Batch batch(1, 1);
+  int32_t row = first_row;
+  for (;;) {
+    const Token token = sampler.sample(ctx, row);
+    if (model.is_eog(token)) {
+      out.stop_reason = StopReason::kEndOfGeneration;
+      break;
+    }
+    out.tokens.push_back(token);
+    const size_t old_size = out.text.size();
+    out.text += model.token_to_piece(token);
+    if (trim_stop(out.text, old_size, options.stop)) {
+      out.stop_reason = StopReason::kStopString;
+      break;
+    }
+    if (static_cast<int32_t>(out.tokens.size()) >= options.max_tokens) {
+      out.stop_reason = StopReason::kMaxTokens;
+      break;
+    }
+    if (static_cast<uint32_t>(next_pos) >= ctx.options().n_ctx) {
+      throw Error(ErrorCode::kBudget,
+                  fmt::format("generate: sequence {} reached n_ctx {} after {} generated tokens",
+                              seq, ctx.options().n_ctx, out.tokens.size()));
+    }
+    batch.clear();
+    batch.add(token, next_pos++, seq, true);
+    ctx.decode(batch);
+    row = -1;
+  }
+  return out;
+}
+
+}  // namespace swarmkv

@@ -1,0 +1,91 @@
+#include "swarmkv/paths.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "swarmkv/error.h"
+
+namespace swarmkv {
+namespace {
+
+// Sets an environment variable for one test and restores it afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value != nullptr)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(PathsTest, CacheDirFollowsSwarmkvCacheThenXdgThenHome) {
+  ScopedEnv home("HOME", "/home/u");
+  ScopedEnv xdg("XDG_CACHE_HOME", nullptr);
+  {
+    ScopedEnv cache("SWARMKV_CACHE", nullptr);
+    EXPECT_EQ(cache_dir(), "/home/u/.cache/swarmkv");
+    ScopedEnv xdg2("XDG_CACHE_HOME", "/x");
+    EXPECT_EQ(cache_dir(), "/x/swarmkv");
+  }
+  ScopedEnv cache("SWARMKV_CACHE", "/c");
+  EXPECT_EQ(cache_dir(), "/c");
+}
+
+TEST(PathsTest, ExplicitPathWinsAndMustExist) {
+  const auto dir = std::filesystem::temp_directory_path() / "swarmkv_paths_test";
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "m.gguf";
+  std::ofstream(file) << "x";
+  ScopedEnv model("SWARMKV_MODEL", "/does/not/exist.gguf");
+  EXPECT_EQ(resolve_model_path(file.string()), file.string());
+  try {
+    resolve_model_path((dir / "missing.gguf").string());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("--model"), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PathsTest, EnvironmentModelIsUsedAndCheckedWhenNoExplicitPath) {
+  ScopedEnv model("SWARMKV_MODEL", "/does/not/exist.gguf");
+  try {
+    resolve_model_path("");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("$SWARMKV_MODEL"), std::string::npos);
+  }
+}
+
+TEST(PathsTest, MissingDefaultModelSaysHowToFetchIt) {
+  ScopedEnv model("SWARMKV_MODEL", nullptr);
+  ScopedEnv cache("SWARMKV_CACHE", "/nonexistent-swarmkv-cache");
+  try {
+    resolve_model_path("");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scripts/fetch-model.sh"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-swarmkv-cache/models/"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace swarmkv
