@@ -6,7 +6,6 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -72,10 +71,7 @@ int main(int argc, char** argv) {
     if (doc_file.empty()) {
       tokens = synthetic_tokens(*model, doc_tokens);
     } else {
-      std::ifstream in(doc_file, std::ios::binary);
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      tokens = model->tokenize(ss.str(), true);
+      tokens = model->tokenize(swarmkv::read_file(doc_file), true);
     }
     std::vector<std::vector<double>> ms(n_batches.size());
     std::vector<swarmkv::Token> top1(n_batches.size(), -1);

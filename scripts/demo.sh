@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The main job, with all of its own set-up (idempotent, cached): Debian
-# packages, the pinned llama.cpp, the default model, a release build; then a
-# real answer from the default model. Extra arguments go to `swarmkv generate`.
+# packages, the pinned llama.cpp, the default model, a release build; then the
+# README pipeline: four agents over the Apache License 2.0, the document
+# prefilled once and every agent forked from its KV snapshot.
+#
+# Extra arguments go to `swarmkv run`, e.g. `--fork none` (the baseline) or
+# `--json`. Set SWARMKV_MODEL to use another GGUF.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ensure_system_packages
 ensure_llama
-model=$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)
+model=${SWARMKV_MODEL:-$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)}
 configure_and_build release
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(-p "In two sentences: why does a multi-agent pipeline that shares one long document benefit from computing the document's KV cache only once?")
-exec "$SWARMKV_ROOT/build/release/swarmkv" generate --model "${SWARMKV_MODEL:-$model}" "${args[@]}"
+exec "$SWARMKV_ROOT/build/release/swarmkv" run "$SWARMKV_ROOT/examples/pipelines/apache-license.yaml" \
+  --model "$model" "$@"

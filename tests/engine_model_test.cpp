@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +12,7 @@
 
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
+#include "swarmkv/paths.h"
 
 #ifndef SWARMKV_SOURCE_DIR
 #error "SWARMKV_SOURCE_DIR must be defined"
@@ -24,13 +24,6 @@ namespace {
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 class EngineModelTest : public ::testing::Test {
@@ -153,7 +146,7 @@ TEST_F(EngineModelTest, AnswerStopsOnEndOfGenerationOrStopString) {
 // depends on the matrix shape.
 TEST_F(EngineModelTest, PrefillChunkSizeDoesNotChangeNextTokenOrLogits) {
   const std::string doc =
-      read_text(std::string(SWARMKV_SOURCE_DIR) + "/examples/documents/apache-2.0.txt");
+      read_file(std::string(SWARMKV_SOURCE_DIR) + "/examples/documents/apache-2.0.txt");
   auto tokens = model_->tokenize(doc, true);
   ASSERT_GE(tokens.size(), 1200u);
   tokens.resize(1200);  // >= 1000 tokens, and the test stays quick

@@ -87,5 +87,19 @@ TEST(PathsTest, MissingDefaultModelSaysHowToFetchIt) {
   }
 }
 
+TEST(PathsTest, ReadFileReturnsTheBytesOrNamesTheMissingFile) {
+  const auto path = std::filesystem::temp_directory_path() / "swarmkv_read_file_test.txt";
+  std::ofstream(path, std::ios::binary) << std::string("a\0b\n", 4);
+  EXPECT_EQ(read_file(path.string()), std::string("a\0b\n", 4));
+  std::filesystem::remove(path);
+  try {
+    read_file(path.string());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace swarmkv

@@ -18,4 +18,8 @@ std::string cache_dir();
 // naming every place it looked and how to fetch the default model.
 std::string resolve_model_path(std::string_view explicit_path);
 
+// The whole content of a file. Throws Error(kNotFound) when it cannot be
+// opened, Error(kIo) when reading fails.
+std::string read_file(const std::string& path);
+
 }  // namespace swarmkv

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -49,6 +51,15 @@ std::string resolve_model_path(std::string_view explicit_path) {
             fallback));
   }
   return fallback;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::kNotFound, fmt::format("cannot open '{}'", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error(ErrorCode::kIo, fmt::format("reading '{}' failed", path));
+  return ss.str();
 }
 
 }  // namespace swarmkv

@@ -1,10 +1,10 @@
 // swarmkv: the command-line front end of the SwarmKV library.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -13,6 +13,7 @@
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 #include "swarmkv/paths.h"
+#include "swarmkv/pipeline.h"
 
 namespace {
 
@@ -20,14 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw swarmkv::Error(swarmkv::ErrorCode::kNotFound, "cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 struct GenerateArgs {
@@ -46,7 +39,8 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& args) {
   const auto t_start = Clock::now();
   const std::string model_path = swarmkv::resolve_model_path(args.model);
-  std::string prompt = args.prompt_file.empty() ? args.prompt : read_file(args.prompt_file);
+  std::string prompt =
+      args.prompt_file.empty() ? args.prompt : swarmkv::read_file(args.prompt_file);
   if (prompt.empty()) {
     throw swarmkv::Error(swarmkv::ErrorCode::kInvalidArgument,
                          "the prompt is empty (use --prompt or --prompt-file)");
@@ -110,6 +104,130 @@ int run_generate(const GenerateArgs& args) {
         1000.0 * static_cast<double>(tokens.size()) / prompt_ms, answer.tokens.size(), gen_ms,
         gen_ms > 0 ? 1000.0 * static_cast<double>(answer.tokens.size()) / gen_ms : 0.0,
         swarmkv::to_string(answer.stop_reason), total_ms);
+  }
+  return 0;
+}
+
+struct RunArgs {
+  std::string pipeline;
+  std::string model;
+  std::string fork;
+  std::string guard = "serialized";
+  uint32_t n_ctx = 0;
+  int32_t threads = -1;
+  bool json = false;
+};
+
+nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
+                           const std::string& model_path, double load_ms) {
+  nlohmann::json agents = nlohmann::json::array();
+  for (const auto& a : r.agents) {
+    const auto& t = a.timings_ms;
+    agents.push_back({{"name", a.name},
+                      {"status", std::string(swarmkv::to_string(a.status))},
+                      {"error", a.error},
+                      {"answer", a.answer},
+                      {"n_tokens", a.tokens.size()},
+                      {"stop_reason", std::string(swarmkv::to_string(a.stop_reason))},
+                      {"prompt_tokens", a.prompt_tokens},
+                      {"timings_ms",
+                       {{"wait", t.wait},
+                        {"context", t.context},
+                        {"prefill", t.prefill},
+                        {"fork", t.fork},
+                        {"restore", t.restore},
+                        {"prompt", t.prompt},
+                        {"first_token", t.first_token},
+                        {"generate", t.generate},
+                        {"total", t.total}}}});
+  }
+  return {{"pipeline", spec.name},
+          {"model", model_path},
+          {"fork", std::string(swarmkv::to_string(r.fork))},
+          {"guard", std::string(swarmkv::to_string(r.guard))},
+          {"ok", r.ok()},
+          {"n_ctx", r.n_ctx},
+          {"prefix_tokens", r.prefix_tokens},
+          {"snapshot_bytes", r.snapshot_bytes},
+          {"load_ms", load_ms},
+          {"prepare_ms", r.prepare_ms},
+          {"prefill_ms", r.prefill_ms},
+          {"export_ms", r.export_ms},
+          {"arena_ms", r.arena_ms},
+          {"total_ms", r.total_ms},
+          {"document",
+           {{"status", std::string(swarmkv::to_string(r.document_status))},
+            {"error", r.document_error}}},
+          {"agents", agents}};
+}
+
+void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
+                const std::string& model_path, double load_ms) {
+  std::cout << fmt::format("pipeline {} | model {} | fork {} | guard {} | document {} tokens",
+                           spec.name, model_path, swarmkv::to_string(r.fork),
+                           swarmkv::to_string(r.guard), r.prefix_tokens);
+  if (r.fork == swarmkv::ForkMode::kHost)
+    std::cout << fmt::format(" | snapshot {:.1f} MiB", r.snapshot_bytes / 1048576.0);
+  std::cout << "\n";
+  if (r.document_status != swarmkv::NodeStatus::kOk)
+    std::cout << "document: FAILED: " << r.document_error << "\n";
+  for (const auto& a : r.agents) {
+    std::cout << "\n== " << a.name << " (" << swarmkv::to_string(a.status) << ") ==\n";
+    std::cout << (a.status == swarmkv::NodeStatus::kOk ? a.answer : a.error) << "\n";
+  }
+  std::cout << fmt::format("\n{:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+                           "agent (ms)", "tokens", "prefill", "fork", "restore", "prompt",
+                           "1st tok", "generate", "total");
+  for (const auto& a : r.agents) {
+    const auto& t = a.timings_ms;
+    std::cout << fmt::format(
+        "{:<16} {:>7} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f}\n",
+        a.name.substr(0, 16), a.tokens.size(), t.prefill, t.fork, t.restore, t.prompt,
+        t.first_token, t.generate, t.total);
+  }
+  std::cout << fmt::format(
+      "load {:.0f} ms | prefill {:.1f} ms{} | total {:.1f} ms (model load excluded)\n", load_ms,
+      r.prefill_ms,
+      r.fork == swarmkv::ForkMode::kHost ? fmt::format(" | export {:.1f} ms", r.export_ms)
+                                         : std::string(" (sum of per-agent re-prefills)"),
+      r.total_ms);
+}
+
+int run_pipeline_cmd(const RunArgs& args) {
+  swarmkv::PipelineSpec spec = swarmkv::load_pipeline_file(args.pipeline);
+  if (!args.model.empty()) spec.model = args.model;
+  if (!args.fork.empty()) spec.fork = swarmkv::parse_fork_mode(args.fork);
+  if (args.n_ctx > 0) spec.n_ctx = args.n_ctx;
+  if (args.threads >= 0) spec.n_threads = args.threads;
+  swarmkv::RunOptions options;
+  options.guard = swarmkv::parse_guard_policy(args.guard);
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  if (tty) {
+    options.on_prefill_progress = [](size_t done, size_t total) {
+      std::cerr << fmt::format("\rprefill: {}/{} tokens ({:.0f}%)", done, total,
+                               100.0 * done / total)
+                << (done == total ? "\n" : "") << std::flush;
+    };
+  }
+  const std::string model_path = swarmkv::resolve_model_path(spec.model);
+  const auto t0 = Clock::now();
+  auto model = swarmkv::Model::load(model_path);
+  const double load_ms = ms_since(t0);
+  const swarmkv::PipelineResult result = swarmkv::run_pipeline(spec, model, options);
+  if (args.json) {
+    std::cout << result_json(spec, result, model_path, load_ms).dump(2) << "\n";
+  } else {
+    print_text(spec, result, model_path, load_ms);
+  }
+  if (!result.ok()) {
+    if (result.document_status != swarmkv::NodeStatus::kOk) {
+      std::cerr << "swarmkv: error: document: " << result.document_error << "\n";
+    }
+    for (const auto& a : result.agents) {
+      if (a.status != swarmkv::NodeStatus::kOk)
+        std::cerr << "swarmkv: error: agent " << a.name << ": " << a.error << "\n";
+    }
+    return 1;
   }
   return 0;
 }
@@ -183,6 +301,39 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   generate->add_flag("--json", gen.json, "print one JSON object instead of text");
 
+  RunArgs run_args;
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Run a pipeline file: prefill the document once, fork every agent from its KV snapshot, "
+      "print each answer "
+      "and a timing table.\n"
+      "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, threads, fork, system, document "
+      "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
+      "prompt, max_tokens, "
+      "temperature, top_p, top_k, seed, stop, depends_on). See examples/pipelines/.\n"
+      "Exit status: 0 when every agent succeeded, 1 otherwise (the causes go to stderr).");
+  run->add_option("pipeline", run_args.pipeline, "pipeline file (.yaml or .json)")->required();
+  run->add_option("-m,--model", run_args.model, "GGUF model; overrides the file's 'model'");
+  run->add_option(
+         "--fork", run_args.fork,
+         "host: prefill once, copy + restore a host snapshot per agent (the file's default);\n"
+         "none: baseline, every agent re-prefills the whole document in its own context")
+      ->check(CLI::IsMember({"host", "none"}));
+  run->add_option(
+         "--guard", run_args.guard,
+         "serialized: one engine mutex around all agents' llama.cpp work (the seed's LlamaGuard);\n"
+         "concurrent: agents use their own contexts at the same time")
+      ->check(CLI::IsMember({"serialized", "concurrent"}))
+      ->capture_default_str();
+  run->add_option("-c,--n-ctx", run_args.n_ctx,
+                  "context size per agent; overrides the file's n_ctx");
+  run->add_option("-t,--threads", run_args.threads,
+                  "CPU threads per context (0 = all cores); overrides the file");
+  run->add_flag("--json", run_args.json,
+                "print one JSON object: per agent name, status, answer, n_tokens, timings_ms "
+                "(fork, restore, prompt, "
+                "generate, total, ...), plus prefill_ms and total_ms");
+
   std::string info_model;
   CLI::App* info =
       app.add_subcommand("info", "Print the model's metadata and the llama.cpp build as JSON");
@@ -199,6 +350,7 @@ int main(int argc, char** argv) {
     gen.context.n_ubatch = gen.context.n_batch;
     if (*generate) return run_generate(gen);
     if (*info) return run_info(info_model);
+    if (*run) return run_pipeline_cmd(run_args);
   } catch (const swarmkv::Error& e) {
     std::cerr << "swarmkv: error: " << e.what() << "\n";
     return 1;

@@ -1,0 +1,381 @@
+#include "swarmkv/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "kv/host_buffer_pool.h"
+#include "swarmkv/error.h"
+#include "swarmkv/log.h"
+
+namespace swarmkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+constexpr std::string_view kDocumentNode = "document";
+// Splits the rendered chat template at the agent's prompt. Chosen so that no
+// real document or prompt contains it.
+constexpr std::string_view kPromptMarker = "\x1f<swarmkv-agent-prompt>\x1f";
+
+// Warm contexts, handed out again instead of being created per branch
+// (creating one costs far more than clearing and restoring it). Thread-safe.
+class ContextPool {
+ public:
+  ContextPool(std::shared_ptr<const Model> model, ContextOptions options)
+      : model_(std::move(model)), options_(options) {}
+
+  // Returns a context with empty memory; *created tells whether it is new.
+  std::unique_ptr<Context> acquire(bool* created) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        auto ctx = std::move(free_.back());
+        free_.pop_back();
+        *created = false;
+        ctx->memory_clear();
+        return ctx;
+      }
+    }
+    *created = true;
+    return std::make_unique<Context>(model_, options_);
+  }
+
+  void release(std::unique_ptr<Context> ctx) {
+    std::lock_guard lock(mutex_);
+    free_.push_back(std::move(ctx));
+  }
+
+ private:
+  std::shared_ptr<const Model> model_;
+  ContextOptions options_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Context>> free_;
+};
+
+// Everything the nodes of one run share.
+struct PipelineState : RunState {
+  const PipelineSpec* spec = nullptr;
+  std::shared_ptr<const Model> model;
+  const PreparedPipeline* prepared = nullptr;
+  const RunOptions* options = nullptr;
+  ContextOptions context_options;
+  std::unique_ptr<ContextPool> contexts;
+  detail::HostBufferPool buffers;
+  detail::HostBuffer snapshot;  // written by the prefill node before any branch reads it
+  std::mutex engine_mutex;      // the seed's LlamaGuard (GuardPolicy::kSerialized)
+  std::mutex result_mutex;      // guards `result`
+  PipelineResult result;
+
+  std::unique_lock<std::mutex> engine_guard() {
+    return options->guard == GuardPolicy::kSerialized ? std::unique_lock(engine_mutex)
+                                                      : std::unique_lock<std::mutex>();
+  }
+};
+
+// The root: prefills the document once and exports its KV state (kHost).
+class PrefillNode final : public Node {
+ public:
+  PrefillNode() : Node(std::string(kDocumentNode), {}) {}
+
+  void execute(RunState& run) override {
+    auto& state = static_cast<PipelineState&>(run);
+    if (state.spec->fork == ForkMode::kNone) return;  // every agent prefills for itself
+    const std::vector<Token>& prefix = state.prepared->prefix;
+    auto guard = state.engine_guard();
+    bool created = false;
+    auto ctx = state.contexts->acquire(&created);
+    const auto t0 = Clock::now();
+    ctx->decode_prompt(prefix, 0, 0, /*logits_last=*/false, state.options->on_prefill_progress);
+    const auto t1 = Clock::now();
+    // The size comes from the live engine, never from a formula.
+    detail::HostBuffer snapshot = state.buffers.acquire(ctx->state_seq_size(0));
+    const size_t written = ctx->state_seq_get(0, snapshot.bytes());
+    snapshot.truncate(written);
+    const auto t2 = Clock::now();
+    // Pre-fault one branch buffer now, so that the first fork costs a memcpy
+    // like every later one (a fresh 80 MB buffer costs ~230 ms of page faults).
+    state.buffers.acquire(written);
+    const auto t3 = Clock::now();
+    // Keep the prefill context warm: the first branch restores into it.
+    state.contexts->release(std::move(ctx));
+    std::lock_guard lock(state.result_mutex);
+    state.snapshot = std::move(snapshot);
+    state.result.prefill_ms = ms_between(t0, t1);
+    state.result.export_ms = ms_between(t1, t2);
+    state.result.arena_ms = ms_between(t2, t3);
+    state.result.snapshot_bytes = written;
+    log_info("prefill: {} tokens in {:.1f} ms, snapshot {} bytes exported in {:.1f} ms",
+             prefix.size(), state.result.prefill_ms, written, state.result.export_ms);
+  }
+};
+
+// One agent: fork from the snapshot (or re-prefill), decode its prompt, answer.
+class BranchNode final : public Node {
+ public:
+  BranchNode(size_t index, const AgentSpec& agent)
+      : Node(agent.name, dependencies_of(agent)), index_(index) {}
+
+  void execute(RunState& run) override {
+    auto& state = static_cast<PipelineState&>(run);
+    const AgentSpec& agent = state.spec->agents[index_];
+    const std::vector<Token>& prompt = state.prepared->branches[index_];
+    const auto prefix_len = static_cast<Pos>(state.prepared->prefix.size());
+    AgentResult& out = state.result.agents[index_];  // this node's own slot
+    AgentTimings& t = out.timings_ms;
+    const auto start = Clock::now();
+
+    const auto w0 = Clock::now();
+    auto guard = state.engine_guard();
+    t.wait = ms_between(w0, Clock::now());
+    const auto work_start = Clock::now();
+
+    bool created = false;
+    const auto c0 = Clock::now();
+    auto ctx = state.contexts->acquire(&created);
+    t.context = ms_between(c0, Clock::now());
+
+    if (state.spec->fork == ForkMode::kHost) {
+      // Copy-on-fork into a warm pooled buffer: under the serialized guard one
+      // buffer serves every branch in turn, so a fork costs memcpy bandwidth,
+      // not page faults.
+      const auto f0 = Clock::now();
+      detail::HostBuffer branch_buffer = state.buffers.acquire(state.snapshot.size());
+      std::memcpy(branch_buffer.bytes().data(), state.snapshot.bytes().data(),
+                  state.snapshot.size());
+      const auto r0 = Clock::now();
+      t.fork = ms_between(f0, r0);
+      // Throws unless llama.cpp consumed exactly the copied bytes.
+      ctx->state_seq_set(0, branch_buffer.bytes());
+      t.restore = ms_between(r0, Clock::now());
+    } else {
+      const auto p0 = Clock::now();
+      ctx->decode_prompt(state.prepared->prefix, 0, 0, /*logits_last=*/false);
+      t.prefill = ms_between(p0, Clock::now());
+    }
+
+    const Pos pos0 =
+        state.options->branch_pos0_override >= 0 ? state.options->branch_pos0_override : prefix_len;
+    const auto q0 = Clock::now();
+    ctx->decode_prompt(prompt, pos0, 0, /*logits_last=*/true);
+    t.prompt = ms_between(q0, Clock::now());
+
+    Sampler sampler(agent.sampling);
+    GenerateOptions gen;
+    gen.max_tokens = agent.max_tokens;
+    gen.stop = agent.stop;
+    const auto g0 = Clock::now();
+    Generation answer = generate(*ctx, sampler, 0, pos0 + static_cast<Pos>(prompt.size()), gen);
+    const auto g1 = Clock::now();
+    t.generate = ms_between(g0, g1);
+    // The first token is sampled from the prompt's logits before any
+    // generation decode; its cost is the work up to generation.
+    t.first_token = ms_between(work_start, g0);
+    state.contexts->release(std::move(ctx));
+    t.total = ms_between(start, g1) - t.wait;
+
+    out.answer = std::move(answer.text);
+    out.tokens = std::move(answer.tokens);
+    out.stop_reason = answer.stop_reason;
+  }
+
+ private:
+  static std::vector<std::string> dependencies_of(const AgentSpec& agent) {
+    std::vector<std::string> deps{std::string(kDocumentNode)};
+    deps.insert(deps.end(), agent.depends_on.begin(), agent.depends_on.end());
+    return deps;
+  }
+
+  size_t index_;
+};
+
+std::vector<std::unique_ptr<Node>> build_graph(const PipelineSpec& spec) {
+  std::vector<std::unique_ptr<Node>> nodes;
+  nodes.push_back(std::make_unique<PrefillNode>());
+  for (size_t i = 0; i < spec.agents.size(); ++i)
+    nodes.push_back(std::make_unique<BranchNode>(i, spec.agents[i]));
+  return nodes;
+}
+
+void validate_agents(const PipelineSpec& spec) {
+  if (spec.agents.empty()) throw Error(ErrorCode::kInvalidArgument, "the pipeline has no agents");
+  for (const AgentSpec& a : spec.agents) {
+    if (a.name.empty()) throw Error(ErrorCode::kInvalidArgument, "an agent has an empty name");
+    if (a.name == kDocumentNode) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent name '{}' is reserved for the prefill node", a.name));
+    }
+    if (a.prompt.empty())
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}' has an empty prompt", a.name));
+    if (a.max_tokens < 1) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("agent '{}': max_tokens must be >= 1 (got {})", a.name, a.max_tokens));
+    }
+    if (!(a.sampling.top_p > 0.0f && a.sampling.top_p <= 1.0f) || a.sampling.top_k < 0 ||
+        a.sampling.temperature < 0.0f) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          fmt::format(
+              "agent '{}': need temperature >= 0, top_p in (0, 1], top_k >= 0 (got {}, {}, {})",
+              a.name, a.sampling.temperature, a.sampling.top_p, a.sampling.top_k));
+    }
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(ForkMode mode) noexcept {
+  switch (mode) {
+    case ForkMode::kHost:
+      return "host";
+    case ForkMode::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+ForkMode parse_fork_mode(std::string_view name) {
+  if (name == "host") return ForkMode::kHost;
+  if (name == "none") return ForkMode::kNone;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("unknown fork mode '{}' (expected host or none)", name));
+}
+
+std::string_view to_string(GuardPolicy policy) noexcept {
+  return policy == GuardPolicy::kSerialized ? "serialized" : "concurrent";
+}
+
+GuardPolicy parse_guard_policy(std::string_view name) {
+  if (name == "serialized") return GuardPolicy::kSerialized;
+  if (name == "concurrent") return GuardPolicy::kConcurrent;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("unknown guard policy '{}' (expected serialized or concurrent)", name));
+}
+
+bool PipelineResult::ok() const noexcept {
+  return document_status == NodeStatus::kOk &&
+         std::all_of(agents.begin(), agents.end(),
+                     [](const AgentResult& a) { return a.status == NodeStatus::kOk; });
+}
+
+PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) {
+  if (spec.document.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("the document is empty{}", spec.document_source.empty()
+                                                   ? std::string()
+                                                   : fmt::format(" ({})", spec.document_source)));
+  }
+  validate_agents(spec);
+  validate_graph(build_graph(spec));
+
+  // Render the chat once with a marker where the agent's prompt goes: what
+  // comes before it is the shared prefix, what follows closes every branch.
+  std::string head;
+  std::string tail;
+  if (model.has_chat_template()) {
+    std::vector<ChatMessage> chat;
+    if (!spec.system_prompt.empty()) chat.push_back({"system", spec.system_prompt});
+    chat.push_back({"user", spec.document + "\n\n" + std::string(kPromptMarker)});
+    const std::string rendered = model.apply_chat_template(chat, /*add_assistant=*/true);
+    const size_t at = rendered.find(kPromptMarker);
+    if (at == std::string::npos) {
+      throw Error(ErrorCode::kChatTemplate,
+                  "the chat template dropped the agent prompt; cannot split the prefix");
+    }
+    head = rendered.substr(0, at);
+    tail = rendered.substr(at + kPromptMarker.size());
+  } else {
+    head = (spec.system_prompt.empty() ? std::string() : spec.system_prompt + "\n\n") +
+           spec.document + "\n\n";
+    tail = "\nAnswer:";
+  }
+
+  PreparedPipeline out;
+  out.prefix = model.tokenize(head, /*add_special=*/true);
+  for (const AgentSpec& a : spec.agents) {
+    out.branches.push_back(model.tokenize(a.prompt + tail, /*add_special=*/false));
+  }
+  PipelineBudget& b = out.budget;
+  b.prefix_tokens = static_cast<int32_t>(out.prefix.size());
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    b.max_branch_tokens =
+        std::max(b.max_branch_tokens, static_cast<int32_t>(out.branches[i].size()));
+    b.headroom = std::max(b.headroom, spec.agents[i].max_tokens);
+  }
+  b.required = b.prefix_tokens + b.max_branch_tokens + b.headroom;
+  b.n_ctx = spec.n_ctx;
+  if (static_cast<int64_t>(b.required) > static_cast<int64_t>(spec.n_ctx)) {
+    throw Error(
+        ErrorCode::kBudget,
+        fmt::format(
+            "context budget exceeded: prefix_tokens {} + max_branch_tokens {} + headroom {} = "
+            "required {} > n_ctx {}",
+            b.prefix_tokens, b.max_branch_tokens, b.headroom, b.required, spec.n_ctx));
+  }
+  return out;
+}
+
+PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                            const RunOptions& options) {
+  if (!model) throw Error(ErrorCode::kInvalidArgument, "run_pipeline needs a model");
+  const auto start = Clock::now();
+  const PreparedPipeline prepared = prepare_pipeline(spec, *model);
+  const auto prepared_at = Clock::now();
+
+  PipelineState state;
+  state.spec = &spec;
+  state.model = model;
+  state.prepared = &prepared;
+  state.options = &options;
+  state.context_options.n_ctx = spec.n_ctx;
+  state.context_options.n_batch = spec.n_batch;
+  state.context_options.n_ubatch = spec.n_batch;
+  state.context_options.n_threads = spec.n_threads;
+  state.contexts = std::make_unique<ContextPool>(model, state.context_options);
+  state.result.fork = spec.fork;
+  state.result.guard = options.guard;
+  state.result.prefix_tokens = prepared.budget.prefix_tokens;
+  state.result.prepare_ms = ms_between(start, prepared_at);
+  state.result.agents.resize(spec.agents.size());
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    state.result.agents[i].name = spec.agents[i].name;
+    state.result.agents[i].prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
+  }
+
+  const std::vector<NodeOutcome> outcomes = execute_graph(build_graph(spec), state);
+
+  PipelineResult result = std::move(state.result);
+  result.n_ctx = spec.n_ctx;
+  for (const NodeOutcome& o : outcomes) {
+    if (o.name == kDocumentNode) {
+      result.document_status = o.status;
+      result.document_error = o.error;
+      continue;
+    }
+    for (AgentResult& a : result.agents) {
+      if (a.name == o.name) {
+        a.status = o.status;
+        a.error = o.error;
+      }
+    }
+  }
+  if (spec.fork == ForkMode::kNone) {
+    result.prefill_ms = 0;
+    for (const AgentResult& a : result.agents) result.prefill_ms += a.timings_ms.prefill;
+  }
+  result.total_ms = ms_between(start, Clock::now());
+  return result;
+}
+
+}  // namespace swarmkv

@@ -1,0 +1,118 @@
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "swarmkv/error.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv {
+namespace {
+
+class PipelineFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("swarmkv_pipeline_file_" +
+            std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "doc.txt") << "The shared document.";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return (dir_ / name).string();
+  }
+  std::string error_of(const std::string& path) {
+    try {
+      load_pipeline_file(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(PipelineFileTest, TheReadmePipelineLoads) {
+  const PipelineSpec spec = load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) +
+                                               "/examples/pipelines/apache-license.yaml");
+  EXPECT_EQ(spec.name, "apache-license-review");
+  EXPECT_EQ(spec.fork, ForkMode::kHost);
+  EXPECT_EQ(spec.n_ctx, 4096u);
+  ASSERT_GE(spec.agents.size(), 4u);
+  EXPECT_NE(spec.document.find("Apache License"), std::string::npos);
+  for (const AgentSpec& a : spec.agents) {
+    EXPECT_FALSE(a.prompt.empty()) << a.name;
+    EXPECT_EQ(a.max_tokens, 96) << "defaults apply to " << a.name;
+    EXPECT_EQ(a.sampling.temperature, 0.0f);
+  }
+}
+
+TEST_F(PipelineFileTest, AgentSettingsOverrideDefaultsAndPathsAreRelativeToTheFile) {
+  const std::string path = write("p.yaml", R"(
+name: t
+n_ctx: 2048
+fork: none
+document: {file: doc.txt}
+defaults: {max_tokens: 10, temperature: 0.5, stop: "END"}
+agents:
+  - {name: a, prompt: first}
+  - {name: b, prompt: second, max_tokens: 3, temperature: 0, top_p: 0.9, top_k: 5, seed: 7, stop: [x, y], depends_on: a}
+)");
+  const PipelineSpec spec = load_pipeline_file(path);
+  EXPECT_EQ(spec.document, "The shared document.");
+  EXPECT_EQ(spec.document_source, "file:" + (dir_ / "doc.txt").string());
+  EXPECT_EQ(spec.fork, ForkMode::kNone);
+  EXPECT_EQ(spec.n_ctx, 2048u);
+  EXPECT_EQ(spec.agents[0].max_tokens, 10);
+  EXPECT_EQ(spec.agents[0].sampling.temperature, 0.5f);
+  EXPECT_EQ(spec.agents[0].stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(spec.agents[1].max_tokens, 3);
+  EXPECT_EQ(spec.agents[1].sampling.top_k, 5);
+  EXPECT_EQ(spec.agents[1].sampling.seed, 7u);
+  EXPECT_EQ(spec.agents[1].stop, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(spec.agents[1].depends_on, std::vector<std::string>{"a"});
+}
+
+TEST_F(PipelineFileTest, JsonIsAcceptedToo) {
+  const std::string path = write(
+      "p.json", R"({"document": {"text": "inline"}, "agents": [{"name": "a", "prompt": "q"}]})");
+  const PipelineSpec spec = load_pipeline_file(path);
+  EXPECT_EQ(spec.document, "inline");
+  EXPECT_EQ(spec.agents.size(), 1u);
+}
+
+TEST_F(PipelineFileTest, MistakesAreNamed) {
+  EXPECT_EQ(error_of((dir_ / "missing.yaml").string()),
+            "not_found: pipeline file '" + (dir_ / "missing.yaml").string() + "' does not exist");
+  const std::string typo =
+      write("typo.yaml", "document: {text: x}\nagents: [{name: a, prompt: q, max_token: 5}]\n");
+  EXPECT_NE(error_of(typo).find("unknown key 'max_token' in agents[0]"), std::string::npos)
+      << error_of(typo);
+  const std::string no_doc = write("nodoc.yaml", "agents: [{name: a, prompt: q}]\n");
+  EXPECT_NE(error_of(no_doc).find("missing 'document'"), std::string::npos);
+  const std::string missing_doc =
+      write("missingdoc.yaml", "document: {file: nope.txt}\nagents: [{name: a, prompt: q}]\n");
+  EXPECT_EQ(error_of(missing_doc), "not_found: " + missing_doc + ": document file '" +
+                                       (dir_ / "nope.txt").string() + "' does not exist");
+  const std::string no_agents = write("noagents.yaml", "document: {text: x}\nagents: []\n");
+  EXPECT_NE(error_of(no_agents).find("'agents' must be a non-empty list"), std::string::npos);
+  const std::string bad_type = write(
+      "badtype.yaml", "document: {text: x}\nagents: [{name: a, prompt: q, max_tokens: many}]\n");
+  EXPECT_NE(error_of(bad_type).find("agents[0].max_tokens has the wrong type"), std::string::npos)
+      << error_of(bad_type);
+  const std::string bad_fork =
+      write("badfork.yaml", "fork: gpu\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n");
+  EXPECT_EQ(error_of(bad_fork),
+            "invalid_argument: unknown fork mode 'gpu' (expected host or none)");
+  const std::string broken = write("broken.yaml", "document: [unclosed\n");
+  EXPECT_NE(error_of(broken).find("not valid YAML/JSON"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace swarmkv

@@ -1,0 +1,203 @@
+// The pipeline on the real default model: fork equivalence, the RoPE-bug
+// canary, budget and graph errors with their exact messages.
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <gtest/gtest.h>
+
+#include "swarmkv/error.h"
+#include "swarmkv/paths.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv {
+namespace {
+
+class PipelineModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* path = std::getenv("SWARMKV_TEST_MODEL");
+    ASSERT_NE(path, nullptr) << "SWARMKV_TEST_MODEL is not set";
+    model_ = Model::load(path);
+  }
+  static void TearDownTestSuite() { model_.reset(); }
+
+  // The first sections of the Apache License 2.0: >= 1,500 tokens.
+  static PipelineSpec license_spec() {
+    PipelineSpec spec;
+    spec.name = "equivalence";
+    const std::string full =
+        read_file(std::string(SWARMKV_SOURCE_DIR) + "/examples/documents/apache-2.0.txt");
+    spec.document = full.substr(0, 8000);
+    spec.n_ctx = 2048;
+    spec.n_threads = 2;
+    const char* prompts[] = {
+        "Explain in detail what the Grant of Copyright License allows.",
+        "Write a detailed paragraph about the definitions section of this licence.",
+        "Describe, step by step, what a person must do to redistribute the Work.",
+        "Write a long explanation of what a Contribution is under this licence.",
+    };
+    int i = 0;
+    for (const char* p : prompts) {
+      AgentSpec a;
+      a.name = "agent" + std::to_string(i++);
+      a.prompt = p;
+      a.max_tokens = 40;
+      spec.agents.push_back(a);
+    }
+    return spec;
+  }
+
+  static std::string prepare_error(const PipelineSpec& spec) {
+    try {
+      prepare_pipeline(spec, *model_);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+
+  static std::shared_ptr<const Model> model_;
+};
+
+std::shared_ptr<const Model> PipelineModelTest::model_;
+
+// The core promise: every forked answer equals what a full re-prefill gives,
+// token for token (flash attention off makes this exact on CPU).
+TEST_F(PipelineModelTest, ForkedAnswersEqualFullRecomputeTokenForToken) {
+  PipelineSpec spec = license_spec();
+  spec.fork = ForkMode::kHost;
+  const PipelineResult forked = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kNone;
+  const PipelineResult recomputed = run_pipeline(spec, model_);
+
+  ASSERT_TRUE(forked.ok()) << forked.document_error;
+  ASSERT_TRUE(recomputed.ok());
+  EXPECT_GE(forked.prefix_tokens, 1500);
+  EXPECT_GT(forked.snapshot_bytes, 0u);
+  EXPECT_GT(forked.prefill_ms, 0.0) << "the seed reported 0 here; the real prefill time is never 0";
+  ASSERT_EQ(forked.agents.size(), 4u);
+  for (size_t i = 0; i < forked.agents.size(); ++i) {
+    const AgentResult& f = forked.agents[i];
+    const AgentResult& r = recomputed.agents[i];
+    ASSERT_EQ(f.status, NodeStatus::kOk) << f.name << ": " << f.error;
+    EXPECT_GE(f.tokens.size(), 32u)
+        << f.name << " answered too briefly to prove much: " << f.answer;
+    EXPECT_EQ(f.tokens, r.tokens) << f.name << "\nforked:     " << f.answer
+                                  << "\nrecomputed: " << r.answer;
+    EXPECT_GT(f.timings_ms.restore, 0.0);
+    EXPECT_GT(r.timings_ms.prefill, 0.0);
+  }
+}
+
+// The canary: the same comparison must fail when branch positions restart at
+// 0 (the classic RoPE bug). llama.cpp at the pinned commit rejects the
+// non-consecutive positions outright, so the branch fails instead of
+// answering fluent nonsense; either way it must not equal the reference.
+TEST_F(PipelineModelTest, BranchPositionsRestartingAtZeroAreCaught) {
+  PipelineSpec spec = license_spec();
+  spec.document = spec.document.substr(0, 1500);
+  spec.agents.resize(1);
+  spec.agents[0].max_tokens = 8;
+  spec.fork = ForkMode::kNone;
+  const PipelineResult reference = run_pipeline(spec, model_);
+  ASSERT_TRUE(reference.ok());
+  spec.fork = ForkMode::kHost;
+  RunOptions buggy;
+  buggy.branch_pos0_override = 0;
+  const PipelineResult wrong = run_pipeline(spec, model_, buggy);
+  const AgentResult& a = wrong.agents[0];
+  const bool equal = a.status == NodeStatus::kOk && a.tokens == reference.agents[0].tokens;
+  EXPECT_FALSE(equal) << "restarting positions at 0 went unnoticed";
+  EXPECT_EQ(a.status, NodeStatus::kFailed);
+  EXPECT_NE(a.error.find("invalid_batch"), std::string::npos) << a.error;
+}
+
+TEST_F(PipelineModelTest, TruncatedSnapshotIsASizeMismatchAndLeavesNothingBehind) {
+  ContextOptions o;
+  o.n_ctx = 512;
+  o.n_threads = 2;
+  Context source(model_, o);
+  const auto tokens = model_->tokenize("A short shared document about foxes and dogs.", true);
+  source.decode_prompt(tokens, 0, 0, false);
+  std::vector<std::uint8_t> snapshot(source.state_seq_size(0));
+  source.state_seq_get(0, snapshot);
+  snapshot.resize(snapshot.size() - 100);
+  Context target(model_, o);
+  try {
+    target.state_seq_set(0, snapshot);
+    FAIL() << "a truncated snapshot was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kState);
+    EXPECT_NE(std::string(e.what()).find("of " + std::to_string(snapshot.size()) +
+                                         " bytes into sequence 0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(target.seq_pos_max(0), -1) << "a failed restore must leave the sequence empty";
+}
+
+TEST_F(PipelineModelTest, BudgetErrorNamesEveryNumber) {
+  PipelineSpec spec = license_spec();
+  spec.n_ctx = 1024;
+  const PreparedPipeline ok_sized = [&] {
+    PipelineSpec big = spec;
+    big.n_ctx = 8192;
+    return prepare_pipeline(big, *model_);
+  }();
+  const PipelineBudget& b = ok_sized.budget;
+  EXPECT_EQ(b.headroom, 40);
+  EXPECT_EQ(b.required, b.prefix_tokens + b.max_branch_tokens + b.headroom);
+  EXPECT_EQ(prepare_error(spec),
+            fmt::format("budget: context budget exceeded: prefix_tokens {} + max_branch_tokens "
+                        "{} + headroom 40 = required {} > n_ctx 1024",
+                        b.prefix_tokens, b.max_branch_tokens, b.required));
+}
+
+TEST_F(PipelineModelTest, ValidationErrorsAreExact) {
+  PipelineSpec spec = license_spec();
+  spec.document = "  \n\t";
+  spec.document_source = "file:empty.txt";
+  EXPECT_EQ(prepare_error(spec), "invalid_argument: the document is empty (file:empty.txt)");
+
+  spec = license_spec();
+  spec.agents[1].name = spec.agents[0].name;
+  EXPECT_EQ(prepare_error(spec), "graph: duplicate node name 'agent0'");
+
+  spec = license_spec();
+  spec.agents[2].depends_on = {"nobody"};
+  EXPECT_EQ(prepare_error(spec), "graph: node 'agent2' depends on unknown node 'nobody'");
+
+  spec = license_spec();
+  spec.agents[0].depends_on = {"agent1"};
+  spec.agents[1].depends_on = {"agent0"};
+  EXPECT_EQ(prepare_error(spec), "graph: cycle: edge 'agent1 -> agent0' closes a cycle");
+
+  spec = license_spec();
+  spec.agents[3].name = "document";
+  EXPECT_EQ(prepare_error(spec),
+            "invalid_argument: agent name 'document' is reserved for the prefill node");
+}
+
+// A failing agent fails the agents that depend on it at once, with its
+// cause, and the run still ends (the executor's own tests cover independent
+// nodes completing). The RoPE hook makes every branch fail at run time.
+TEST_F(PipelineModelTest, FailingAgentFailsItsDependentsWithItsCause) {
+  PipelineSpec spec = license_spec();
+  spec.document = spec.document.substr(0, 600);
+  spec.agents.resize(2);
+  spec.agents[1].depends_on = {"agent0"};
+  RunOptions buggy;
+  buggy.branch_pos0_override = 0;
+  const PipelineResult r = run_pipeline(spec, model_, buggy);
+  EXPECT_EQ(r.document_status, NodeStatus::kOk);
+  EXPECT_EQ(r.agents[0].status, NodeStatus::kFailed);
+  EXPECT_EQ(r.agents[1].status, NodeStatus::kDependencyFailed);
+  EXPECT_EQ(r.agents[1].error.rfind("dependency 'agent0' failed: invalid_batch", 0), 0u)
+      << r.agents[1].error;
+  EXPECT_FALSE(r.ok());
+}
+
+}  // namespace
+}  // namespace swarmkv
