@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -334,6 +335,54 @@ int main(int argc, char** argv) {
                 "(fork, restore, prompt, "
                 "generate, total, ...), plus prefill_ms and total_ms");
 
+  swarmkv::cli::BenchArgs bench_args;
+  CLI::App* bench =
+      app.add_subcommand("bench",
+                         "Benchmark the baseline (every branch re-prefills the "
+                         "document in its own context) against SwarmKV's fork "
+                         "(prefill once, copy + restore a host snapshot per branch), "
+                         "all arms in one run, alternating their order "
+                         "between trials. Writes best_run.json and all_trials.csv to "
+                         "--out; bench/plot_bench.py OUT then draws the plots and "
+                         "writes report.md. Ctrl-C keeps the trials finished so far.");
+  bench->add_option("-m,--model", bench_args.model, "GGUF model (default: see above)");
+  auto* doc_opt =
+      bench->add_option("--doc", bench_args.doc_file, "document file (default: synthetic)")
+          ->check(CLI::ExistingFile);
+  bench
+      ->add_option("--doc-tokens", bench_args.doc_tokens,
+                   "synthetic document: 'The quick brown fox jumps over the lazy dog.' cut to "
+                   "exactly N tokens")
+      ->excludes(doc_opt)
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  bench->add_option("--branches", bench_args.branches, "branches (agents)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  bench
+      ->add_option("--branch-tokens", bench_args.branch_tokens,
+                   "tokens of each branch's own question")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  bench->add_option("--n-predict", bench_args.n_predict, "greedy tokens generated per branch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  bench->add_option("--n-ctx", bench_args.n_ctx,
+                    "context size (default: smallest multiple of 256 that fits)");
+  bench->add_option("-t,--threads", bench_args.threads, "CPU threads per context (0 = all cores)")
+      ->capture_default_str();
+  bench->add_option("--trials", bench_args.trials, "trials")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  bench->add_option("--pause-ms", bench_args.pause_ms, "idle pause between trials")
+      ->capture_default_str();
+  bench->add_option("--arms", bench_args.arms, "arms, baseline first: baseline,host")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench->add_option("--sweep", bench_args.sweep,
+                    "branches=1,2,4,8,16 or doc-tokens=512,1024,2048,3501,7000");
+  bench->add_option("-o,--out", bench_args.out, "output directory")->capture_default_str();
+
   std::string info_model;
   CLI::App* info =
       app.add_subcommand("info", "Print the model's metadata and the llama.cpp build as JSON");
@@ -351,6 +400,7 @@ int main(int argc, char** argv) {
     if (*generate) return run_generate(gen);
     if (*info) return run_info(info_model);
     if (*run) return run_pipeline_cmd(run_args);
+    if (*bench) return swarmkv::cli::run_bench(bench_args);
   } catch (const swarmkv::Error& e) {
     std::cerr << "swarmkv: error: " << e.what() << "\n";
     return 1;

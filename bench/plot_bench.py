@@ -1,0 +1,187 @@
+"""Plots and report for a `swarmkv bench` output directory.
+
+usage: /usr/bin/python3 bench/plot_bench.py OUT_DIR [--command "how it was run"]
+
+Reads OUT_DIR/best_run.json and OUT_DIR/all_trials.csv; writes
+OUT_DIR/plots/*.png and OUT_DIR/report.md. Needs matplotlib (Debian's
+python3-matplotlib, installed by scripts/lib.sh).
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("out")
+ap.add_argument("--command", default="")
+args = ap.parse_args()
+
+best = json.load(open(os.path.join(args.out, "best_run.json")))
+rows = list(csv.DictReader(open(os.path.join(args.out, "all_trials.csv"))))
+plots = os.path.join(args.out, "plots")
+os.makedirs(plots, exist_ok=True)
+arms = best["params"]["arms"]
+results = best["results"]
+made = []
+
+
+def save(fig, name):
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots, name), dpi=110)
+    plt.close(fig)
+    made.append(name)
+
+
+first = results[0]
+point_rows = [r for r in rows if r["sweep_value"] == first["sweep_value"]]
+
+# End-to-end per arm: every trial and the median.
+fig, ax = plt.subplots(figsize=(6, 4))
+for i, arm in enumerate(arms):
+    vals = [float(r["end_to_end_ms"]) for r in point_rows if r["arm"] == arm]
+    ax.scatter([i] * len(vals), vals, color="grey", zorder=3, label="trials" if i == 0 else None)
+    ax.bar(i, statistics.median(vals) if vals else 0, color=["#c44", "#48c", "#4a4"][i % 3], alpha=0.8)
+ax.set_xticks(range(len(arms)), arms)
+ax.set_ylabel("end-to-end ms (bar: median)")
+ax.set_title(f"End to end: {first['branches']} branches, {first['doc_tokens']}-token document")
+ax.legend()
+save(fig, "end_to_end.png")
+
+# Activation latency per branch (median over trials).
+n_branches = first["branches"]
+fig, ax = plt.subplots(figsize=(7, 4))
+width = 0.8 / len(arms)
+for i, arm in enumerate(arms):
+    meds = []
+    for b in range(1, n_branches + 1):
+        vals = [float(r[f"branch{b}_first_token_ms"]) for r in point_rows if r["arm"] == arm and r.get(f"branch{b}_first_token_ms")]
+        meds.append(statistics.median(vals) if vals else 0)
+    ax.bar([b + i * width for b in range(n_branches)], meds, width, label=arm)
+ax.set_xticks([b + width * (len(arms) - 1) / 2 for b in range(n_branches)], [f"branch {b + 1}" for b in range(n_branches)])
+ax.set_yscale("log")
+ax.set_ylabel("ms from the branch's own start to its first token (log)")
+ax.set_title("Activation latency per branch (median)")
+ax.legend()
+save(fig, "activation_per_branch.png")
+
+# Per-branch breakdown, stacked, for the fork arm(s) and the baseline.
+parts = ["fork", "restore", "prompt", "generate"]
+fig, ax = plt.subplots(figsize=(8, 4))
+labels, bottoms = [], []
+x = 0
+for arm in arms:
+    for b in range(1, n_branches + 1):
+        sel = [r for r in point_rows if r["arm"] == arm]
+        if not sel:
+            continue
+        bottom = 0.0
+        if arm == "baseline":
+            # The baseline's first-token time includes its own re-prefill.
+            pre = statistics.median(float(r[f"branch{b}_first_token_ms"]) - float(r[f"branch{b}_prompt_ms"]) for r in sel)
+            ax.bar(x, pre, bottom=bottom, color="#c44", label="re-prefill" if x == 0 else None)
+            bottom += pre
+        for j, p in enumerate(parts):
+            v = statistics.median(float(r[f"branch{b}_{p}_ms"]) for r in sel)
+            ax.bar(x, v, bottom=bottom, color=["#fa3", "#3af", "#a3f", "#5b5"][j], label=p if (x == 0 or (arm != "baseline" and b == 1 and p in ("fork", "restore"))) else None)
+            bottom += v
+        labels.append(f"{arm}\nb{b}")
+        x += 1
+ax.set_xticks(range(len(labels)), labels, fontsize=8)
+ax.set_ylabel("ms (median over trials)")
+ax.set_yscale("symlog", linthresh=10)
+ax.set_title("Per-branch breakdown")
+handles, names = ax.get_legend_handles_labels()
+uniq = dict(zip(names, handles))
+ax.legend(uniq.values(), uniq.keys(), fontsize=8)
+save(fig, "breakdown.png")
+
+# Scaling plots when swept.
+sweep = best["params"].get("sweep") or ""
+if len(results) > 1 and sweep:
+    key = sweep.split("=")[0]
+    xs = [int(r["sweep_value"]) for r in results]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm in arms:
+        ax.plot(xs, [r["arms"][arm]["median_end_to_end_ms"] / 1000 for r in results], marker="o", label=arm)
+    ax.set_xlabel(key)
+    ax.set_ylabel("end-to-end s (median)")
+    ax2 = ax.twinx()
+    for arm in arms[1:]:
+        ax2.plot(xs, [r["speedup"][arm]["end_to_end"] for r in results], "k--", marker="x", label=f"speed-up {arm}")
+    ax2.set_ylabel("speed-up vs baseline")
+    ax.legend(loc="upper left")
+    ax2.legend(loc="lower right")
+    ax.set_title(f"Scaling with {key}")
+    save(fig, f"scaling_{key.replace('-', '_')}.png")
+
+# report.md
+env = best["environment"]
+p = best["params"]
+lines = [
+    f"# SwarmKV benchmark: {', '.join(arms)}",
+    "",
+    "## Method",
+    "",
+    f"- Arms: `baseline` = every branch clears a context and prefills the whole document itself, then its prompt, then generates; "
+    "`host` = the document is prefilled once, its KV state exported to a host buffer, and every branch copies it into its own buffer, "
+    "restores it into a (warm, reused) context and decodes its prompt at positions prefix_len + i, then generates.",
+    f"- Same model, document, n_ctx ({p.get('n_ctx_used')}), threads ({p['threads']} = {'all cores' if p['threads'] == 0 else 'as given'}), "
+    "F16 K/V, flash attention off, greedy decoding for every arm.",
+    f"- {p['trials']} trial(s), all arms in each, their order reversed on every other trial; {p['pause_ms']} ms idle pause between trials.",
+    "- Best trial by the seed's rule: maximise 2·TTFT% + E2E% (percent reductions vs baseline, TTFT = branch-2 activation); "
+    "medians over trials are reported next to it.",
+    "- Branch-2 activation = time from the start of branch 2's own work to its first generated token "
+    "(baseline: its redundant re-prefill + prompt; host: fork copy + restore + prompt).",
+    "",
+    "## Environment",
+    "",
+    f"- CPU: {env['cpu']} ({env['cores']} cores)",
+    f"- Engine: {env['engine']}",
+    f"- Model: {env['model_file']} ({env['model_description']}){', sha256 ' + env['model_sha256'] if env.get('model_sha256') else ''}",
+    f"- Parameters: {p['branches']} branches, {p['doc']} document of {p['doc_tokens']} tokens, branch prompts of ~{p['branch_tokens']} tokens, "
+    f"{p['n_predict']} generated token(s) per branch{', sweep ' + sweep if sweep else ''}",
+    "",
+    "## Results",
+    "",
+    "| point | arm | median end-to-end ms | median branch-2 activation ms | speed-up e2e (median) | speed-up activation (median) | best trial e2e / activation | answers identical |",
+    "|---|---|---|---|---|---|---|---|",
+]
+for r in results:
+    point = f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
+    for arm in arms:
+        a = r["arms"].get(arm)
+        if not a:
+            continue
+        s = r["speedup"].get(arm)
+        sp = f"{s['end_to_end']:.2f}×" if s else "—"
+        sa = f"{s['branch2_activation']:.1f}×" if s else "—"
+        sb = f"{s['best_trial_end_to_end']:.2f}× / {s['best_trial_branch2_activation']:.1f}×" if s else "—"
+        lines.append(f"| {point} | {arm} | {a['median_end_to_end_ms']:.0f} | {a['median_branch2_activation_ms']:.1f} | {sp} | {sa} | {sb} | {r['answers_identical_across_arms']} |")
+bt = first["arms"].get("host", {}).get("best_trial")
+if bt:
+    lines += ["", "Where a host branch's time goes (best trial, first point):", "",
+              "| branch | fork ms | restore ms | prompt ms | first token ms | generate ms | total ms |", "|---|---|---|---|---|---|---|"]
+    for b in bt["branches"]:
+        lines.append(f"| {b['name']} | {b['fork_ms']:.1f} | {b['restore_ms']:.1f} | {b['prompt_ms']:.1f} | {b['first_token_ms']:.1f} | {b['generate_ms']:.1f} | {b['total_ms']:.1f} |")
+    lines.append(f"\nPrefill {bt['prefill_ms']:.0f} ms ({bt['prefill_tokens_per_s']:.0f} tok/s), snapshot {bt['snapshot_bytes'] / 2**20:.1f} MiB exported in {bt['export_ms']:.1f} ms, peak RSS {bt['peak_rss_kib'] / 1024:.0f} MiB (process, cumulative).")
+lines += ["", "## Plots", ""] + [f"![{m}](plots/{m})" for m in made]
+lines += [
+    "",
+    "## Limitations",
+    "",
+    "- CPU only, 2 cores, one machine class; timings on a shared machine are noisy: compare the arms of one run, not runs of different days.",
+    "- The engine guard serialises branches (the seed's policy): branch N waits for branches 1…N−1; the activation metric starts at the branch's own work, not at the run's start.",
+    "- Contexts are reused by both arms (clear + restore / clear + re-prefill), so context creation is not part of either arm's cost.",
+    "- Peak RSS is the process's high-water mark so far (getrusage), not per arm.",
+    "- Generation is not shared: with long answers the end-to-end speed-up tends to 1 regardless of the fork.",
+]
+if args.command:
+    lines += ["", "## Reproduce", "", "```sh", args.command, "```"]
+open(os.path.join(args.out, "report.md"), "w").write("\n".join(lines) + "\n")
+print(f"wrote {len(made)} plots and report.md to {args.out}")
