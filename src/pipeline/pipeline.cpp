@@ -142,6 +142,10 @@ class BranchNode final : public Node {
     const auto c0 = Clock::now();
     auto ctx = state.contexts->acquire(&created);
     t.context = ms_between(c0, Clock::now());
+    {
+      std::lock_guard lock(state.result_mutex);
+      state.result.n_ctx = ctx->options().n_ctx;  // what llama.cpp really uses (it pads)
+    }
 
     if (state.spec->fork == ForkMode::kHost) {
       // Copy-on-fork into a warm pooled buffer: under the serialized guard one
@@ -346,6 +350,7 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   state.result.fork = spec.fork;
   state.result.guard = options.guard;
   state.result.prefix_tokens = prepared.budget.prefix_tokens;
+  state.result.n_ctx = spec.n_ctx;  // replaced by the padded value once a branch has a context
   state.result.prepare_ms = ms_between(start, prepared_at);
   state.result.agents.resize(spec.agents.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {
@@ -356,7 +361,6 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   const std::vector<NodeOutcome> outcomes = execute_graph(build_graph(spec), state);
 
   PipelineResult result = std::move(state.result);
-  result.n_ctx = spec.n_ctx;
   for (const NodeOutcome& o : outcomes) {
     if (o.name == kDocumentNode) {
       result.document_status = o.status;
