@@ -8,10 +8,8 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ensure_system_packages
-ensure_llama
-model=${SWARMKV_MODEL:-$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)}
-configure_and_build release
+setup_release
+model=$SWARMKV_RUN_MODEL
 out=bench-out
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do

@@ -9,9 +9,7 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ensure_system_packages
-ensure_llama
-model=${SWARMKV_MODEL:-$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)}
-configure_and_build release
+setup_release
+model=$SWARMKV_RUN_MODEL
 exec "$SWARMKV_ROOT/build/release/swarmkv" run "$SWARMKV_ROOT/examples/pipelines/apache-license.yaml" \
   --model "$model" "$@"

@@ -112,3 +112,14 @@ configure_and_build() {
   }
   (cd "$SWARMKV_ROOT" && cmake --build --preset "$preset" >&2) || die "build failed for preset $preset"
 }
+
+# setup_release: everything the main job and the benchmark need: packages,
+# llama.cpp, the model (exported as SWARMKV_RUN_MODEL: $SWARMKV_MODEL or the
+# fetched default) and a release build.
+setup_release() {
+  ensure_system_packages
+  ensure_llama
+  SWARMKV_RUN_MODEL=${SWARMKV_MODEL:-$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)}
+  export SWARMKV_RUN_MODEL
+  configure_and_build release
+}
