@@ -131,7 +131,7 @@ lines = [
     f"- Arms: `baseline` = every branch clears a context and prefills the whole document itself, then its prompt, then generates; "
     "`host` = the document is prefilled once, its KV state exported to a host buffer, and every branch copies it into its own buffer, "
     "restores it into a (warm, reused) context and decodes its prompt at positions prefix_len + i, then generates.",
-    f"- Same model, document, n_ctx ({p.get('n_ctx_used')}), threads ({p['threads']} = {'all cores' if p['threads'] == 0 else 'as given'}), "
+    f"- Same model, document, n_ctx ({', '.join(sorted({str(r.get('n_ctx')) for r in results}))}), threads ({p['threads']} = {'all cores' if p['threads'] == 0 else 'as given'}), "
     "F16 K/V, flash attention off, greedy decoding for every arm.",
     f"- {p['trials']} trial(s), all arms in each, their order reversed on every other trial; {p['pause_ms']} ms idle pause between trials.",
     "- Best trial by the seed's rule: maximise 2·TTFT% + E2E% (percent reductions vs baseline, TTFT = branch-2 activation); "

@@ -33,7 +33,6 @@ HostBuffer HostBufferPool::acquire(std::size_t size) {
       }
     }
     ++allocations_;
-    bytes_held_ += size;
   }
   // for_overwrite skips value-initialisation; the memset below is the
   // deliberate pre-fault, outside the lock.
@@ -50,11 +49,6 @@ void HostBufferPool::give_back(std::unique_ptr<std::uint8_t[]> data, std::size_t
 std::size_t HostBufferPool::allocations() const {
   std::lock_guard lock(mutex_);
   return allocations_;
-}
-
-std::size_t HostBufferPool::bytes_held() const {
-  std::lock_guard lock(mutex_);
-  return bytes_held_;
 }
 
 }  // namespace swarmkv::detail

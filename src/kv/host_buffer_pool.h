@@ -57,7 +57,6 @@ class HostBufferPool {
   HostBuffer acquire(std::size_t size);
 
   std::size_t allocations() const;  // buffers ever allocated
-  std::size_t bytes_held() const;   // capacity of all buffers ever allocated
 
  private:
   friend class HostBuffer;
@@ -66,7 +65,6 @@ class HostBufferPool {
   mutable std::mutex mutex_;
   std::vector<std::pair<std::unique_ptr<std::uint8_t[]>, std::size_t>> free_;
   std::size_t allocations_ = 0;
-  std::size_t bytes_held_ = 0;
 };
 
 }  // namespace swarmkv::detail

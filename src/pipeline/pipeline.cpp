@@ -33,19 +33,17 @@ class ContextPool {
   ContextPool(std::shared_ptr<const Model> model, ContextOptions options)
       : model_(std::move(model)), options_(options) {}
 
-  // Returns a context with empty memory; *created tells whether it is new.
-  std::unique_ptr<Context> acquire(bool* created) {
+  // Returns a context with empty memory: a warm one when available.
+  std::unique_ptr<Context> acquire() {
     {
       std::lock_guard lock(mutex_);
       if (!free_.empty()) {
         auto ctx = std::move(free_.back());
         free_.pop_back();
-        *created = false;
         ctx->memory_clear();
         return ctx;
       }
     }
-    *created = true;
     return std::make_unique<Context>(model_, options_);
   }
 
@@ -64,7 +62,6 @@ class ContextPool {
 // Everything the nodes of one run share.
 struct PipelineState : RunState {
   const PipelineSpec* spec = nullptr;
-  std::shared_ptr<const Model> model;
   const PreparedPipeline* prepared = nullptr;
   const RunOptions* options = nullptr;
   ContextOptions context_options;
@@ -91,8 +88,7 @@ class PrefillNode final : public Node {
     if (state.spec->fork == ForkMode::kNone) return;  // every agent prefills for itself
     const std::vector<Token>& prefix = state.prepared->prefix;
     auto guard = state.engine_guard();
-    bool created = false;
-    auto ctx = state.contexts->acquire(&created);
+    auto ctx = state.contexts->acquire();
     const auto t0 = Clock::now();
     ctx->decode_prompt(prefix, 0, 0, /*logits_last=*/false, state.options->on_prefill_progress);
     const auto t1 = Clock::now();
@@ -138,9 +134,8 @@ class BranchNode final : public Node {
     t.wait = ms_between(w0, Clock::now());
     const auto work_start = Clock::now();
 
-    bool created = false;
     const auto c0 = Clock::now();
-    auto ctx = state.contexts->acquire(&created);
+    auto ctx = state.contexts->acquire();
     t.context = ms_between(c0, Clock::now());
     {
       std::lock_guard lock(state.result_mutex);
@@ -339,7 +334,6 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
 
   PipelineState state;
   state.spec = &spec;
-  state.model = model;
   state.prepared = &prepared;
   state.options = &options;
   state.context_options.n_ctx = spec.n_ctx;

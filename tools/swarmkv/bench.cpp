@@ -145,6 +145,7 @@ struct Point {
   std::string sweep_value;
   int32_t branches = 0;
   int32_t doc_tokens = 0;
+  uint32_t n_ctx = 0;
   std::vector<ArmRun> runs;
 };
 
@@ -196,6 +197,7 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
   return {{"sweep_value", p.sweep_value},
           {"branches", p.branches},
           {"doc_tokens", p.doc_tokens},
+          {"n_ctx", p.n_ctx},
           {"trials_completed", by_trial.size()},
           {"best_trial", best_trial},
           {"best_trial_score", best_trial >= 0 ? best_score : 0.0},
@@ -360,7 +362,7 @@ int run_bench(const BenchArgs& args) {
       const PipelineBudget b = prepare_pipeline(spec, *model).budget;
       spec.n_ctx = static_cast<uint32_t>((b.required + 255) / 256 * 256);
     }
-    params["n_ctx_used"] = spec.n_ctx;
+    point.n_ctx = spec.n_ctx;
     points.push_back(point);
     for (int trial = 1; trial <= args.trials && !g_interrupted; ++trial) {
       if (trial > 1 && args.pause_ms > 0)
