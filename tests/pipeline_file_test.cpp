@@ -42,8 +42,8 @@ TEST_F(PipelineFileTest, TheReadmePipelineLoads) {
   const PipelineSpec spec = load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) +
                                                "/examples/pipelines/apache-license.yaml");
   EXPECT_EQ(spec.name, "apache-license-review");
-  EXPECT_EQ(spec.fork, ForkMode::kHost);
-  EXPECT_EQ(spec.n_ctx, 4096u);
+  EXPECT_EQ(spec.fork, ForkMode::kShared);
+  EXPECT_EQ(spec.n_ctx, 0u) << "omitted: sized automatically";
   ASSERT_GE(spec.agents.size(), 4u);
   EXPECT_NE(spec.document.find("Apache License"), std::string::npos);
   for (const AgentSpec& a : spec.agents) {
@@ -109,7 +109,7 @@ TEST_F(PipelineFileTest, MistakesAreNamed) {
   const std::string bad_fork =
       write("badfork.yaml", "fork: gpu\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n");
   EXPECT_EQ(error_of(bad_fork),
-            "invalid_argument: unknown fork mode 'gpu' (expected host or none)");
+            "invalid_argument: unknown fork mode 'gpu' (expected shared, host or none)");
   const std::string broken = write("broken.yaml", "document: [unclosed\n");
   EXPECT_NE(error_of(broken).find("not valid YAML/JSON"), std::string::npos);
 }

@@ -1,6 +1,8 @@
 // The pipeline on the real default model: fork equivalence, the RoPE-bug
 // canary, budget and graph errors with their exact messages.
+#include <algorithm>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 
 #include <fmt/format.h>
@@ -58,6 +60,48 @@ class PipelineModelTest : public ::testing::Test {
     return "no error";
   }
 
+  // The full recompute, step by step: one fresh single-sequence context,
+  // document + prompt decoded from position 0, greedy argmax. `choices`
+  // holds every argmax token including a final end-of-generation token, and
+  // `margins` the gap between the best and second-best logit at each step.
+  struct Reference {
+    std::vector<Token> tokens;   // the answer, as GenerationTracker keeps it
+    std::vector<Token> choices;  // every argmax (EOG included)
+    std::vector<float> margins;  // top1 - top2 logit per choice
+  };
+  static Reference recompute(const std::vector<Token>& prefix, const std::vector<Token>& prompt,
+                             const AgentSpec& agent) {
+    ContextOptions o;
+    o.n_ctx = static_cast<uint32_t>(prefix.size() + prompt.size()) + agent.max_tokens + 64;
+    o.n_threads = 2;
+    Context ctx(model_, o);
+    std::vector<Token> all = prefix;
+    all.insert(all.end(), prompt.begin(), prompt.end());
+    ctx.decode_prompt(all, 0, 0, true);
+    GenerateOptions g;
+    g.max_tokens = agent.max_tokens;
+    g.stop = agent.stop;
+    GenerationTracker tracker(*model_, g);
+    Reference ref;
+    Batch batch(1);
+    auto pos = static_cast<Pos>(all.size());
+    for (;;) {
+      const std::span<const float> logits = ctx.logits(-1);
+      std::vector<float> sorted(logits.begin(), logits.end());
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      const auto best =
+          static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      ref.choices.push_back(best);
+      ref.margins.push_back(sorted[0] - sorted[1]);
+      if (tracker.accept(best)) break;
+      batch.clear();
+      batch.add(best, pos++, 0, true);
+      ctx.decode(batch);
+    }
+    ref.tokens = tracker.take().tokens;
+    return ref;
+  }
+
   static std::shared_ptr<const Model> model_;
 };
 
@@ -89,6 +133,80 @@ TEST_F(PipelineModelTest, ForkedAnswersEqualFullRecomputeTokenForToken) {
     EXPECT_GT(f.timings_ms.restore, 0.0);
     EXPECT_GT(r.timings_ms.prefill, 0.0);
   }
+}
+
+// With one agent the shared fork's cells follow the document directly, as in
+// a recompute: the answer must be identical token for token. This pins the
+// decoder's positions, sampling and stop handling exactly.
+TEST_F(PipelineModelTest, SharedForkWithOneAgentEqualsRecomputeExactly) {
+  PipelineSpec spec = license_spec();
+  spec.agents.resize(1);
+  spec.n_ctx = 0;
+  spec.fork = ForkMode::kShared;
+  const PipelineResult shared = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kNone;
+  const PipelineResult recomputed = run_pipeline(spec, model_);
+  ASSERT_TRUE(shared.ok()) << shared.document_error << shared.agents[0].error;
+  ASSERT_TRUE(recomputed.ok());
+  EXPECT_GE(shared.agents[0].tokens.size(), 32u);
+  EXPECT_EQ(shared.agents[0].tokens, recomputed.agents[0].tokens)
+      << "shared:     " << shared.agents[0].answer
+      << "\nrecomputed: " << recomputed.agents[0].answer;
+  EXPECT_GT(shared.prefill_ms, 0.0);
+  EXPECT_EQ(shared.kv_cells_peak, shared.prefix_tokens + shared.agents[0].prompt_tokens +
+                                      static_cast<int64_t>(shared.agents[0].tokens.size()) - 1)
+      << "the last sampled token is never decoded";
+}
+
+// With several agents the shared fork is not bit-exact: other branches'
+// cells sit between the document and a branch's own, which changes the
+// rounding (EngineModelTest.UnifiedBatchedLogitsStayWithinBound measures
+// <= 0.8 logits on this model, bound 1.0). The measured, explained bound
+// this test enforces: a shared answer equals the recompute token for token
+// up to its end, or up to a step where the recompute itself is a near-tie
+// (best and second-best logits closer than twice that bound); a position or
+// fork bug changes logits by many units and diverges at confident steps.
+// Branches differ in prompt length and max_tokens; one stops at max_tokens
+// early, one at a stop string, while the others continue.
+TEST_F(PipelineModelTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
+  constexpr float kTieMargin = 2.0f;
+  PipelineSpec spec = license_spec();
+  spec.fork = ForkMode::kShared;
+  spec.n_ctx = 0;                 // automatic
+  spec.agents[1].max_tokens = 6;  // finishes early, frees its sequence
+  spec.agents[2].stop = {"."};    // stops at the first sentence end
+  spec.agents[3].max_tokens = 48;
+  const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+  const PipelineResult shared = run_pipeline(spec, model_);
+  ASSERT_TRUE(shared.ok()) << shared.document_error;
+  EXPECT_EQ(shared.contexts, 1);
+  EXPECT_EQ(shared.n_seq_max, 5u);
+  EXPECT_GT(shared.decode_steps.size(), 0u);
+  int identical = 0;
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    const AgentResult& a = shared.agents[i];
+    ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << a.error;
+    const Reference ref = recompute(prepared.prefix, prepared.branches[i], spec.agents[i]);
+    EXPECT_GT(a.timings_ms.fork, 0.0);
+    EXPECT_LT(a.timings_ms.fork, 5.0) << "seq_cp copies no bytes; it must not cost milliseconds";
+    size_t d = 0;
+    while (d < a.tokens.size() && d < ref.tokens.size() && a.tokens[d] == ref.tokens[d]) ++d;
+    if (a.tokens == ref.tokens) {
+      ++identical;
+      std::cout << a.name << ": identical, " << a.tokens.size() << " tokens\n";
+      continue;
+    }
+    ASSERT_LT(d, ref.margins.size());
+    std::cout << a.name << ": first difference at token " << d << " of " << ref.tokens.size()
+              << ", recompute margin there " << ref.margins[d] << "\n";
+    EXPECT_LT(ref.margins[d], kTieMargin)
+        << a.name << " diverged from the recompute at token " << d
+        << " where the recompute was confident: a fork bug, not rounding\nshared:    " << a.answer
+        << "\nrecompute: " << model_->detokenize(ref.tokens);
+  }
+  EXPECT_EQ(shared.agents[1].tokens.size(), 6u);
+  EXPECT_EQ(shared.agents[2].stop_reason, StopReason::kStopString);
+  std::cout << identical << " of " << spec.agents.size() << " answers token-identical\n";
 }
 
 // The canary: the same comparison must fail when branch positions restart at
@@ -140,6 +258,7 @@ TEST_F(PipelineModelTest, TruncatedSnapshotIsASizeMismatchAndLeavesNothingBehind
 
 TEST_F(PipelineModelTest, BudgetErrorNamesEveryNumber) {
   PipelineSpec spec = license_spec();
+  spec.fork = ForkMode::kHost;
   spec.n_ctx = 1024;
   const PreparedPipeline ok_sized = [&] {
     PipelineSpec big = spec;
@@ -153,6 +272,33 @@ TEST_F(PipelineModelTest, BudgetErrorNamesEveryNumber) {
             fmt::format("budget: context budget exceeded: prefix_tokens {} + max_branch_tokens "
                         "{} + headroom 40 = required {} > n_ctx 1024",
                         b.prefix_tokens, b.max_branch_tokens, b.required));
+}
+
+// The shared layout holds the document once and every branch: the budget is
+// prefix + sum(prompt + max_tokens), n_seq_max is agents + 1, and an
+// automatic n_ctx is the smallest multiple of 256 that fits.
+TEST_F(PipelineModelTest, SharedBudgetCountsEveryBranchOnce) {
+  PipelineSpec spec = license_spec();
+  spec.fork = ForkMode::kShared;
+  spec.n_ctx = 0;
+  const PipelineBudget b = prepare_pipeline(spec, *model_).budget;
+  int64_t sum = 0;
+  for (size_t i = 0; i < spec.agents.size(); ++i) sum += spec.agents[i].max_tokens;
+  const PreparedPipeline p = prepare_pipeline(spec, *model_);
+  for (const auto& branch : p.branches) sum += static_cast<int64_t>(branch.size());
+  EXPECT_EQ(b.sum_branch_tokens, sum);
+  EXPECT_EQ(b.required, b.prefix_tokens + sum);
+  EXPECT_EQ(b.n_seq_max, 5u);
+  EXPECT_EQ(b.n_ctx % 256, 0u);
+  EXPECT_GE(b.n_ctx, b.required);
+  EXPECT_LT(b.n_ctx, b.required + 256);
+
+  spec.n_ctx = static_cast<uint32_t>(b.required - 1);
+  EXPECT_EQ(prepare_error(spec),
+            fmt::format("budget: context budget exceeded (fork shared, one context for all): "
+                        "prefix_tokens {} + branch_tokens {} (prompt + max_tokens of 4 agents) = "
+                        "required {} > n_ctx {}",
+                        b.prefix_tokens, sum, b.required, b.required - 1));
 }
 
 TEST_F(PipelineModelTest, ValidationErrorsAreExact) {

@@ -252,6 +252,31 @@ struct Generation {
   StopReason stop_reason = StopReason::kMaxTokens;
 };
 
+// The stop rules of one answer, fed one sampled token at a time. generate()
+// drives one; the shared-fork decoder drives one per live branch, all
+// sampled from the same batched decode. Not thread-safe.
+class GenerationTracker {
+ public:
+  // Throws Error(kInvalidArgument) when options.max_tokens < 1.
+  GenerationTracker(const Model& model, const GenerateOptions& options);
+
+  // Records a sampled token. Returns true when the answer is complete (EOG,
+  // a stop string, or max_tokens reached); the token must then not be
+  // decoded. Returns false when the token should be decoded and another
+  // sampled after it.
+  bool accept(Token token);
+  bool done() const noexcept { return done_; }
+  size_t n_tokens() const noexcept { return out_.tokens.size(); }
+  // The answer so far; call once, when done() (or to salvage a partial one).
+  Generation take() noexcept { return std::move(out_); }
+
+ private:
+  const Model* model_;
+  GenerateOptions options_;
+  Generation out_;
+  bool done_ = false;
+};
+
 // Generates an answer on `seq`. Precondition: ctx's last decode produced
 // logits for the last prompt token of `seq` in output row `first_row`, and
 // `next_pos` is the position that follows that token. Throws what
@@ -259,6 +284,9 @@ struct Generation {
 // generated so far are then lost with the exception.
 Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
                     const GenerateOptions& options, int32_t first_row = -1);
+
+// Most sequence ids one context may hold (llama.cpp's LLAMA_MAX_SEQ).
+uint32_t max_parallel_sequences() noexcept;
 
 // The llama.cpp build SwarmKV runs on ("<build number> (<commit>)").
 std::string engine_build_info();

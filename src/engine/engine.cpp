@@ -502,6 +502,10 @@ void Sampler::reset() {
   llama_sampler_reset(chain_.get());
 }
 
+uint32_t max_parallel_sequences() noexcept {
+  return static_cast<uint32_t>(llama_max_parallel_sequences());
+}
+
 std::string engine_build_info() {
   ensure_backend();
   return fmt::format("llama.cpp {} | {}", SWARMKV_LLAMA_COMMIT, llama_print_system_info());

@@ -41,44 +41,53 @@ bool trim_stop(std::string& text, size_t old_size, const std::vector<std::string
 
 }  // namespace
 
-Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
-                    const GenerateOptions& options, int32_t first_row) {
+GenerationTracker::GenerationTracker(const Model& model, const GenerateOptions& options)
+    : model_(&model), options_(options) {
   if (options.max_tokens < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("max_tokens must be >= 1 (got {})", options.max_tokens));
   }
-  const Model& model = ctx.model();
-  Generation out;
+}
+
+bool GenerationTracker::accept(Token token) {
+  if (done_) return true;
+  if (model_->is_eog(token)) {
+    out_.stop_reason = StopReason::kEndOfGeneration;
+    return done_ = true;
+  }
+  out_.tokens.push_back(token);
+  const size_t old_size = out_.text.size();
+  out_.text += model_->token_to_piece(token);
+  if (trim_stop(out_.text, old_size, options_.stop)) {
+    out_.stop_reason = StopReason::kStopString;
+    return done_ = true;
+  }
+  if (static_cast<int32_t>(out_.tokens.size()) >= options_.max_tokens) {
+    out_.stop_reason = StopReason::kMaxTokens;
+    return done_ = true;
+  }
+  return false;
+}
+
+Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
+                    const GenerateOptions& options, int32_t first_row) {
+  GenerationTracker tracker(ctx.model(), options);
   Batch batch(1, 1);
   int32_t row = first_row;
   for (;;) {
     const Token token = sampler.sample(ctx, row);
-    if (model.is_eog(token)) {
-      out.stop_reason = StopReason::kEndOfGeneration;
-      break;
-    }
-    out.tokens.push_back(token);
-    const size_t old_size = out.text.size();
-    out.text += model.token_to_piece(token);
-    if (trim_stop(out.text, old_size, options.stop)) {
-      out.stop_reason = StopReason::kStopString;
-      break;
-    }
-    if (static_cast<int32_t>(out.tokens.size()) >= options.max_tokens) {
-      out.stop_reason = StopReason::kMaxTokens;
-      break;
-    }
+    if (tracker.accept(token)) break;
     if (static_cast<uint32_t>(next_pos) >= ctx.options().n_ctx) {
       throw Error(ErrorCode::kBudget,
                   fmt::format("generate: sequence {} reached n_ctx {} after {} generated tokens",
-                              seq, ctx.options().n_ctx, out.tokens.size()));
+                              seq, ctx.options().n_ctx, tracker.n_tokens()));
     }
     batch.clear();
     batch.add(token, next_pos++, seq, true);
     ctx.decode(batch);
     row = -1;
   }
-  return out;
+  return tracker.take();
 }
 
 }  // namespace swarmkv

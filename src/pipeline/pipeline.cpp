@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "kv/host_buffer_pool.h"
+#include "pipeline/shared_decoder.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 
@@ -44,7 +45,15 @@ class ContextPool {
         return ctx;
       }
     }
-    return std::make_unique<Context>(model_, options_);
+    auto ctx = std::make_unique<Context>(model_, options_);
+    std::lock_guard lock(mutex_);
+    ++created_;
+    return ctx;
+  }
+
+  int32_t created() const {
+    std::lock_guard lock(mutex_);
+    return created_;
   }
 
   void release(std::unique_ptr<Context> ctx) {
@@ -55,8 +64,9 @@ class ContextPool {
  private:
   std::shared_ptr<const Model> model_;
   ContextOptions options_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Context>> free_;
+  int32_t created_ = 0;
 };
 
 // Everything the nodes of one run share.
@@ -64,13 +74,20 @@ struct PipelineState : RunState {
   const PipelineSpec* spec = nullptr;
   const PreparedPipeline* prepared = nullptr;
   const RunOptions* options = nullptr;
+  std::shared_ptr<const Model> model;
   ContextOptions context_options;
   std::unique_ptr<ContextPool> contexts;
   detail::HostBufferPool buffers;
   detail::HostBuffer snapshot;  // written by the prefill node before any branch reads it
-  std::mutex engine_mutex;      // the seed's LlamaGuard (GuardPolicy::kSerialized)
-  std::mutex result_mutex;      // guards `result`
+  // kShared: the one context and its decoder (destroyed first), both created
+  // by the prefill node before any branch runs.
+  std::unique_ptr<Context> shared_context;
+  std::unique_ptr<detail::SharedDecoder> decoder;
+  std::mutex engine_mutex;  // the seed's LlamaGuard (GuardPolicy::kSerialized)
+  std::mutex result_mutex;  // guards `result`
   PipelineResult result;
+  Clock::time_point started;    // the run's start, for AgentTimings::done_at
+  int64_t max_agent_cells = 0;  // kHost/kNone: the fullest context, guarded by result_mutex
 
   std::unique_lock<std::mutex> engine_guard() {
     return options->guard == GuardPolicy::kSerialized ? std::unique_lock(engine_mutex)
@@ -86,6 +103,7 @@ class PrefillNode final : public Node {
   void execute(RunState& run) override {
     auto& state = static_cast<PipelineState&>(run);
     if (state.spec->fork == ForkMode::kNone) return;  // every agent prefills for itself
+    if (state.spec->fork == ForkMode::kShared) return execute_shared(state);
     const std::vector<Token>& prefix = state.prepared->prefix;
     auto guard = state.engine_guard();
     auto ctx = state.contexts->acquire();
@@ -109,8 +127,48 @@ class PrefillNode final : public Node {
     state.result.export_ms = ms_between(t1, t2);
     state.result.arena_ms = ms_between(t2, t3);
     state.result.snapshot_bytes = written;
+    state.result.kv_bytes_per_cell =
+        static_cast<double>(written) / static_cast<double>(prefix.size());
+    state.result.host_buffer_bytes = 2 * written;  // the snapshot + one pooled branch buffer
     log_info("prefill: {} tokens in {:.1f} ms, snapshot {} bytes exported in {:.1f} ms",
              prefix.size(), state.result.prefill_ms, written, state.result.export_ms);
+  }
+
+ private:
+  // One unified-KV context: the prefix on sequence 0, then a decoder thread
+  // that forks branches with seq_cp and decodes them batched.
+  static void execute_shared(PipelineState& state) {
+    const std::vector<Token>& prefix = state.prepared->prefix;
+    ContextOptions options = state.context_options;
+    options.kv_unified = true;
+    options.n_seq_max = state.prepared->budget.n_seq_max;
+    options.n_batch = std::max(options.n_batch, options.n_seq_max);  // room for every live branch
+    options.n_ubatch = options.n_batch;
+    auto ctx = std::make_unique<Context>(state.model, options);
+    const auto t0 = Clock::now();
+    ctx->decode_prompt(prefix, 0, 0, /*logits_last=*/false, state.options->on_prefill_progress);
+    const auto t1 = Clock::now();
+    const size_t prefix_bytes = ctx->state_seq_size(0);
+    std::lock_guard lock(state.result_mutex);
+    state.result.prefill_ms = ms_between(t0, t1);
+    state.result.n_ctx = ctx->options().n_ctx;
+    state.result.n_seq_max = ctx->options().n_seq_max;
+    state.result.contexts = 1;
+    state.result.kv_bytes_per_cell =
+        static_cast<double>(prefix_bytes) / static_cast<double>(prefix.size());
+    state.shared_context = std::move(ctx);
+    std::vector<std::vector<size_t>> agent_deps(state.spec->agents.size());
+    for (size_t i = 0; i < agent_deps.size(); ++i) {
+      for (const std::string& dep : state.spec->agents[i].depends_on) {
+        for (size_t j = 0; j < agent_deps.size(); ++j) {
+          if (state.spec->agents[j].name == dep) agent_deps[i].push_back(j);
+        }
+      }
+    }
+    state.decoder = std::make_unique<detail::SharedDecoder>(
+        *state.shared_context, static_cast<Pos>(prefix.size()), std::move(agent_deps));
+    log_info("prefill: {} tokens in {:.1f} ms into a shared context (n_ctx {}, n_seq_max {})",
+             prefix.size(), state.result.prefill_ms, state.result.n_ctx, state.result.n_seq_max);
   }
 };
 
@@ -127,6 +185,10 @@ class BranchNode final : public Node {
     const auto prefix_len = static_cast<Pos>(state.prepared->prefix.size());
     AgentResult& out = state.result.agents[index_];  // this node's own slot
     AgentTimings& t = out.timings_ms;
+    const Pos pos0 =
+        state.options->branch_pos0_override >= 0 ? state.options->branch_pos0_override : prefix_len;
+    if (state.spec->fork == ForkMode::kShared)
+      return execute_shared(state, agent, prompt, pos0, out);
     const auto start = Clock::now();
 
     const auto w0 = Clock::now();
@@ -134,6 +196,7 @@ class BranchNode final : public Node {
     t.wait = ms_between(w0, Clock::now());
     const auto work_start = Clock::now();
 
+    size_t ctx_state_bytes = 0;
     const auto c0 = Clock::now();
     auto ctx = state.contexts->acquire();
     t.context = ms_between(c0, Clock::now());
@@ -159,10 +222,9 @@ class BranchNode final : public Node {
       const auto p0 = Clock::now();
       ctx->decode_prompt(state.prepared->prefix, 0, 0, /*logits_last=*/false);
       t.prefill = ms_between(p0, Clock::now());
+      ctx_state_bytes = ctx->state_seq_size(0);  // for the memory report, outside the timings
     }
 
-    const Pos pos0 =
-        state.options->branch_pos0_override >= 0 ? state.options->branch_pos0_override : prefix_len;
     const auto q0 = Clock::now();
     ctx->decode_prompt(prompt, pos0, 0, /*logits_last=*/true);
     t.prompt = ms_between(q0, Clock::now());
@@ -180,6 +242,16 @@ class BranchNode final : public Node {
     t.first_token = ms_between(work_start, g0);
     state.contexts->release(std::move(ctx));
     t.total = ms_between(start, g1) - t.wait;
+    t.done_at = ms_between(state.started, g1);
+    {
+      const int64_t cells = prefix_len + static_cast<int64_t>(prompt.size()) +
+                            static_cast<int64_t>(answer.tokens.size());
+      std::lock_guard lock(state.result_mutex);
+      state.max_agent_cells = std::max(state.max_agent_cells, cells);
+      if (state.spec->fork == ForkMode::kNone && state.result.kv_bytes_per_cell == 0) {
+        state.result.kv_bytes_per_cell = static_cast<double>(ctx_state_bytes) / prefix_len;
+      }
+    }
 
     out.answer = std::move(answer.text);
     out.tokens = std::move(answer.tokens);
@@ -191,6 +263,27 @@ class BranchNode final : public Node {
     std::vector<std::string> deps{std::string(kDocumentNode)};
     deps.insert(deps.end(), agent.depends_on.begin(), agent.depends_on.end());
     return deps;
+  }
+
+  // Hands the branch to the shared decoder and waits for its answer.
+  void execute_shared(PipelineState& state, const AgentSpec& agent,
+                      const std::vector<Token>& prompt, Pos pos0, AgentResult& out) const {
+    GenerateOptions gen;
+    gen.max_tokens = agent.max_tokens;
+    gen.stop = agent.stop;
+    detail::SharedBranchOutcome r = state.decoder->submit(index_, prompt, pos0, agent.sampling, gen)
+                                        .get();  // rethrows its error
+    AgentTimings& t = out.timings_ms;
+    t.wait = r.queued;
+    t.fork = r.fork;
+    t.prompt = r.prompt;
+    t.first_token = r.first_token;
+    t.generate = r.generate;
+    t.total = r.total;
+    t.done_at = ms_between(state.started, Clock::now());
+    out.answer = std::move(r.generation.text);
+    out.tokens = std::move(r.generation.tokens);
+    out.stop_reason = r.generation.stop_reason;
   }
 
   size_t index_;
@@ -235,6 +328,8 @@ void validate_agents(const PipelineSpec& spec) {
 
 std::string_view to_string(ForkMode mode) noexcept {
   switch (mode) {
+    case ForkMode::kShared:
+      return "shared";
     case ForkMode::kHost:
       return "host";
     case ForkMode::kNone:
@@ -244,10 +339,11 @@ std::string_view to_string(ForkMode mode) noexcept {
 }
 
 ForkMode parse_fork_mode(std::string_view name) {
+  if (name == "shared") return ForkMode::kShared;
   if (name == "host") return ForkMode::kHost;
   if (name == "none") return ForkMode::kNone;
   throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("unknown fork mode '{}' (expected host or none)", name));
+              fmt::format("unknown fork mode '{}' (expected shared, host or none)", name));
 }
 
 std::string_view to_string(GuardPolicy policy) noexcept {
@@ -306,21 +402,41 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
     out.branches.push_back(model.tokenize(a.prompt + tail, /*add_special=*/false));
   }
   PipelineBudget& b = out.budget;
+  b.fork = spec.fork;
   b.prefix_tokens = static_cast<int32_t>(out.prefix.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {
-    b.max_branch_tokens =
-        std::max(b.max_branch_tokens, static_cast<int32_t>(out.branches[i].size()));
+    const auto prompt_tokens = static_cast<int32_t>(out.branches[i].size());
+    b.max_branch_tokens = std::max(b.max_branch_tokens, prompt_tokens);
     b.headroom = std::max(b.headroom, spec.agents[i].max_tokens);
+    b.sum_branch_tokens += static_cast<int64_t>(prompt_tokens) + spec.agents[i].max_tokens;
   }
-  b.required = b.prefix_tokens + b.max_branch_tokens + b.headroom;
-  b.n_ctx = spec.n_ctx;
-  if (static_cast<int64_t>(b.required) > static_cast<int64_t>(spec.n_ctx)) {
+  const bool shared = spec.fork == ForkMode::kShared;
+  b.required = shared ? b.prefix_tokens + b.sum_branch_tokens
+                      : static_cast<int64_t>(b.prefix_tokens) + b.max_branch_tokens + b.headroom;
+  b.n_seq_max = shared ? static_cast<uint32_t>(
+                             std::min<size_t>(spec.agents.size() + 1, max_parallel_sequences()))
+                       : 1;
+  // 0 = automatic: the smallest multiple of 256 that holds the budget.
+  b.n_ctx = spec.n_ctx > 0 ? spec.n_ctx : static_cast<uint32_t>((b.required + 255) / 256 * 256);
+  if (b.required > static_cast<int64_t>(b.n_ctx)) {
+    if (shared) {
+      throw Error(ErrorCode::kBudget,
+                  fmt::format("context budget exceeded (fork shared, one context for all): "
+                              "prefix_tokens {} + branch_tokens {} (prompt + max_tokens of {} "
+                              "agents) = required {} > n_ctx {}",
+                              b.prefix_tokens, b.sum_branch_tokens, spec.agents.size(), b.required,
+                              b.n_ctx));
+    }
     throw Error(
         ErrorCode::kBudget,
         fmt::format(
             "context budget exceeded: prefix_tokens {} + max_branch_tokens {} + headroom {} = "
             "required {} > n_ctx {}",
-            b.prefix_tokens, b.max_branch_tokens, b.headroom, b.required, spec.n_ctx));
+            b.prefix_tokens, b.max_branch_tokens, b.headroom, b.required, b.n_ctx));
+  }
+  if (b.n_ctx > static_cast<uint32_t>(model.n_ctx_train()) && model.n_ctx_train() > 0) {
+    log_warn("n_ctx {} is larger than the model was trained for ({}); answers may degrade", b.n_ctx,
+             model.n_ctx_train());
   }
   return out;
 }
@@ -333,10 +449,12 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   const auto prepared_at = Clock::now();
 
   PipelineState state;
+  state.started = start;
   state.spec = &spec;
   state.prepared = &prepared;
   state.options = &options;
-  state.context_options.n_ctx = spec.n_ctx;
+  state.model = model;
+  state.context_options.n_ctx = prepared.budget.n_ctx;
   state.context_options.n_batch = spec.n_batch;
   state.context_options.n_ubatch = spec.n_batch;
   state.context_options.n_threads = spec.n_threads;
@@ -344,7 +462,7 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   state.result.fork = spec.fork;
   state.result.guard = options.guard;
   state.result.prefix_tokens = prepared.budget.prefix_tokens;
-  state.result.n_ctx = spec.n_ctx;  // replaced by the padded value once a branch has a context
+  state.result.n_ctx = prepared.budget.n_ctx;  // replaced by the padded value once a context exists
   state.result.prepare_ms = ms_between(start, prepared_at);
   state.result.agents.resize(spec.agents.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {
@@ -353,6 +471,14 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   }
 
   const std::vector<NodeOutcome> outcomes = execute_graph(build_graph(spec), state);
+  if (state.decoder) {
+    state.decoder->close();  // every branch is done; joins the decoder thread
+    state.result.decode_steps = state.decoder->steps();
+    state.result.kv_cells_peak = state.decoder->peak_cells();
+  } else {
+    state.result.contexts = state.contexts->created();
+    state.result.kv_cells_peak = state.result.contexts * state.max_agent_cells;
+  }
 
   PipelineResult result = std::move(state.result);
   for (const NodeOutcome& o : outcomes) {
