@@ -29,6 +29,8 @@ os.makedirs(plots, exist_ok=True)
 arms = best["params"]["arms"]
 results = best["results"]
 made = []
+PALETTE = ["#c44", "#48c", "#4a4", "#a6c", "#c92", "#2aa"]
+COLOR = {arm: PALETTE[i % len(PALETTE)] for i, arm in enumerate(arms)}
 
 
 def save(fig, name):
@@ -46,7 +48,7 @@ fig, ax = plt.subplots(figsize=(6, 4))
 for i, arm in enumerate(arms):
     vals = [float(r["end_to_end_ms"]) for r in point_rows if r["arm"] == arm]
     ax.scatter([i] * len(vals), vals, color="grey", zorder=3, label="trials" if i == 0 else None)
-    ax.bar(i, statistics.median(vals) if vals else 0, color=["#c44", "#48c", "#4a4"][i % 3], alpha=0.8)
+    ax.bar(i, statistics.median(vals) if vals else 0, color=COLOR[arm], alpha=0.8)
 ax.set_xticks(range(len(arms)), arms)
 ax.set_ylabel("end-to-end ms (bar: median)")
 ax.set_title(f"End to end: {first['branches']} branches, {first['doc_tokens']}-token document")
@@ -113,7 +115,7 @@ if len(results) > 1 and sweep:
     ax.set_ylabel("end-to-end s (median)")
     ax2 = ax.twinx()
     for arm in arms[1:]:
-        ax2.plot(xs, [r["speedup"][arm]["end_to_end"] for r in results], "k--", marker="x", label=f"speed-up {arm}")
+        ax2.plot(xs, [r["speedup"][arm]["end_to_end"] for r in results], "--", color=COLOR[arm], marker="x", label=f"speed-up {arm}")
     ax2.set_ylabel("speed-up vs baseline")
     ax.legend(loc="upper left")
     ax2.legend(loc="lower right")
@@ -128,10 +130,16 @@ lines = [
     "",
     "## Method",
     "",
-    f"- Arms: `baseline` = every branch clears a context and prefills the whole document itself, then its prompt, then generates; "
+    "- Arms: `baseline` = every branch clears a context and prefills the whole document itself, then its prompt, then generates; "
     "`host` = the document is prefilled once, its KV state exported to a host buffer, and every branch copies it into its own buffer, "
-    "restores it into a (warm, reused) context and decodes its prompt at positions prefix_len + i, then generates.",
-    f"- Same model, document, n_ctx ({', '.join(sorted({str(r.get('n_ctx')) for r in results}))}), threads ({p['threads']} = {'all cores' if p['threads'] == 0 else 'as given'}), "
+    "restores it into a (warm, reused) context and decodes its prompt at positions prefix_len + i, then generates; "
+    "`shared` = one context with a unified KV cache: the document is prefilled once on sequence 0, every branch is forked by "
+    "`llama_memory_seq_cp` (no bytes copied) and all branches are decoded together, one `llama_decode` per step; "
+    "`server-concurrent` = llama-server (same build and model) with one slot per branch, all requests at once; "
+    "`server-sequential` = llama-server with one slot and prompt caching, requests one after another. Server requests send the same token ids "
+    "(document + branch prompt, same chat template), greedy, streamed; server start-up (model load) is outside the timing, as our model load is.",
+    f"- Same model, document, threads ({p['threads']} = {'all cores' if p['threads'] == 0 else 'as given'}); n_ctx per arm "
+    "(the smallest multiple of 256 that fits its layout, unless --n-ctx), "
     "F16 K/V, flash attention off, greedy decoding for every arm.",
     f"- {p['trials']} trial(s), all arms in each, their order reversed on every other trial; {p['pause_ms']} ms idle pause between trials.",
     "- Best trial by the seed's rule: maximise 2·TTFT% + E2E% (percent reductions vs baseline, TTFT = branch-2 activation); "
@@ -149,9 +157,21 @@ lines = [
     "",
     "## Results",
     "",
-    "| point | arm | median end-to-end ms | median branch-2 activation ms | speed-up e2e (median) | speed-up activation (median) | best trial e2e / activation | answers identical |",
-    "|---|---|---|---|---|---|---|---|",
+    "| point | arm | median end-to-end ms | median branch-2 activation ms | speed-up e2e (median) | vs host e2e | speed-up activation (median) | best trial e2e / activation | answers equal to baseline |",
+    "|---|---|---|---|---|---|---|---|---|",
 ]
+
+
+def identical_branches(a):
+    bt = a.get("best_trial") if a else None
+    if not bt:
+        return "—"
+    diffs = [b.get("first_difference_vs_baseline", -1) for b in bt["branches"]]
+    same = sum(d == -1 for d in diffs)
+    tail = "" if same == len(diffs) else " (first difference at token " + ", ".join(str(d) for d in diffs if d != -1) + ")"
+    return f"{same}/{len(diffs)}{tail}"
+
+
 for r in results:
     point = f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
     for arm in arms:
@@ -162,23 +182,90 @@ for r in results:
         sp = f"{s['end_to_end']:.2f}×" if s else "—"
         sa = f"{s['branch2_activation']:.1f}×" if s else "—"
         sb = f"{s['best_trial_end_to_end']:.2f}× / {s['best_trial_branch2_activation']:.1f}×" if s else "—"
-        lines.append(f"| {point} | {arm} | {a['median_end_to_end_ms']:.0f} | {a['median_branch2_activation_ms']:.1f} | {sp} | {sa} | {sb} | {r['answers_identical_across_arms']} |")
+        sh = f"{s['end_to_end_vs_host']:.2f}×" if s and "end_to_end_vs_host" in s else "—"
+        lines.append(f"| {point} | {arm} | {a['median_end_to_end_ms']:.0f} | {a['median_branch2_activation_ms']:.1f} | {sp} | {sh} | {sa} | {sb} | {identical_branches(a) if arm != 'baseline' else '—'} |")
+
+# Memory per arm and point (best trial).
+lines += ["", "Memory (best trial; KV bytes per cell measured on the engine; *needed* = (document + every branch's prompt and "
+          "generated tokens) × bytes/cell, the document counted once):", "",
+          "| point | arm | n_ctx | contexts | KV in use MiB | KV allocated MiB | allocated / needed | host buffers MiB | peak RSS MiB |",
+          "|---|---|---|---|---|---|---|---|---|"]
+for r in results:
+    point = f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
+    for arm in arms:
+        bt = (r["arms"].get(arm) or {}).get("best_trial")
+        if not bt or "memory" not in bt:
+            continue
+        m = bt["memory"]
+        ratio = m["kv_bytes_allocated"] / m["kv_bytes_needed"] if m.get("kv_bytes_needed") else 0
+        rss = f"{bt['peak_rss_kib'] / 1024:.0f}" + ("" if bt.get("peak_rss_per_arm") else " (process)")
+        lines.append(f"| {point} | {arm} | {bt['n_ctx']} | {m['contexts']} | {m['kv_bytes_peak'] / 2**20:.1f} | "
+                     f"{m['kv_bytes_allocated'] / 2**20:.1f} | {ratio:.2f} | {m['host_buffer_bytes'] / 2**20:.1f} | {rss} |")
+
+# Fork cost and batched decode steps of the shared arm.
+if "shared" in arms:
+    lines += ["", "Shared arm: fork cost per branch (`seq_cp`, median over branches, best trial) and generation-only decode "
+              "steps by the number of branches in the step (median ms per step):", "",
+              "| point | fork ms per branch (median / max) | generation step ms by branches in the step |", "|---|---|---|"]
+    for r in results:
+        bt = (r["arms"].get("shared") or {}).get("best_trial")
+        if not bt:
+            continue
+        point = f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
+        forks = [b["fork_ms"] for b in bt["branches"]]
+        steps = ", ".join(f"{s['branches']}: {s['median_ms']:.1f} ({s['steps']} steps)" for s in bt.get("generation_step_ms_by_branches", []))
+        lines.append(f"| {point} | {statistics.median(forks):.3f} / {max(forks):.3f} | {steps or '—'} |")
+# The peer: llama-server arms next to ours, per point (best trial).
+if any(a.startswith("server-") for a in arms):
+    lines += ["", "## Against llama-server (same llama.cpp build, same tokens, greedy)", "",
+              "Per arm (best trial): end-to-end, when the agents finished (from the arm's start: p50 / max), the branch phase "
+              "(end-to-end minus the one document prefill; only for arms that prefill the document once), and for the server "
+              "arms its own per-request counters: prompt tokens it processed (`prompt_n`) and reused from its cache (`cache_n`).", "",
+              "| point | arm | end-to-end ms | agents done p50 / max ms | branch phase ms | server prompt_n (sum) | server cache_n (sum) | KV layout | answers equal to baseline |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        point = f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
+        for arm in arms:
+            bt = (r["arms"].get(arm) or {}).get("best_trial")
+            if not bt:
+                continue
+            server = (bt.get("extra") or {}).get("server")
+            pn = sum(q["prompt_n"] for q in server["requests"]) if server else None
+            cn = sum(q["cache_n"] for q in server["requests"]) if server else None
+            layout = "—"
+            if server:
+                tried = ", ".join(f"{'on' if t['kv_unified'] else 'off'} {t['end_to_end_ms']:.0f} ms" for t in server["kv_unified_tried"])
+                layout = f"np {server['n_parallel']}, kvu {'on' if server['kv_unified'] else 'off'}" + (f" (tried: {tried})" if len(server["kv_unified_tried"]) > 1 else "")
+            bp = f"{bt['branch_phase_ms']:.0f}" if bt.get("branch_phase_ms") else "—"
+            lines.append(f"| {point} | {arm} | {bt['end_to_end_ms']:.0f} | {bt['agent_done_ms']['p50']:.0f} / {bt['agent_done_ms']['max']:.0f} | {bp} | "
+                         f"{pn if pn is not None else '—'} | {cn if cn is not None else '—'} | {layout} | {identical_branches(r['arms'].get(arm)) if arm != 'baseline' else '—'} |")
+    lines += ["", "Shared fork vs the peer (ratios of medians; > 1 means shared is faster):", "",
+              "| point | e2e vs server-concurrent | e2e vs server-sequential | branch phase vs server-sequential |", "|---|---|---|---|"]
+    for r in results:
+        point = f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
+        sp = r["speedup"].get("shared", {})
+        fmt_ = lambda k: f"{sp[k]:.2f}×" if k in sp else "—"  # noqa: E731
+        lines.append(f"| {point} | {fmt_('end_to_end_vs_server-concurrent')} | {fmt_('end_to_end_vs_server-sequential')} | {fmt_('branch_phase_vs_server-sequential')} |")
+
 bt = first["arms"].get("host", {}).get("best_trial")
 if bt:
     lines += ["", "Where a host branch's time goes (best trial, first point):", "",
               "| branch | fork ms | restore ms | prompt ms | first token ms | generate ms | total ms |", "|---|---|---|---|---|---|---|"]
     for b in bt["branches"]:
         lines.append(f"| {b['name']} | {b['fork_ms']:.1f} | {b['restore_ms']:.1f} | {b['prompt_ms']:.1f} | {b['first_token_ms']:.1f} | {b['generate_ms']:.1f} | {b['total_ms']:.1f} |")
-    lines.append(f"\nPrefill {bt['prefill_ms']:.0f} ms ({bt['prefill_tokens_per_s']:.0f} tok/s), snapshot {bt['snapshot_bytes'] / 2**20:.1f} MiB exported in {bt['export_ms']:.1f} ms, peak RSS {bt['peak_rss_kib'] / 1024:.0f} MiB (process, cumulative).")
+    lines.append(f"\nPrefill {bt['prefill_ms']:.0f} ms ({bt['prefill_tokens_per_s']:.0f} tok/s), snapshot {bt['snapshot_bytes'] / 2**20:.1f} MiB exported in {bt['export_ms']:.1f} ms, peak RSS {bt['peak_rss_kib'] / 1024:.0f} MiB.")
 lines += ["", "## Plots", ""] + [f"![{m}](plots/{m})" for m in made]
 lines += [
     "",
     "## Limitations",
     "",
     "- CPU only, 2 cores, one machine class; timings on a shared machine are noisy: compare the arms of one run, not runs of different days.",
-    "- The engine guard serialises branches (the seed's policy): branch N waits for branches 1…N−1; the activation metric starts at the branch's own work, not at the run's start.",
-    "- Contexts are reused by both arms (clear + restore / clear + re-prefill), so context creation is not part of either arm's cost.",
-    "- Peak RSS is the process's high-water mark so far (getrusage), not per arm.",
+    "- `baseline` and `host`: the engine guard serialises branches (the seed's policy): branch N waits for branches 1…N−1; the activation metric starts at the branch's own work, not at the run's start. "
+    "`shared` has no guard; its branches are decoded together, so their activation times overlap.",
+    "- Contexts are reused by `baseline` and `host` (clear + restore / clear + re-prefill), so context creation is not part of either arm's cost; `shared` creates its one context inside the measured run.",
+    "- `shared` answers are not bit-identical to the baseline's: other branches' cells between the document and a branch's own change the rounding "
+    "(measured ≤ 0.8 logits on SmolLM2-135M Q4_1), so greedy answers agree up to the first near-tie and may continue differently after it; `host` is bit-exact.",
+    "- Peak RSS is reset before each arm (/proc/self/clear_refs) and read from VmHWM; model weights are mapped once and count in every arm.",
     "- Generation is not shared: with long answers the end-to-end speed-up tends to 1 regardless of the fork.",
 ]
 if args.command:

@@ -10,11 +10,13 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "server_arm.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
@@ -64,17 +66,51 @@ std::string branch_prompt(const Model& model, int32_t i, int32_t m) {
   return prompt;
 }
 
-long peak_rss_kib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss;
-}
-
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2.0;
+}
+
+// Peak RSS per arm: Linux resets the process's high-water mark (VmHWM) when
+// "5" is written to /proc/self/clear_refs; where that fails the value is the
+// process's peak so far, and the output says so.
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+long peak_rss_kib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+ForkMode arm_fork_mode(const std::string& arm) {
+  if (arm == "baseline") return ForkMode::kNone;
+  return parse_fork_mode(arm);  // host, shared
+}
+
+// Median decode-step time of the shared arm's generation-only steps (no
+// prompt tokens in the batch), by the number of branches in the step: does
+// the CPU attention re-read the prefix once per branch?
+json steps_by_live_branches(const PipelineResult& r) {
+  std::map<int32_t, std::vector<double>> by;
+  for (const DecodeStep& s : r.decode_steps) {
+    if (s.prompt_tokens == 0) by[s.branches].push_back(s.ms);
+  }
+  json out = json::array();
+  for (auto& [n, v] : by) {
+    out.push_back({{"branches", n}, {"steps", v.size()}, {"median_ms", median(v)}});
+  }
+  return out;
 }
 
 struct ArmRun {
@@ -83,8 +119,31 @@ struct ArmRun {
   int order = 0;  // position of the arm within its trial
   PipelineResult result;
   long peak_rss_kib = 0;
+  bool peak_rss_per_arm = false;  // false: the process's peak so far
   bool answers_match_baseline = true;
+  std::vector<int> first_difference;  // per branch: first token differing from baseline, -1: none
+  json extra = json::object();        // arm-specific facts (the server arms' own timings)
+  double branch_phase_ms = -1;        // end-to-end minus the one document prefill; -1: not defined
 };
+
+bool is_server_arm(const std::string& arm) {
+  return arm == "server-concurrent" || arm == "server-sequential";
+}
+
+double kv_bytes_needed(const PipelineResult& r) {
+  double cells = r.prefix_tokens;
+  for (const AgentResult& a : r.agents)
+    cells += a.prompt_tokens + static_cast<double>(a.tokens.size());
+  return cells * r.kv_bytes_per_cell;
+}
+
+// When each agent finished, from the arm's start: p50 and max (with
+// sequential serving the last agent waits for all the others).
+json agent_done(const PipelineResult& r) {
+  std::vector<double> v;
+  for (const AgentResult& a : r.agents) v.push_back(a.timings_ms.done_at);
+  return {{"p50", median(v)}, {"max", v.empty() ? 0.0 : *std::max_element(v.begin(), v.end())}};
+}
 
 double branch2_activation(const PipelineResult& r) {
   const AgentResult& a = r.agents.size() > 1 ? r.agents[1] : r.agents[0];
@@ -96,11 +155,14 @@ json arm_json(const ArmRun& run) {
   json branches = json::array();
   double gen_ms = 0;
   size_t gen_tokens = 0;
-  for (const AgentResult& a : r.agents) {
+  for (size_t i = 0; i < r.agents.size(); ++i) {
+    const AgentResult& a = r.agents[i];
     const auto& t = a.timings_ms;
     gen_ms += t.generate;
     gen_tokens += a.tokens.size();
     branches.push_back({{"name", a.name},
+                        {"first_difference_vs_baseline",
+                         i < run.first_difference.size() ? run.first_difference[i] : -1},
                         {"status", std::string(to_string(a.status))},
                         {"n_tokens", a.tokens.size()},
                         {"prefill_ms", t.prefill},
@@ -110,6 +172,7 @@ json arm_json(const ArmRun& run) {
                         {"first_token_ms", t.first_token},
                         {"generate_ms", t.generate},
                         {"total_ms", t.total},
+                        {"done_at_ms", t.done_at},
                         {"wait_ms", t.wait}});
   }
   const double prefill_tokens =
@@ -128,8 +191,25 @@ json arm_json(const ArmRun& run) {
           {"generate_tokens_per_s",
            gen_ms > 0 ? 1000.0 * static_cast<double>(gen_tokens) / gen_ms : 0.0},
           {"peak_rss_kib", run.peak_rss_kib},
+          {"peak_rss_per_arm", run.peak_rss_per_arm},
+          {"n_ctx", r.n_ctx},
+          {"memory",
+           {{"contexts", r.contexts},
+            {"kv_cells_peak", r.kv_cells_peak},
+            {"kv_bytes_per_cell", r.kv_bytes_per_cell},
+            {"kv_bytes_peak", r.kv_bytes_peak()},
+            {"kv_bytes_allocated", r.kv_bytes_allocated()},
+            {"host_buffer_bytes", r.host_buffer_bytes},
+            // (prefix + sum of branch prompt + generated tokens) x bytes/cell:
+            // the KV the work itself needs, shared prefix counted once.
+            {"kv_bytes_needed", kv_bytes_needed(r)}}},
+          {"decode_steps", r.decode_steps.size()},
+          {"generation_step_ms_by_branches", steps_by_live_branches(r)},
           {"answers_match_baseline", run.answers_match_baseline},
-          {"branches", branches}};
+          {"branch_phase_ms", run.branch_phase_ms >= 0 ? json(run.branch_phase_ms) : json(nullptr)},
+          {"agent_done_ms", agent_done(r)},
+          {"branches", branches},
+          {"extra", run.extra}};
 }
 
 std::string cpu_model() {
@@ -145,7 +225,6 @@ struct Point {
   std::string sweep_value;
   int32_t branches = 0;
   int32_t doc_tokens = 0;
-  uint32_t n_ctx = 0;
   std::vector<ArmRun> runs;
 };
 
@@ -162,7 +241,10 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
   double best_score = -1e300;
   std::map<int, std::map<std::string, const ArmRun*>> by_trial;
   for (const ArmRun& r : p.runs) by_trial[r.trial][r.arm] = &r;
-  const std::string fork_arm = arms.size() > 1 ? arms.back() : arms.front();
+  // The seed's score compares one fork arm with the baseline: ours, not a peer's.
+  std::string fork_arm = arms.size() > 1 ? arms[1] : arms.front();
+  for (const char* preferred : {"host", "shared"})
+    if (std::find(arms.begin(), arms.end(), preferred) != arms.end()) fork_arm = preferred;
   for (const auto& [trial, m] : by_trial) {
     if (!m.contains("baseline") || !m.contains(fork_arm) || m.size() != arms.size()) continue;
     const double be = m.at("baseline")->result.total_ms, fe = m.at(fork_arm)->result.total_ms;
@@ -190,6 +272,25 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
            best_trial >= 0 ? branch2_activation(by_trial[best_trial]["baseline"]->result) /
                                  branch2_activation(by_trial[best_trial][arm]->result)
                            : 0.0}};
+      if (arm != "host" && e2e.contains("host")) {
+        speedup[arm]["end_to_end_vs_host"] = median(e2e["host"]) / median(e2e[arm]);
+      }
+      // SwarmKV's shared fork against each peer arm, and on the branch phase
+      // (end-to-end minus the one document prefill both pay).
+      if (arm == "shared") {
+        for (const std::string& peer : arms) {
+          if (!is_server_arm(peer) || !e2e.contains(peer)) continue;
+          speedup[arm]["end_to_end_vs_" + peer] = median(e2e[peer]) / median(e2e[arm]);
+        }
+        std::vector<double> mine, seq;
+        for (const ArmRun& r : p.runs) {
+          if (r.arm == "shared" && r.branch_phase_ms > 0) mine.push_back(r.branch_phase_ms);
+          if (r.arm == "server-sequential" && r.branch_phase_ms > 0)
+            seq.push_back(r.branch_phase_ms);
+        }
+        if (!mine.empty() && !seq.empty())
+          speedup[arm]["branch_phase_vs_server-sequential"] = median(seq) / median(mine);
+      }
     }
   }
   bool all_match = std::all_of(p.runs.begin(), p.runs.end(),
@@ -197,7 +298,6 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
   return {{"sweep_value", p.sweep_value},
           {"branches", p.branches},
           {"doc_tokens", p.doc_tokens},
-          {"n_ctx", p.n_ctx},
           {"trials_completed", by_trial.size()},
           {"best_trial", best_trial},
           {"best_trial_score", best_trial >= 0 ? best_score : 0.0},
@@ -225,7 +325,9 @@ void write_outputs(const BenchArgs& args, const json& params, const json& env,
   std::ofstream csv(fs::path(args.out) / "all_trials.csv");
   csv << "sweep,sweep_value,trial,arm,order,branches,doc_tokens,prefix_tokens,ok,answers_match_"
          "baseline,"
-         "end_to_end_ms,prefill_ms,export_ms,snapshot_bytes,branch2_activation_ms,peak_rss_kib,"
+         "end_to_end_ms,prefill_ms,export_ms,snapshot_bytes,branch2_activation_ms,peak_rss_kib,n_"
+         "ctx,"
+         "kv_cells_peak,kv_bytes_peak,kv_bytes_allocated,"
          "Baseline_End_To_End_Ms,SwarmKV_End_To_End_Ms,SwarmKV_Prefill_Ms,SwarmKV_AgentA_Ms,"
          "SwarmKV_AgentB_Ms";
   for (size_t i = 0; i < max_branches; ++i) {
@@ -242,11 +344,14 @@ void write_outputs(const BenchArgs& args, const json& params, const json& env,
         return i < x.agents.size() ? fmt::format("{:.3f}", x.agents[i].timings_ms.total) : "";
       };
       csv << fmt::format(
-          "{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{:.3f},{},{},{},{},{},{}",
+          "{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{:.3f},{},{},{},{:.0f},{:.0f},{},{"
+          "},{},{},"
+          "{}",
           args.sweep.empty() ? "" : args.sweep.substr(0, args.sweep.find('=')), p.sweep_value,
           r.trial, r.arm, r.order, p.branches, p.doc_tokens, x.prefix_tokens, x.ok(),
           r.answers_match_baseline, x.total_ms, x.prefill_ms, x.export_ms, x.snapshot_bytes,
-          branch2_activation(x), r.peak_rss_kib, base ? fmt::format("{:.3f}", x.total_ms) : "",
+          branch2_activation(x), r.peak_rss_kib, x.n_ctx, x.kv_cells_peak, x.kv_bytes_peak(),
+          x.kv_bytes_allocated(), base ? fmt::format("{:.3f}", x.total_ms) : "",
           base ? "" : fmt::format("{:.3f}", x.total_ms),
           base ? "" : fmt::format("{:.3f}", x.prefill_ms), base ? "" : agent_ms(0),
           base ? "" : agent_ms(1));
@@ -262,6 +367,161 @@ void write_outputs(const BenchArgs& args, const json& params, const json& env,
       csv << "\n";
     }
   }
+}
+
+// One server run: start llama-server, send the branch requests (all at once
+// or one after another), stop it. Server start-up (model load) is outside
+// the timing, as our arms' model load is.
+struct ServerRun {
+  PipelineResult result;
+  json requests = json::array();
+  long peak_rss_kib = 0;
+  pid_t pid = -1;
+  bool kv_unified = false;
+};
+
+ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& spec,
+                          const PreparedPipeline& prepared, const std::string& model_path,
+                          const BenchArgs& args, const std::string& log_path) {
+  const size_t n = spec.agents.size();
+  const PipelineBudget& b = prepared.budget;
+  const auto per_slot =
+      static_cast<uint32_t>((b.prefix_tokens + b.max_branch_tokens + b.headroom + 255) / 256 * 256);
+  ServerConfig cfg;
+  cfg.binary = find_llama_server(args.server_bin);
+  cfg.model = model_path;
+  cfg.threads = args.threads;
+  cfg.n_parallel = concurrent ? static_cast<int32_t>(n) : 1;
+  cfg.n_ctx = per_slot * static_cast<uint32_t>(cfg.n_parallel);
+  cfg.kv_unified = kv_unified;
+  cfg.log_path = log_path;
+  LlamaServer server(cfg);
+
+  std::vector<std::vector<Token>> prompts;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<Token> p = prepared.prefix;
+    p.insert(p.end(), prepared.branches[i].begin(), prepared.branches[i].end());
+    prompts.push_back(std::move(p));
+  }
+  std::vector<ServerReply> replies(n);
+  const auto start = std::chrono::steady_clock::now();
+  if (concurrent) {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        replies[i] = server_complete(server.port(), prompts[i], spec.agents[i].max_tokens, start,
+                                     g_interrupted);
+      });
+    }
+    for (auto& t : threads) t.join();
+  } else {
+    for (size_t i = 0; i < n && !g_interrupted; ++i) {
+      replies[i] = server_complete(server.port(), prompts[i], spec.agents[i].max_tokens, start,
+                                   g_interrupted);
+    }
+  }
+  const double e2e =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ServerRun run;
+  run.peak_rss_kib = server.peak_rss_kib();
+  run.pid = server.pid();
+  run.kv_unified = kv_unified;
+  server.stop();
+
+  PipelineResult& r = run.result;
+  r.fork = ForkMode::kNone;
+  r.prefix_tokens = b.prefix_tokens;
+  r.total_ms = e2e;
+  r.n_ctx = cfg.n_ctx;
+  r.n_seq_max = static_cast<uint32_t>(cfg.n_parallel);
+  r.contexts = 1;
+  r.agents.resize(n);
+  int64_t cells = 0, max_cells = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const ServerReply& x = replies[i];
+    AgentResult& a = r.agents[i];
+    a.name = spec.agents[i].name;
+    a.status = x.error.empty() ? NodeStatus::kOk : NodeStatus::kFailed;
+    a.error = x.error;
+    a.tokens = x.tokens;
+    a.answer = x.text;
+    a.prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
+    a.timings_ms.prompt = x.prompt_ms;
+    a.timings_ms.first_token = x.first_token_ms;
+    a.timings_ms.generate = x.predicted_ms;
+    a.timings_ms.total = x.total_ms;
+    a.timings_ms.done_at = x.done_at_ms;
+    r.prefill_ms += x.prompt_ms;
+    const int64_t slot_cells = static_cast<int64_t>(prompts[i].size() + x.tokens.size());
+    cells += slot_cells;
+    max_cells = std::max(max_cells, slot_cells);
+    run.requests.push_back({{"name", a.name},
+                            {"cache_n", x.cache_n},
+                            {"prompt_n", x.prompt_n},
+                            {"prompt_ms", x.prompt_ms},
+                            {"predicted_n", x.predicted_n},
+                            {"predicted_ms", x.predicted_ms},
+                            {"first_token_ms", x.first_token_ms},
+                            {"total_ms", x.total_ms},
+                            {"done_at_ms", x.done_at_ms},
+                            {"error", x.error}});
+  }
+  // Slots do not share the document: concurrent slots hold a copy each;
+  // the sequential server's one slot holds the document and one branch.
+  r.kv_cells_peak = concurrent ? cells : max_cells;
+  return run;
+}
+
+ArmRun run_server_arm(const std::string& arm, const PipelineSpec& spec, const Model& model,
+                      const std::string& model_path, const BenchArgs& args, const std::string& tag,
+                      int& kvu_choice) {
+  PipelineSpec none = spec;
+  none.fork = ForkMode::kNone;
+  const PreparedPipeline prepared = prepare_pipeline(none, model);
+  const bool concurrent = arm == "server-concurrent";
+  std::vector<bool> configs;
+  if (!concurrent) {
+    configs = {false};
+  } else if (kvu_choice >= 0) {
+    configs = {kvu_choice == 1};
+  } else if (args.server_kvu == "both") {
+    configs = {false, true};
+  } else {
+    configs = {args.server_kvu == "on"};
+  }
+  json tried = json::array();
+  std::optional<ServerRun> best;
+  for (bool kvu : configs) {
+    const std::string log = (std::filesystem::path(args.out) /
+                             fmt::format("{}-{}-kvu{}.log", arm, tag, kvu ? "on" : "off"))
+                                .string();
+    ServerRun run = run_server_once(concurrent, kvu, spec, prepared, model_path, args, log);
+    tried.push_back({{"kv_unified", kvu}, {"end_to_end_ms", run.result.total_ms}});
+    std::cerr << fmt::format("[bench]   {} with kv_unified {}: {:.1f} ms\n", arm,
+                             kvu ? "on" : "off", run.result.total_ms);
+    if (!best || (run.result.ok() && run.result.total_ms < best->result.total_ms))
+      best = std::move(run);
+    if (g_interrupted) break;
+  }
+  if (concurrent && kvu_choice < 0) kvu_choice = best->kv_unified ? 1 : 0;
+  ArmRun out;
+  out.arm = arm;
+  out.result = std::move(best->result);
+  out.peak_rss_kib = best->peak_rss_kib;
+  out.peak_rss_per_arm = true;
+  if (!concurrent && !best->requests.empty()) {
+    out.branch_phase_ms = out.result.total_ms - best->requests[0]["prompt_ms"].get<double>();
+  }
+  out.extra = {{"server",
+                {{"binary", find_llama_server(args.server_bin)},
+                 {"pid", best->pid},
+                 {"n_parallel", out.result.n_seq_max},
+                 {"n_ctx", out.result.n_ctx},
+                 {"kv_unified", best->kv_unified},
+                 {"kv_unified_tried", tried},
+                 {"peak_rss_kib", best->peak_rss_kib},
+                 {"requests", best->requests}}}};
+  return out;
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -280,12 +540,17 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 int run_bench(const BenchArgs& args) {
   for (const std::string& arm : args.arms) {
-    if (arm != "baseline" && arm != "host") {
+    if (arm != "baseline" && arm != "host" && arm != "shared" && !is_server_arm(arm)) {
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("unknown arm '{}' (available: baseline, host; shared and server arms "
-                              "are not built yet)",
+                  fmt::format("unknown arm '{}' (available: baseline, host, shared, "
+                              "server-concurrent, server-sequential)",
                               arm));
     }
+    if (is_server_arm(arm)) find_llama_server(args.server_bin);  // fail before any work
+  }
+  if (args.server_kvu != "on" && args.server_kvu != "off" && args.server_kvu != "both") {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("--server-kvu '{}': expected on, off or both", args.server_kvu));
   }
   if (args.arms.empty() || args.arms.front() != "baseline") {
     throw Error(ErrorCode::kInvalidArgument,
@@ -335,6 +600,7 @@ int run_bench(const BenchArgs& args) {
               {"model_description", model->description()}};
   if (const char* sha = std::getenv("SWARMKV_MODEL_SHA256")) env["model_sha256"] = sha;
 
+  std::filesystem::create_directories(args.out);  // server logs land there before any result
   std::signal(SIGINT, on_sigint);
   std::vector<Point> points;
   for (const std::string& value : sweep_values) {
@@ -355,15 +621,9 @@ int run_bench(const BenchArgs& args) {
       a.max_tokens = args.n_predict;
       spec.agents.push_back(a);
     }
-    if (args.n_ctx > 0) {
-      spec.n_ctx = args.n_ctx;
-    } else {
-      spec.n_ctx = 1u << 20;  // measure first, then take the smallest that fits
-      const PipelineBudget b = prepare_pipeline(spec, *model).budget;
-      spec.n_ctx = static_cast<uint32_t>((b.required + 255) / 256 * 256);
-    }
-    point.n_ctx = spec.n_ctx;
+    spec.n_ctx = args.n_ctx;  // 0: per arm, the smallest multiple of 256 that fits its layout
     points.push_back(point);
+    int kvu_choice = -1;  // server-concurrent's KV layout, decided on the first trial
     for (int trial = 1; trial <= args.trials && !g_interrupted; ++trial) {
       if (trial > 1 && args.pause_ms > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(args.pause_ms));
@@ -372,13 +632,22 @@ int run_bench(const BenchArgs& args) {
         std::reverse(order.begin(), order.end());  // drift must not favour one arm
       std::vector<ArmRun> trial_runs;
       for (size_t k = 0; k < order.size() && !g_interrupted; ++k) {
-        spec.fork = order[k] == "baseline" ? ForkMode::kNone : ForkMode::kHost;
         ArmRun run;
-        run.arm = order[k];
+        if (is_server_arm(order[k])) {
+          run = run_server_arm(order[k], spec, *model, model_path, args,
+                               fmt::format("{}t{}", value.empty() ? "" : value + "-", trial),
+                               kvu_choice);
+        } else {
+          spec.fork = arm_fork_mode(order[k]);
+          run.arm = order[k];
+          run.peak_rss_per_arm = reset_peak_rss();
+          run.result = run_pipeline(spec, model);
+          run.peak_rss_kib = peak_rss_kib();
+          if (spec.fork != ForkMode::kNone)
+            run.branch_phase_ms = run.result.total_ms - run.result.prefill_ms;
+        }
         run.trial = trial;
         run.order = static_cast<int>(k);
-        run.result = run_pipeline(spec, model);
-        run.peak_rss_kib = peak_rss_kib();
         std::cerr << fmt::format(
             "[bench] {}{}trial {}/{} arm {:<8} end-to-end {:>9.1f} ms, branch-2 activation "
             "{:>9.1f} ms{}\n",
@@ -392,9 +661,18 @@ int run_bench(const BenchArgs& args) {
       for (const ArmRun& r : trial_runs)
         if (r.arm == "baseline") base = &r;
       for (ArmRun& r : trial_runs) {
+        // The server does not report KV bytes; the engine's, measured by our arms, apply.
+        if (base != nullptr && r.result.kv_bytes_per_cell == 0)
+          r.result.kv_bytes_per_cell = base->result.kv_bytes_per_cell;
         for (size_t i = 0; base != nullptr && i < r.result.agents.size(); ++i) {
-          if (r.result.agents[i].tokens != base->result.agents[i].tokens)
-            r.answers_match_baseline = false;
+          const auto& mine = r.result.agents[i].tokens;
+          const auto& want = base->result.agents[i].tokens;
+          int d = 0;
+          while (static_cast<size_t>(d) < mine.size() && static_cast<size_t>(d) < want.size() &&
+                 mine[static_cast<size_t>(d)] == want[static_cast<size_t>(d)])
+            ++d;
+          r.first_difference.push_back(mine == want ? -1 : d);
+          if (mine != want) r.answers_match_baseline = false;
         }
       }
       for (ArmRun& r : trial_runs) points.back().runs.push_back(std::move(r));

@@ -22,6 +22,10 @@ struct BenchArgs {
   std::vector<std::string> arms = {"baseline", "host"};
   std::string sweep;  // "branches=1,2,4" or "doc-tokens=512,1024"
   std::string out = "bench-out";
+  // llama-server peer arms.
+  std::string server_bin;  // empty: find_llama_server()
+  std::string server_kvu =
+      "both";  // server-concurrent: on, off, or both (measure, keep the faster)
 };
 
 // Runs the benchmark; returns the process exit status (130 after Ctrl-C,

@@ -148,6 +148,7 @@ nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::Pip
           {"guard", std::string(swarmkv::to_string(r.guard))},
           {"ok", r.ok()},
           {"n_ctx", r.n_ctx},
+          {"n_seq_max", r.n_seq_max},
           {"prefix_tokens", r.prefix_tokens},
           {"snapshot_bytes", r.snapshot_bytes},
           {"load_ms", load_ms},
@@ -156,6 +157,14 @@ nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::Pip
           {"export_ms", r.export_ms},
           {"arena_ms", r.arena_ms},
           {"total_ms", r.total_ms},
+          {"memory",
+           {{"contexts", r.contexts},
+            {"kv_cells_peak", r.kv_cells_peak},
+            {"kv_bytes_per_cell", r.kv_bytes_per_cell},
+            {"kv_bytes_peak", r.kv_bytes_peak()},
+            {"kv_bytes_allocated", r.kv_bytes_allocated()},
+            {"host_buffer_bytes", r.host_buffer_bytes}}},
+          {"decode_steps", r.decode_steps.size()},
           {"document",
            {{"status", std::string(swarmkv::to_string(r.document_status))},
             {"error", r.document_error}}},
@@ -169,6 +178,8 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
                            swarmkv::to_string(r.guard), r.prefix_tokens);
   if (r.fork == swarmkv::ForkMode::kHost)
     std::cout << fmt::format(" | snapshot {:.1f} MiB", r.snapshot_bytes / 1048576.0);
+  if (r.fork == swarmkv::ForkMode::kShared)
+    std::cout << fmt::format(" | one context, {} sequences", r.n_seq_max);
   std::cout << "\n";
   if (r.document_status != swarmkv::NodeStatus::kOk)
     std::cout << "document: FAILED: " << r.document_error << "\n";
@@ -186,12 +197,25 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
         a.name.substr(0, 16), a.tokens.size(), t.prefill, t.fork, t.restore, t.prompt,
         t.first_token, t.generate, t.total);
   }
+  std::string prefill_note;
+  if (r.fork == swarmkv::ForkMode::kHost) {
+    prefill_note = fmt::format(" | export {:.1f} ms", r.export_ms);
+  } else if (r.fork == swarmkv::ForkMode::kNone) {
+    prefill_note = " (sum of per-agent re-prefills)";
+  } else {
+    prefill_note = fmt::format(" | {} batched decode steps", r.decode_steps.size());
+  }
   std::cout << fmt::format(
       "load {:.0f} ms | prefill {:.1f} ms{} | total {:.1f} ms (model load excluded)\n", load_ms,
-      r.prefill_ms,
-      r.fork == swarmkv::ForkMode::kHost ? fmt::format(" | export {:.1f} ms", r.export_ms)
-                                         : std::string(" (sum of per-agent re-prefills)"),
-      r.total_ms);
+      r.prefill_ms, prefill_note, r.total_ms);
+  std::cout << fmt::format(
+      "KV: {} context(s) x n_ctx {} | peak {} cells = {:.1f} MiB in use of {:.1f} MiB "
+      "allocated{}\n",
+      r.contexts, r.n_ctx, r.kv_cells_peak, r.kv_bytes_peak() / 1048576.0,
+      r.kv_bytes_allocated() / 1048576.0,
+      r.host_buffer_bytes > 0
+          ? fmt::format(" | host buffers {:.1f} MiB", r.host_buffer_bytes / 1048576.0)
+          : std::string());
 }
 
 int run_pipeline_cmd(const RunArgs& args) {
@@ -305,9 +329,8 @@ int main(int argc, char** argv) {
   RunArgs run_args;
   CLI::App* run = app.add_subcommand(
       "run",
-      "Run a pipeline file: prefill the document once, fork every agent from its KV snapshot, "
-      "print each answer "
-      "and a timing table.\n"
+      "Run a pipeline file: prefill the document once, fork every agent from its KV state, "
+      "print each answer, a timing table and the KV memory used.\n"
       "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, threads, fork, system, document "
       "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
       "prompt, max_tokens, "
@@ -317,17 +340,24 @@ int main(int argc, char** argv) {
   run->add_option("-m,--model", run_args.model, "GGUF model; overrides the file's 'model'");
   run->add_option(
          "--fork", run_args.fork,
-         "host: prefill once, copy + restore a host snapshot per agent (the file's default);\n"
+         "overrides the file's 'fork' (default shared):\n"
+         "shared: one context with a unified KV cache; each agent is a sequence forked by\n"
+         "        seq_cp (no bytes copied); all agents decoded together, one llama_decode per "
+         "step;\n"
+         "host: prefill once, copy + restore a host snapshot into each agent's context;\n"
          "none: baseline, every agent re-prefills the whole document in its own context")
-      ->check(CLI::IsMember({"host", "none"}));
+      ->check(CLI::IsMember({"shared", "host", "none"}));
   run->add_option(
          "--guard", run_args.guard,
+         "host/none only (shared has no guard: one decoder thread owns its context).\n"
          "serialized: one engine mutex around all agents' llama.cpp work (the seed's LlamaGuard);\n"
          "concurrent: agents use their own contexts at the same time")
       ->check(CLI::IsMember({"serialized", "concurrent"}))
       ->capture_default_str();
   run->add_option("-c,--n-ctx", run_args.n_ctx,
-                  "context size per agent; overrides the file's n_ctx");
+                  "KV cells per context, overrides the file's n_ctx (default: the smallest "
+                  "multiple of 256 that fits; shared: one context holds the document and every "
+                  "agent's prompt + max_tokens; host/none: the document + the longest agent)");
   run->add_option("-t,--threads", run_args.threads,
                   "CPU threads per context (0 = all cores); overrides the file");
   run->add_flag("--json", run_args.json,
@@ -339,8 +369,9 @@ int main(int argc, char** argv) {
   CLI::App* bench =
       app.add_subcommand("bench",
                          "Benchmark the baseline (every branch re-prefills the "
-                         "document in its own context) against SwarmKV's fork "
-                         "(prefill once, copy + restore a host snapshot per branch), "
+                         "document in its own context) against SwarmKV's forks "
+                         "(host: prefill once, copy + restore a host snapshot per branch; "
+                         "shared: one unified-KV context, seq_cp fork, batched decode), "
                          "all arms in one run, alternating their order "
                          "between trials. Writes best_run.json and all_trials.csv to "
                          "--out; bench/plot_bench.py OUT then draws the plots and "
@@ -368,7 +399,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   bench->add_option("--n-ctx", bench_args.n_ctx,
-                    "context size (default: smallest multiple of 256 that fits)");
+                    "KV cells per context, every arm (default: per arm, the smallest multiple of "
+                    "256 that fits its layout)");
   bench->add_option("-t,--threads", bench_args.threads, "CPU threads per context (0 = all cores)")
       ->capture_default_str();
   bench->add_option("--trials", bench_args.trials, "trials")
@@ -376,12 +408,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   bench->add_option("--pause-ms", bench_args.pause_ms, "idle pause between trials")
       ->capture_default_str();
-  bench->add_option("--arms", bench_args.arms, "arms, baseline first: baseline,host")
+  bench
+      ->add_option(
+          "--arms", bench_args.arms,
+          "arms, baseline first: baseline,host,shared,server-concurrent,server-sequential "
+          "(server-*: llama-server from the same llama.cpp, same tokens, greedy, over HTTP)")
       ->delimiter(',')
       ->capture_default_str();
   bench->add_option("--sweep", bench_args.sweep,
                     "branches=1,2,4,8,16 or doc-tokens=512,1024,2048,3501,7000");
   bench->add_option("-o,--out", bench_args.out, "output directory")->capture_default_str();
+  bench->add_option("--server-bin", bench_args.server_bin,
+                    "llama-server for the server-* arms (default: $SWARMKV_LLAMA_SERVER, else the "
+                    "one installed with the llama.cpp SwarmKV was built against, else PATH)");
+  bench
+      ->add_option("--server-kvu", bench_args.server_kvu,
+                   "server-concurrent's KV layout: on (-kvu), off (-no-kvu), or both: measure "
+                   "both on the first trial of each point and keep the faster")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
 
   std::string info_model;
   CLI::App* info =
