@@ -15,20 +15,14 @@
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
+#include "swarmkv/synthetic.h"
 
 namespace {
 
-// "The quick brown fox ..." repeated and cut to exactly n tokens (the seed's
-// synthetic document).
+// The seed's synthetic document: BOS + exactly n - 1 checked text tokens.
 std::vector<swarmkv::Token> synthetic_tokens(const swarmkv::Model& model, size_t n) {
-  std::string text;
-  std::vector<swarmkv::Token> tokens;
-  while (tokens.size() < n) {
-    for (int i = 0; i < 64; ++i) text += "The quick brown fox jumps over the lazy dog. ";
-    tokens = model.tokenize(text, true);
-  }
-  tokens.resize(n);
-  return tokens;
+  const auto text_tokens = static_cast<int32_t>(n > 1 ? n - 1 : 1);
+  return model.tokenize(swarmkv::synthetic_document(model, text_tokens), true);
 }
 
 double median(std::vector<double> v) {

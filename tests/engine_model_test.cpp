@@ -14,6 +14,7 @@
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
+#include "swarmkv/synthetic.h"
 
 #ifndef SWARMKV_SOURCE_DIR
 #error "SWARMKV_SOURCE_DIR must be defined"
@@ -348,6 +349,15 @@ TEST_F(EngineModelTest, UnifiedBatchedLogitsStayWithinBound) {
   EXPECT_EQ(shared.seq_pos_max(2), -1);
   EXPECT_EQ(shared.seq_pos_max(0), static_cast<Pos>(prefix.size()) - 1);
   EXPECT_EQ(shared.seq_pos_max(1), static_cast<Pos>(prefix.size() + prompts[0].size()) - 1);
+}
+
+TEST_F(EngineModelTest, SyntheticDocumentHasExactlyTheAskedTokens) {
+  for (const int32_t n : {1, 7, 64, 3501}) {
+    const std::string doc = synthetic_document(*model_, n);
+    EXPECT_EQ(model_->tokenize(doc, false).size(), static_cast<size_t>(n)) << n;
+    EXPECT_EQ(doc.rfind("The", 0), 0u) << "the seed's phrase, cut";
+  }
+  EXPECT_THROW(synthetic_document(*model_, 0), Error);
 }
 
 }  // namespace

@@ -16,11 +16,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "result_json.h"
 #include "server_arm.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
+#include "swarmkv/synthetic.h"
 
 namespace swarmkv::cli {
 namespace {
@@ -30,28 +32,6 @@ using nlohmann::json;
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) {
   g_interrupted.store(true);
-}
-
-constexpr std::string_view kPhrase = "The quick brown fox jumps over the lazy dog. ";
-
-// The seed's synthetic document: the phrase repeated and cut to exactly
-// `n` tokens of this model's tokenizer (checked by re-tokenising).
-std::string synthetic_document(const Model& model, int32_t n) {
-  std::string text;
-  std::vector<Token> tokens;
-  while (static_cast<int32_t>(tokens.size()) < n + 8) {
-    for (int i = 0; i < 64; ++i) text += kPhrase;
-    tokens = model.tokenize(text, false);
-  }
-  for (int32_t cut = n; cut > 0; --cut) {
-    tokens.resize(static_cast<size_t>(cut));
-    std::string doc = model.detokenize(tokens);
-    const auto back = model.tokenize(doc, false);
-    if (static_cast<int32_t>(back.size()) == n) return doc;
-    if (static_cast<int32_t>(back.size()) < n) break;
-  }
-  throw Error(ErrorCode::kInternal,
-              fmt::format("cannot build a synthetic document of exactly {} tokens", n));
 }
 
 // Branch i's own question, about `m` tokens long, different for every branch.
@@ -194,15 +174,13 @@ json arm_json(const ArmRun& run) {
           {"peak_rss_per_arm", run.peak_rss_per_arm},
           {"n_ctx", r.n_ctx},
           {"memory",
-           {{"contexts", r.contexts},
-            {"kv_cells_peak", r.kv_cells_peak},
-            {"kv_bytes_per_cell", r.kv_bytes_per_cell},
-            {"kv_bytes_peak", r.kv_bytes_peak()},
-            {"kv_bytes_allocated", r.kv_bytes_allocated()},
-            {"host_buffer_bytes", r.host_buffer_bytes},
-            // (prefix + sum of branch prompt + generated tokens) x bytes/cell:
-            // the KV the work itself needs, shared prefix counted once.
-            {"kv_bytes_needed", kv_bytes_needed(r)}}},
+           [&] {
+             json m = memory_json(r);
+             // (prefix + sum of branch prompt + generated tokens) x bytes/cell:
+             // the KV the work itself needs, the shared prefix counted once.
+             m["kv_bytes_needed"] = kv_bytes_needed(r);
+             return m;
+           }()},
           {"decode_steps", r.decode_steps.size()},
           {"generation_step_ms_by_branches", steps_by_live_branches(r)},
           {"answers_match_baseline", run.answers_match_baseline},

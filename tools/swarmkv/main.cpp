@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "result_json.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -157,13 +158,7 @@ nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::Pip
           {"export_ms", r.export_ms},
           {"arena_ms", r.arena_ms},
           {"total_ms", r.total_ms},
-          {"memory",
-           {{"contexts", r.contexts},
-            {"kv_cells_peak", r.kv_cells_peak},
-            {"kv_bytes_per_cell", r.kv_bytes_per_cell},
-            {"kv_bytes_peak", r.kv_bytes_peak()},
-            {"kv_bytes_allocated", r.kv_bytes_allocated()},
-            {"host_buffer_bytes", r.host_buffer_bytes}}},
+          {"memory", swarmkv::cli::memory_json(r)},
           {"decode_steps", r.decode_steps.size()},
           {"document",
            {{"status", std::string(swarmkv::to_string(r.document_status))},
@@ -173,9 +168,11 @@ nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::Pip
 
 void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
                 const std::string& model_path, double load_ms) {
-  std::cout << fmt::format("pipeline {} | model {} | fork {} | guard {} | document {} tokens",
-                           spec.name, model_path, swarmkv::to_string(r.fork),
-                           swarmkv::to_string(r.guard), r.prefix_tokens);
+  std::cout << fmt::format("pipeline {} | model {} | fork {}", spec.name, model_path,
+                           swarmkv::to_string(r.fork));
+  if (r.fork != swarmkv::ForkMode::kShared)  // the shared fork has no guard
+    std::cout << fmt::format(" | guard {}", swarmkv::to_string(r.guard));
+  std::cout << fmt::format(" | document {} tokens", r.prefix_tokens);
   if (r.fork == swarmkv::ForkMode::kHost)
     std::cout << fmt::format(" | snapshot {:.1f} MiB", r.snapshot_bytes / 1048576.0);
   if (r.fork == swarmkv::ForkMode::kShared)
