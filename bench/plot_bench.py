@@ -1,6 +1,6 @@
 """Plots and report for a `swarmkv bench` output directory.
 
-usage: /usr/bin/python3 bench/plot_bench.py OUT_DIR [--command "how it was run"]
+usage: /usr/bin/python3 bench/plot_bench.py OUT_DIR [--command "how it was run"] [--notes ANALYSIS.md]
 
 Reads OUT_DIR/best_run.json and OUT_DIR/all_trials.csv; writes
 OUT_DIR/plots/*.png and OUT_DIR/report.md. Needs matplotlib (Debian's
@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
 ap.add_argument("--command", default="")
+ap.add_argument("--notes", default="", help="a Markdown file of hand-written analysis, included as '## Analysis'")
 args = ap.parse_args()
 
 best = json.load(open(os.path.join(args.out, "best_run.json")))
@@ -166,6 +167,15 @@ def point_label(r):
     return f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
 
 
+def best_trials():
+    """(result, point label, arm, best trial) for every point and arm that has one."""
+    for r in results:
+        for arm in arms:
+            bt = (r["arms"].get(arm) or {}).get("best_trial")
+            if bt:
+                yield r, point_label(r), arm, bt
+
+
 def identical_branches(a):
     bt = a.get("best_trial") if a else None
     if not bt:
@@ -194,17 +204,14 @@ lines += ["", "Memory (best trial; KV bytes per cell measured on the engine; *ne
           "generated tokens) × bytes/cell, the document counted once):", "",
           "| point | arm | n_ctx | contexts | KV in use MiB | KV allocated MiB | allocated / needed | host buffers MiB | peak RSS MiB |",
           "|---|---|---|---|---|---|---|---|---|"]
-for r in results:
-    point = point_label(r)
-    for arm in arms:
-        bt = (r["arms"].get(arm) or {}).get("best_trial")
-        if not bt or "memory" not in bt:
-            continue
-        m = bt["memory"]
-        ratio = m["kv_bytes_allocated"] / m["kv_bytes_needed"] if m.get("kv_bytes_needed") else 0
-        rss = f"{bt['peak_rss_kib'] / 1024:.0f}" + ("" if bt.get("peak_rss_per_arm") else " (process)")
-        lines.append(f"| {point} | {arm} | {bt['n_ctx']} | {m['contexts']} | {m['kv_bytes_peak'] / 2**20:.1f} | "
-                     f"{m['kv_bytes_allocated'] / 2**20:.1f} | {ratio:.2f} | {m['host_buffer_bytes'] / 2**20:.1f} | {rss} |")
+for r, point, arm, bt in best_trials():
+    if "memory" not in bt:
+        continue
+    m = bt["memory"]
+    ratio = m["kv_bytes_allocated"] / m["kv_bytes_needed"] if m.get("kv_bytes_needed") else 0
+    rss = f"{bt['peak_rss_kib'] / 1024:.0f}" + ("" if bt.get("peak_rss_per_arm") else " (process)")
+    lines.append(f"| {point} | {arm} | {bt['n_ctx']} | {m['contexts']} | {m['kv_bytes_peak'] / 2**20:.1f} | "
+                 f"{m['kv_bytes_allocated'] / 2**20:.1f} | {ratio:.2f} | {m['host_buffer_bytes'] / 2**20:.1f} | {rss} |")
 
 # Fork cost and batched decode steps of the shared arm.
 if "shared" in arms:
@@ -227,22 +234,17 @@ if any(a.startswith("server-") for a in arms):
               "arms its own per-request counters: prompt tokens it processed (`prompt_n`) and reused from its cache (`cache_n`).", "",
               "| point | arm | end-to-end ms | agents done p50 / max ms | branch phase ms | server prompt_n (sum) | server cache_n (sum) | KV layout | answers equal to baseline |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        point = point_label(r)
-        for arm in arms:
-            bt = (r["arms"].get(arm) or {}).get("best_trial")
-            if not bt:
-                continue
-            server = (bt.get("extra") or {}).get("server")
-            pn = sum(q["prompt_n"] for q in server["requests"]) if server else None
-            cn = sum(q["cache_n"] for q in server["requests"]) if server else None
-            layout = "—"
-            if server:
-                tried = ", ".join(f"{'on' if t['kv_unified'] else 'off'} {t['end_to_end_ms']:.0f} ms" for t in server["kv_unified_tried"])
-                layout = f"np {server['n_parallel']}, kvu {'on' if server['kv_unified'] else 'off'}" + (f" (tried: {tried})" if len(server["kv_unified_tried"]) > 1 else "")
-            bp = f"{bt['branch_phase_ms']:.0f}" if bt.get("branch_phase_ms") else "—"
-            lines.append(f"| {point} | {arm} | {bt['end_to_end_ms']:.0f} | {bt['agent_done_ms']['p50']:.0f} / {bt['agent_done_ms']['max']:.0f} | {bp} | "
-                         f"{pn if pn is not None else '—'} | {cn if cn is not None else '—'} | {layout} | {identical_branches(r['arms'].get(arm)) if arm != 'baseline' else '—'} |")
+    for r, point, arm, bt in best_trials():
+        server = (bt.get("extra") or {}).get("server")
+        pn = sum(q["prompt_n"] for q in server["requests"]) if server else None
+        cn = sum(q["cache_n"] for q in server["requests"]) if server else None
+        layout = "—"
+        if server:
+            tried = ", ".join(f"{'on' if t['kv_unified'] else 'off'} {t['end_to_end_ms']:.0f} ms" for t in server["kv_unified_tried"])
+            layout = f"np {server['n_parallel']}, kvu {'on' if server['kv_unified'] else 'off'}" + (f" (tried: {tried})" if len(server["kv_unified_tried"]) > 1 else "")
+        bp = f"{bt['branch_phase_ms']:.0f}" if bt.get("branch_phase_ms") else "—"
+        lines.append(f"| {point} | {arm} | {bt['end_to_end_ms']:.0f} | {bt['agent_done_ms']['p50']:.0f} / {bt['agent_done_ms']['max']:.0f} | {bp} | "
+                     f"{pn if pn is not None else '—'} | {cn if cn is not None else '—'} | {layout} | {identical_branches(r['arms'].get(arm)) if arm != 'baseline' else '—'} |")
     lines += ["", "Shared fork vs the peer (ratios of medians; > 1 means shared is faster):", "",
               "| point | e2e vs server-concurrent | e2e vs server-sequential | branch phase vs server-sequential |", "|---|---|---|---|"]
     for r in results:
@@ -273,6 +275,8 @@ lines += [
     "- Generation is per branch (batched under `shared`, where each branch's token still attends over the whole document on the CPU): "
     "with long answers the end-to-end speed-up shrinks towards the generation speed-up.",
 ]
+if args.notes:
+    lines += ["", "## Analysis", "", open(args.notes).read().strip()]
 if args.command:
     lines += ["", "## Reproduce", "", "```sh", args.command, "```"]
 open(os.path.join(args.out, "report.md"), "w").write("\n".join(lines) + "\n")

@@ -341,7 +341,9 @@ int main(int argc, char** argv) {
          "shared: one context with a unified KV cache; each agent is a sequence forked by\n"
          "        seq_cp (no bytes copied); all agents decoded together, one llama_decode per "
          "step;\n"
+         "        answers repeat run to run and equal --fork none's up to the first near-tie\n"
          "host: prefill once, copy + restore a host snapshot into each agent's context;\n"
+         "        answers bit-identical to --fork none's\n"
          "none: baseline, every agent re-prefills the whole document in its own context")
       ->check(CLI::IsMember({"shared", "host", "none"}));
   run->add_option(
