@@ -104,7 +104,16 @@ CMAKE
 
 # configure_and_build PRESET: configures (idempotent) and builds one preset.
 configure_and_build() {
-  local preset=$1
+  local preset=$1 var val cache="$SWARMKV_ROOT/build/$1/CMakeCache.txt"
+  # A preset sets the test-model cache entries from the environment; where
+  # they are unset here (scripts/demo.sh), keep what the last configure of
+  # this build recorded, so the main job does not switch off its model tests.
+  for var in SWARMKV_TEST_MODEL SWARMKV_TEST_MODEL_GEMMA3; do
+    if [ -z "${!var:-}" ] && [ -f "$cache" ]; then
+      val=$(sed -n "s/^$var:[A-Z]*=//p" "$cache")
+      if [ -n "$val" ]; then export "$var=$val"; fi
+    fi
+  done
   mkdir -p "$SWARMKV_ROOT/build"
   (cd "$SWARMKV_ROOT" && cmake --preset "$preset" >"$SWARMKV_ROOT/build/configure-$preset.log" 2>&1) || {
     tail -n 30 "$SWARMKV_ROOT/build/configure-$preset.log" >&2
