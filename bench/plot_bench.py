@@ -215,7 +215,7 @@ for r, point, arm, bt in best_trials():
 
 # Fork cost and batched decode steps of the shared arm.
 if "shared" in arms:
-    lines += ["", "Shared arm: fork cost per branch (`seq_cp`, median over branches, best trial) and generation-only decode "
+    lines += ["", "Shared arm: fork cost per branch (sampler set-up + `seq_cp`, median over branches, best trial) and generation-only decode "
               "steps by the number of branches in the step (median ms per step):", "",
               "| point | fork ms per branch (median / max) | generation step ms by branches in the step |", "|---|---|---|"]
     for r in results:

@@ -92,7 +92,7 @@ struct AgentTimings {
   double wait = 0;     // kHost/kNone: waiting for the engine guard; kShared: for a free sequence id
   double context = 0;  // getting a context (0 when a warm one was reused)
   double prefill = 0;  // kNone only: this agent's own re-prefill of the document
-  double fork = 0;     // kHost: copying the snapshot into the branch buffer; kShared: seq_cp
+  double fork = 0;  // kHost: copying the snapshot into the branch buffer; kShared: sampler + seq_cp
   double restore = 0;  // kHost: llama_state_seq_set_data into the context
   // Decoding the agent's prompt at positions prefix_len + i; under kShared
   // the step(s) that carried it, shared with the other branches' tokens.

@@ -34,7 +34,7 @@ namespace swarmkv::detail {
 struct SharedBranchOutcome {
   Generation generation;
   double queued = 0;       // submitted -> admitted (waiting for a free sequence id)
-  double fork = 0;         // llama_memory_seq_cp of the prefix
+  double fork = 0;         // setting the branch up: its sampler, then seq_cp of the prefix
   double prompt = 0;       // admitted -> the step that produced the prompt's logits
   double first_token = 0;  // submitted -> first token sampled
   double generate = 0;     // first token sampled -> answer complete
