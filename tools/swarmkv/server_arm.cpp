@@ -114,6 +114,10 @@ LlamaServer::LlamaServer(const ServerConfig& config, std::chrono::seconds ready_
                                    "512",
                                    "--flash-attn",
                                    "off",
+                                   "--cache-type-k",  // our contexts' K/V types
+                                   "f16",
+                                   "--cache-type-v",
+                                   "f16",
                                    "--cache-prompt",
                                    "--no-webui",
                                    "--no-warmup"};
