@@ -222,7 +222,8 @@ class BranchNode final : public Node {
       const auto p0 = Clock::now();
       ctx->decode_prompt(state.prepared->prefix, 0, 0, /*logits_last=*/false);
       t.prefill = ms_between(p0, Clock::now());
-      ctx_state_bytes = ctx->state_seq_size(0);  // for the memory report, outside the timings
+      // For the memory report (outside the timings); one agent's measure suffices.
+      if (index_ == 0) ctx_state_bytes = ctx->state_seq_size(0);
     }
 
     const auto q0 = Clock::now();
@@ -248,7 +249,7 @@ class BranchNode final : public Node {
                             static_cast<int64_t>(answer.tokens.size());
       std::lock_guard lock(state.result_mutex);
       state.max_agent_cells = std::max(state.max_agent_cells, cells);
-      if (state.spec->fork == ForkMode::kNone && state.result.kv_bytes_per_cell == 0) {
+      if (ctx_state_bytes > 0) {
         state.result.kv_bytes_per_cell = static_cast<double>(ctx_state_bytes) / prefix_len;
       }
     }

@@ -366,7 +366,7 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
   const auto per_slot =
       static_cast<uint32_t>((b.prefix_tokens + b.max_branch_tokens + b.headroom + 255) / 256 * 256);
   ServerConfig cfg;
-  cfg.binary = find_llama_server(args.server_bin);
+  cfg.binary = args.server_bin;  // resolved once by run_bench
   cfg.model = model_path;
   cfg.threads = args.threads;
   cfg.n_parallel = concurrent ? static_cast<int32_t>(n) : 1;
@@ -491,7 +491,7 @@ ArmRun run_server_arm(const std::string& arm, const PipelineSpec& spec, const Mo
     out.branch_phase_ms = out.result.total_ms - best->requests[0]["prompt_ms"].get<double>();
   }
   out.extra = {{"server",
-                {{"binary", find_llama_server(args.server_bin)},
+                {{"binary", args.server_bin},
                  {"pid", best->pid},
                  {"n_parallel", out.result.n_seq_max},
                  {"n_ctx", out.result.n_ctx},
@@ -516,7 +516,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 }  // namespace
 
-int run_bench(const BenchArgs& args) {
+int run_bench(const BenchArgs& requested) {
+  BenchArgs args = requested;
   for (const std::string& arm : args.arms) {
     if (arm != "baseline" && arm != "host" && arm != "shared" && !is_server_arm(arm)) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -524,8 +525,10 @@ int run_bench(const BenchArgs& args) {
                               "server-concurrent, server-sequential)",
                               arm));
     }
-    if (is_server_arm(arm)) find_llama_server(args.server_bin);  // fail before any work
   }
+  // Found once, before any work, so a missing server fails fast.
+  if (std::any_of(args.arms.begin(), args.arms.end(), is_server_arm))
+    args.server_bin = find_llama_server(args.server_bin);
   if (args.server_kvu != "on" && args.server_kvu != "off" && args.server_kvu != "both") {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("--server-kvu '{}': expected on, off or both", args.server_kvu));
