@@ -1,6 +1,8 @@
 #include "swarmkv/error.h"
 
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -33,6 +35,37 @@ TEST(ErrorTest, IsCatchableAsRuntimeError) {
     return;
   }
   FAIL() << "not caught as std::runtime_error";
+}
+
+TEST(ErrorTest, CurrentErrorValueKeepsTheCodeOfAnError) {
+  try {
+    throw Error(ErrorCode::kNoKvSlot, "no slot for 12 tokens");
+  } catch (...) {
+    EXPECT_EQ(current_error_value(), (ErrorValue{ErrorCode::kNoKvSlot, "no slot for 12 tokens"}));
+  }
+  try {
+    throw std::out_of_range("index 7");
+  } catch (...) {
+    EXPECT_EQ(current_error_value(), (ErrorValue{ErrorCode::kInternal, "index 7"}));
+  }
+  try {
+    throw 1;
+  } catch (...) {
+    EXPECT_EQ(current_error_value(), (ErrorValue{ErrorCode::kInternal, "unknown exception"}));
+  }
+}
+
+TEST(ErrorTest, ValueRoundTripsAndOwnsItsMessage) {
+  std::optional<ErrorValue> kept;
+  {
+    const Error e(ErrorCode::kState, std::string(100, 'y'));
+    kept = e.value();
+    EXPECT_NE(kept->message.data(), e.message().data());
+  }
+  EXPECT_EQ(kept->to_string(), "state: " + std::string(100, 'y'));
+  const Error again(*kept);
+  EXPECT_EQ(again.code(), ErrorCode::kState);
+  EXPECT_EQ(std::string(again.what()), kept->to_string());
 }
 
 }  // namespace

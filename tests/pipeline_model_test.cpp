@@ -3,18 +3,24 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
 #include <gtest/gtest.h>
 
+#include "pipeline/shared_decoder.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
 
 namespace swarmkv {
 namespace {
+
+std::string describe(const std::optional<ErrorValue>& error) {
+  return error ? error->to_string() : "ok";
+}
 
 class PipelineModelTest : public ::testing::Test {
  protected:
@@ -116,7 +122,7 @@ TEST_F(PipelineModelTest, ForkedAnswersEqualFullRecomputeTokenForToken) {
   spec.fork = ForkMode::kNone;
   const PipelineResult recomputed = run_pipeline(spec, model_);
 
-  ASSERT_TRUE(forked.ok()) << forked.document_error;
+  ASSERT_TRUE(forked.ok()) << describe(forked.document_error);
   ASSERT_TRUE(recomputed.ok());
   EXPECT_GE(forked.prefix_tokens, 1500);
   EXPECT_GT(forked.snapshot_bytes, 0u);
@@ -125,7 +131,7 @@ TEST_F(PipelineModelTest, ForkedAnswersEqualFullRecomputeTokenForToken) {
   for (size_t i = 0; i < forked.agents.size(); ++i) {
     const AgentResult& f = forked.agents[i];
     const AgentResult& r = recomputed.agents[i];
-    ASSERT_EQ(f.status, NodeStatus::kOk) << f.name << ": " << f.error;
+    ASSERT_EQ(f.status, NodeStatus::kOk) << f.name << ": " << describe(f.error);
     EXPECT_GE(f.tokens.size(), 32u)
         << f.name << " answered too briefly to prove much: " << f.answer;
     EXPECT_EQ(f.tokens, r.tokens) << f.name << "\nforked:     " << f.answer
@@ -146,7 +152,7 @@ TEST_F(PipelineModelTest, SharedForkWithOneAgentEqualsRecomputeExactly) {
   const PipelineResult shared = run_pipeline(spec, model_);
   spec.fork = ForkMode::kNone;
   const PipelineResult recomputed = run_pipeline(spec, model_);
-  ASSERT_TRUE(shared.ok()) << shared.document_error << shared.agents[0].error;
+  ASSERT_TRUE(shared.ok()) << describe(shared.document_error) << describe(shared.agents[0].error);
   ASSERT_TRUE(recomputed.ok());
   EXPECT_GE(shared.agents[0].tokens.size(), 32u);
   EXPECT_EQ(shared.agents[0].tokens, recomputed.agents[0].tokens)
@@ -178,14 +184,14 @@ TEST_F(PipelineModelTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
   spec.agents[3].max_tokens = 48;
   const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
   const PipelineResult shared = run_pipeline(spec, model_);
-  ASSERT_TRUE(shared.ok()) << shared.document_error;
+  ASSERT_TRUE(shared.ok()) << describe(shared.document_error);
   EXPECT_EQ(shared.contexts, 1);
   EXPECT_EQ(shared.n_seq_max, 5u);
   EXPECT_GT(shared.decode_steps.size(), 0u);
   int identical = 0;
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     const AgentResult& a = shared.agents[i];
-    ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << a.error;
+    ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error);
     const Reference ref = recompute(prepared.prefix, prepared.branches[i], spec.agents[i]);
     EXPECT_GT(a.timings_ms.fork, 0.0);
     EXPECT_LT(a.timings_ms.fork, 5.0) << "seq_cp copies no bytes; it must not cost milliseconds";
@@ -229,7 +235,8 @@ TEST_F(PipelineModelTest, BranchPositionsRestartingAtZeroAreCaught) {
   const bool equal = a.status == NodeStatus::kOk && a.tokens == reference.agents[0].tokens;
   EXPECT_FALSE(equal) << "restarting positions at 0 went unnoticed";
   EXPECT_EQ(a.status, NodeStatus::kFailed);
-  EXPECT_NE(a.error.find("invalid_batch"), std::string::npos) << a.error;
+  ASSERT_TRUE(a.error.has_value());
+  EXPECT_EQ(a.error->code, ErrorCode::kInvalidBatch) << *a.error;
 }
 
 TEST_F(PipelineModelTest, TruncatedSnapshotIsASizeMismatchAndLeavesNothingBehind) {
@@ -329,20 +336,78 @@ TEST_F(PipelineModelTest, ValidationErrorsAreExact) {
 // A failing agent fails the agents that depend on it at once, with its
 // cause, and the run still ends (the executor's own tests cover independent
 // nodes completing). The RoPE hook makes every branch fail at run time.
-TEST_F(PipelineModelTest, FailingAgentFailsItsDependentsWithItsCause) {
-  PipelineSpec spec = license_spec();
+void expect_failure_reaches_dependent(const PipelineResult& r) {
+  EXPECT_EQ(r.document_status, NodeStatus::kOk);
+  EXPECT_EQ(r.agents[0].status, NodeStatus::kFailed);
+  EXPECT_EQ(r.agents[1].status, NodeStatus::kDependencyFailed);
+  ASSERT_TRUE(r.agents[0].error.has_value());
+  EXPECT_EQ(r.agents[0].error->code, ErrorCode::kInvalidBatch) << *r.agents[0].error;
+  ASSERT_TRUE(r.agents[1].error.has_value());
+  EXPECT_EQ(r.agents[1].error->code, ErrorCode::kDependencyFailed);
+  EXPECT_EQ(r.agents[1].error->message,
+            "dependency 'agent0' failed: " + r.agents[0].error->to_string());
+  EXPECT_FALSE(r.ok());
+}
+
+PipelineResult run_with_failing_first_agent(const PipelineSpec& license, ForkMode fork,
+                                            const std::shared_ptr<const Model>& model) {
+  PipelineSpec spec = license;
+  spec.fork = fork;
   spec.document = spec.document.substr(0, 600);
   spec.agents.resize(2);
   spec.agents[1].depends_on = {"agent0"};
   RunOptions buggy;
   buggy.branch_pos0_override = 0;
-  const PipelineResult r = run_pipeline(spec, model_, buggy);
-  EXPECT_EQ(r.document_status, NodeStatus::kOk);
-  EXPECT_EQ(r.agents[0].status, NodeStatus::kFailed);
-  EXPECT_EQ(r.agents[1].status, NodeStatus::kDependencyFailed);
-  EXPECT_EQ(r.agents[1].error.rfind("dependency 'agent0' failed: invalid_batch", 0), 0u)
-      << r.agents[1].error;
-  EXPECT_FALSE(r.ok());
+  return run_pipeline(spec, model, buggy);
+}
+
+// The shared fork: the decoder thread fails the batch and hands the error on.
+TEST_F(PipelineModelTest, FailingAgentFailsItsDependentsWithItsCause) {
+  expect_failure_reaches_dependent(
+      run_with_failing_first_agent(license_spec(), ForkMode::kShared, model_));
+}
+
+// The same on the strategies whose branches fail on their own thread.
+TEST_F(PipelineModelTest, FailedBranchReachesItsDependentOnHostAndNone) {
+  for (const ForkMode fork : {ForkMode::kHost, ForkMode::kNone}) {
+    SCOPED_TRACE(std::string(to_string(fork)));
+    expect_failure_reaches_dependent(run_with_failing_first_agent(license_spec(), fork, model_));
+  }
+}
+
+// The shared decoder hands a failed branch back as a value: the future holds
+// an ErrorValue, never an exception that another thread would release.
+TEST_F(PipelineModelTest, SharedDecoderReturnsAFailedBranchAsAValue) {
+  ContextOptions options;
+  options.n_ctx = 256;
+  options.n_seq_max = 3;
+  options.n_batch = 64;
+  options.n_ubatch = 64;
+  options.n_threads = 2;
+  options.kv_unified = true;
+  Context ctx(model_, options);
+  const std::vector<Token> prefix = model_->tokenize("The quick brown fox jumps.", true);
+  ctx.decode_prompt(prefix, 0, 0, /*logits_last=*/false);
+  const auto prefix_len = static_cast<Pos>(prefix.size());
+  const std::vector<Token> prompt = model_->tokenize(" Over what?", false);
+  GenerateOptions gen;
+  gen.max_tokens = 4;
+  // Agent 1 waits for agent 0, so the decoder steps without it.
+  detail::SharedDecoder decoder(ctx, prefix_len, {{}, {0}});
+  // Position 0 under a prefix that ends at prefix_len: llama.cpp rejects it.
+  auto wrong = decoder.submit(0, prompt, 0, SamplingOptions{}, gen);
+  detail::SharedBranchOutcome failed;
+  ASSERT_NO_THROW(failed = wrong.get());
+  ASSERT_TRUE(failed.error.has_value());
+  EXPECT_EQ(failed.error->code, ErrorCode::kInvalidBatch) << *failed.error;
+  EXPECT_TRUE(failed.generation.tokens.empty());
+  // The decoder goes on serving: a correct branch after the failed one answers.
+  auto right = decoder.submit(1, prompt, prefix_len, SamplingOptions{}, gen);
+  detail::SharedBranchOutcome ok;
+  ASSERT_NO_THROW(ok = right.get());
+  EXPECT_FALSE(ok.error.has_value()) << *ok.error;
+  EXPECT_FALSE(ok.generation.tokens.empty());
+  decoder.close();
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "swarmkv/error.h"
 
 namespace swarmkv {
 
@@ -30,7 +33,7 @@ class Node {
   const std::vector<std::string>& dependencies() const noexcept { return dependencies_; }
 
   // Runs the node once all its dependencies succeeded. Throws to fail; the
-  // exception becomes this node's completion signal.
+  // executor turns the exception into an ErrorValue on this node's thread.
   virtual void execute(RunState& state) = 0;
 
  private:
@@ -49,15 +52,19 @@ std::string_view to_string(NodeStatus status) noexcept;
 struct NodeOutcome {
   std::string name;
   NodeStatus status = NodeStatus::kOk;
-  std::string error;  // what() of the failure, or the failed dependency's cause
+  // Set unless kOk. kFailed: what the node threw (an Error keeps its code,
+  // anything else is kInternal). kDependencyFailed: code kDependencyFailed,
+  // message "dependency 'd' failed: <d's error as code: message>".
+  std::optional<ErrorValue> error;
   double elapsed_ms = 0;
 };
 
 // Validates, then runs every node on its own thread, each gated on the
-// shared completion signals of its dependencies. A failing node fails its
-// dependents at once with its cause; independent nodes still finish. Returns
-// one outcome per node, in the order given. Throws only what
-// validate_graph throws. Thread-safe with respect to other calls.
+// completion of its dependencies. A failing node fails its dependents at once
+// with its cause; independent nodes still finish. Errors pass between node
+// threads as ErrorValues, never as exception objects. Returns one outcome per
+// node, in the order given. Throws only what validate_graph throws.
+// Thread-safe with respect to other calls.
 std::vector<NodeOutcome> execute_graph(const std::vector<std::unique_ptr<Node>>& nodes,
                                        RunState& state);
 

@@ -9,10 +9,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "swarmkv/engine.h"
+#include "swarmkv/error.h"
 #include "swarmkv/graph.h"
 
 namespace swarmkv {
@@ -106,7 +108,7 @@ struct AgentTimings {
 struct AgentResult {
   std::string name;
   NodeStatus status = NodeStatus::kOk;
-  std::string error;  // empty when ok
+  std::optional<ErrorValue> error;  // set unless ok (see NodeOutcome::error)
   std::string answer;
   std::vector<Token> tokens;  // the generated tokens
   StopReason stop_reason = StopReason::kMaxTokens;
@@ -152,8 +154,8 @@ struct PipelineResult {
     return static_cast<double>(contexts) * n_ctx * kv_bytes_per_cell;
   }
   NodeStatus document_status = NodeStatus::kOk;
-  std::string document_error;
-  std::vector<AgentResult> agents;  // in the order of PipelineSpec::agents
+  std::optional<ErrorValue> document_error;  // set unless ok
+  std::vector<AgentResult> agents;           // in the order of PipelineSpec::agents
 
   bool ok() const noexcept;
 };

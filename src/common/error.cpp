@@ -1,5 +1,8 @@
 #include "swarmkv/error.h"
 
+#include <exception>
+#include <ostream>
+
 namespace swarmkv {
 
 std::string_view to_string(ErrorCode code) noexcept {
@@ -38,6 +41,26 @@ std::string_view to_string(ErrorCode code) noexcept {
       return "internal";
   }
   return "unknown";
+}
+
+std::string ErrorValue::to_string() const {
+  return std::string(swarmkv::to_string(code)) + ": " + message;
+}
+
+std::ostream& operator<<(std::ostream& out, const ErrorValue& error) {
+  return out << error.to_string();
+}
+
+ErrorValue current_error_value() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e.value();
+  } catch (const std::exception& e) {
+    return {ErrorCode::kInternal, std::string(e.what())};
+  } catch (...) {
+    return {ErrorCode::kInternal, "unknown exception"};
+  }
 }
 
 Error::Error(ErrorCode code, const std::string& message)

@@ -1,8 +1,9 @@
 #include "swarmkv/graph.h"
 
 #include <chrono>
-#include <exception>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -72,12 +73,21 @@ std::vector<NodeOutcome> execute_graph(const std::vector<std::unique_ptr<Node>>&
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i]->name(), i);
 
-  std::vector<std::promise<void>> done(nodes.size());
-  std::vector<std::shared_future<void>> signals;
-  signals.reserve(nodes.size());
-  for (auto& p : done) signals.push_back(p.get_future().share());
-
+  // Completion of every node. A node's outcome is written by its own thread
+  // only, before it marks itself done under `mutex`; a dependent reads the
+  // outcome only after seeing it done under `mutex`.
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<bool> done(nodes.size(), false);  // guarded by mutex
   std::vector<NodeOutcome> outcomes(nodes.size());
+  const auto finish = [&](size_t i) {
+    {
+      std::lock_guard lock(mutex);
+      done[i] = true;
+    }
+    changed.notify_all();
+  };
+
   std::vector<std::future<void>> workers;
   workers.reserve(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -86,35 +96,30 @@ std::vector<NodeOutcome> execute_graph(const std::vector<std::unique_ptr<Node>>&
       NodeOutcome& out = outcomes[i];
       Node& node = *nodes[i];
       for (const std::string& dep : node.dependencies()) {
-        try {
-          signals[index.at(dep)].get();
-        } catch (const std::exception& e) {
+        const size_t d = index.at(dep);
+        {
+          std::unique_lock lock(mutex);
+          changed.wait(lock, [&] { return bool(done[d]); });
+        }
+        if (outcomes[d].status != NodeStatus::kOk) {
           out.status = NodeStatus::kDependencyFailed;
-          out.error = fmt::format("dependency '{}' failed: {}", dep, e.what());
-          done[i].set_exception(
-              std::make_exception_ptr(Error(ErrorCode::kDependencyFailed, out.error)));
-          return;
+          out.error = ErrorValue{
+              ErrorCode::kDependencyFailed,
+              fmt::format("dependency '{}' failed: {}", dep, outcomes[d].error->to_string())};
+          return finish(i);
         }
       }
       const auto start = std::chrono::steady_clock::now();
       try {
         node.execute(state);
-        out.elapsed_ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                .count();
-        done[i].set_value();
-      } catch (const std::exception& e) {
-        out.elapsed_ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                .count();
-        out.status = NodeStatus::kFailed;
-        out.error = e.what();
-        done[i].set_exception(std::current_exception());
       } catch (...) {
         out.status = NodeStatus::kFailed;
-        out.error = "unknown exception";
-        done[i].set_exception(std::current_exception());
+        out.error = current_error_value();  // on this thread, before the exception is gone
       }
+      out.elapsed_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      finish(i);
     }));
   }
   for (auto& w : workers) w.get();

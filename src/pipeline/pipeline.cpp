@@ -272,8 +272,9 @@ class BranchNode final : public Node {
     GenerateOptions gen;
     gen.max_tokens = agent.max_tokens;
     gen.stop = agent.stop;
-    detail::SharedBranchOutcome r = state.decoder->submit(index_, prompt, pos0, agent.sampling, gen)
-                                        .get();  // rethrows its error
+    detail::SharedBranchOutcome r =
+        state.decoder->submit(index_, prompt, pos0, agent.sampling, gen).get();
+    if (r.error) throw Error(*r.error);  // a new exception, owned by this thread
     AgentTimings& t = out.timings_ms;
     t.wait = r.queued;
     t.fork = r.fork;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
 
 #include <fmt/format.h>
 
@@ -90,8 +89,10 @@ std::future<SharedBranchOutcome> SharedDecoder::submit(size_t agent, std::vector
     }
     if (branch->prompt.empty()) {
       agents_[agent] = AgentState::kFailed;
-      branch->promise.set_exception(std::make_exception_ptr(
-          Error(ErrorCode::kInvalidArgument, "shared fork: a branch prompt is empty")));
+      SharedBranchOutcome failed;
+      failed.error =
+          ErrorValue{ErrorCode::kInvalidArgument, "shared fork: a branch prompt is empty"};
+      branch->promise.set_value(std::move(failed));
       return result;
     }
     agents_[agent] = AgentState::kSubmitted;
@@ -132,6 +133,15 @@ void SharedDecoder::finish(Branch& b, bool ok) {
   agents_[b.agent] = ok ? AgentState::kDone : AgentState::kFailed;
 }
 
+// Fails a live branch: frees what it holds and hands over its error.
+void SharedDecoder::fail(Branch& b, const ErrorValue& error) {
+  finish(b, false);
+  SharedBranchOutcome failed;
+  failed.error = error;
+  b.promise.set_value(std::move(failed));
+  b.prompt.clear();  // marks it for removal
+}
+
 void SharedDecoder::loop() {
   std::vector<std::unique_ptr<Branch>> live;
   for (;;) {
@@ -165,9 +175,7 @@ void SharedDecoder::loop() {
         ctx_.seq_cp(0, b->seq, -1, -1);
         b->out.fork = ms_between(b->admitted, Clock::now());
       } catch (...) {
-        finish(*b, false);
-        b->promise.set_exception(std::current_exception());
-        b->prompt.clear();  // marks it for removal below
+        fail(*b, current_error_value());
       }
     }
     std::erase_if(live, [](const std::unique_ptr<Branch>& b) { return b->prompt.empty(); });
@@ -207,12 +215,11 @@ void SharedDecoder::step(std::vector<std::unique_ptr<Branch>>& live) {
     ctx_.decode(batch_);
   } catch (...) {
     // The batch mixes every live branch: the failure is theirs together.
-    const std::exception_ptr error = std::current_exception();
-    log_error("shared fork: a decode step of {} branches failed; failing them all", live.size());
-    for (auto& b : live) {
-      finish(*b, false);
-      b->promise.set_exception(error);
-    }
+    // Each receives its own copy of the value.
+    const ErrorValue error = current_error_value();
+    log_error("shared fork: a decode step of {} branches failed ({}); failing them all",
+              live.size(), error.to_string());
+    for (auto& b : live) fail(*b, error);
     live.clear();
     return;
   }
@@ -227,14 +234,22 @@ void SharedDecoder::step(std::vector<std::unique_ptr<Branch>>& live) {
 
   for (auto& b : live) {
     if (b->row < 0) continue;
-    const Token token = b->sampler->sample(ctx_, b->row);
+    Token token = -1;
+    bool done = false;
+    try {
+      token = b->sampler->sample(ctx_, b->row);
+      done = b->tracker->accept(token);
+    } catch (...) {
+      fail(*b, current_error_value());  // this branch only; the others go on
+      continue;
+    }
     const auto now = Clock::now();
     if (!b->generating) {
       b->out.prompt = ms_between(b->admitted, t1);
       b->first_token = now;
       b->generating = true;
     }
-    if (!b->tracker->accept(token)) {
+    if (!done) {
       b->next = token;
       b->next_pos = b->pos0 + static_cast<Pos>(b->prompt.size() + b->tracker->n_tokens() - 1);
       continue;

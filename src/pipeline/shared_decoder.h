@@ -21,17 +21,22 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "swarmkv/engine.h"
+#include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
 
 namespace swarmkv::detail {
 
-// What one branch got back from the decoder, with its timings (ms).
+// What one branch got back from the decoder, with its timings (ms). A failed
+// branch has `error` set (a value the receiver owns; no exception crosses
+// from the decoder thread) and nothing else.
 struct SharedBranchOutcome {
+  std::optional<ErrorValue> error;
   Generation generation;
   double queued = 0;       // submitted -> admitted (waiting for a free sequence id)
   double fork = 0;         // setting the branch up: its sampler, then seq_cp of the prefix
@@ -53,8 +58,10 @@ class SharedDecoder {
   ~SharedDecoder();  // close()
 
   // Queues agent `agent`'s branch: its prompt is decoded at positions pos0,
-  // pos0+1, ... The future holds the answer, or the Error that stopped it.
-  // Each agent is submitted at most once. Thread-safe.
+  // pos0+1, ... The future holds the answer, or the error that stopped it
+  // (never an exception). Each agent is submitted at most once; a second
+  // submission, an unknown agent or a submission after close() throws
+  // Error(kInternal) on the caller's thread. Thread-safe.
   std::future<SharedBranchOutcome> submit(size_t agent, std::vector<Token> prompt, Pos pos0,
                                           const SamplingOptions& sampling,
                                           const GenerateOptions& generate);
@@ -71,6 +78,7 @@ class SharedDecoder {
   enum class AgentState : std::uint8_t { kWaiting, kSubmitted, kDone, kFailed };
   bool submissions_due() const;  // caller holds mutex_
   void finish(Branch& b, bool ok);
+  void fail(Branch& b, const ErrorValue& error);
   void loop();
   void step(std::vector<std::unique_ptr<Branch>>& live);
 

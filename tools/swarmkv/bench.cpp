@@ -420,7 +420,7 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
     AgentResult& a = r.agents[i];
     a.name = spec.agents[i].name;
     a.status = x.error.empty() ? NodeStatus::kOk : NodeStatus::kFailed;
-    a.error = x.error;
+    if (!x.error.empty()) a.error = ErrorValue{ErrorCode::kIo, x.error};  // the request failed
     a.tokens = x.tokens;
     a.answer = x.text;
     a.prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());

@@ -127,7 +127,7 @@ nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::Pip
     const auto& t = a.timings_ms;
     agents.push_back({{"name", a.name},
                       {"status", std::string(swarmkv::to_string(a.status))},
-                      {"error", a.error},
+                      {"error", swarmkv::cli::error_json(a.error)},
                       {"answer", a.answer},
                       {"n_tokens", a.tokens.size()},
                       {"stop_reason", std::string(swarmkv::to_string(a.stop_reason))},
@@ -162,7 +162,7 @@ nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::Pip
           {"decode_steps", r.decode_steps.size()},
           {"document",
            {{"status", std::string(swarmkv::to_string(r.document_status))},
-            {"error", r.document_error}}},
+            {"error", swarmkv::cli::error_json(r.document_error)}}},
           {"agents", agents}};
 }
 
@@ -179,10 +179,10 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
     std::cout << fmt::format(" | one context, {} sequences", r.n_seq_max);
   std::cout << "\n";
   if (r.document_status != swarmkv::NodeStatus::kOk)
-    std::cout << "document: FAILED: " << r.document_error << "\n";
+    std::cout << "document: FAILED: " << r.document_error->to_string() << "\n";
   for (const auto& a : r.agents) {
     std::cout << "\n== " << a.name << " (" << swarmkv::to_string(a.status) << ") ==\n";
-    std::cout << (a.status == swarmkv::NodeStatus::kOk ? a.answer : a.error) << "\n";
+    std::cout << (a.error ? a.error->to_string() : a.answer) << "\n";
   }
   std::cout << fmt::format("\n{:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
                            "agent (ms)", "tokens", "prefill", "fork", "restore", "prompt",
@@ -243,11 +243,11 @@ int run_pipeline_cmd(const RunArgs& args) {
   }
   if (!result.ok()) {
     if (result.document_status != swarmkv::NodeStatus::kOk) {
-      std::cerr << "swarmkv: error: document: " << result.document_error << "\n";
+      std::cerr << "swarmkv: error: document: " << result.document_error->to_string() << "\n";
     }
     for (const auto& a : result.agents) {
       if (a.status != swarmkv::NodeStatus::kOk)
-        std::cerr << "swarmkv: error: agent " << a.name << ": " << a.error << "\n";
+        std::cerr << "swarmkv: error: agent " << a.name << ": " << a.error->to_string() << "\n";
     }
     return 1;
   }

@@ -2,11 +2,22 @@
 // `swarmkv bench`.
 #pragma once
 
+#include <optional>
+
 #include <nlohmann/json.hpp>
+
+#include "swarmkv/error.h"
 
 #include "swarmkv/pipeline.h"
 
 namespace swarmkv::cli {
+
+// An agent's or the document's error: null when it succeeded, else
+// {"code": "<stable code name>", "message": "..."}.
+inline nlohmann::json error_json(const std::optional<ErrorValue>& error) {
+  if (!error) return nullptr;
+  return {{"code", std::string(to_string(error->code))}, {"message", error->message}};
+}
 
 // KV memory of a run: contexts, cells at the peak, measured bytes per cell,
 // bytes in use and allocated, host snapshot buffers.
