@@ -387,8 +387,12 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
     std::vector<std::thread> threads;
     for (size_t i = 0; i < n; ++i) {
       threads.emplace_back([&, i] {
-        replies[i] = server_complete(server.port(), prompts[i], spec.agents[i].max_tokens, start,
-                                     g_interrupted);
+        try {
+          replies[i] = server_complete(server.port(), prompts[i], spec.agents[i].max_tokens, start,
+                                       g_interrupted);
+        } catch (...) {  // e.g. a malformed event: this request failed, the others go on
+          replies[i].error = current_error_value().to_string();
+        }
       });
     }
     for (auto& t : threads) t.join();
