@@ -2,9 +2,10 @@
 # Builds the pinned llama.cpp (vendored in the llama-cpp-python sdist) into a
 # cache outside the repository and prints the install prefix on stdout.
 #
-# The cache key is: llama-cpp-python version + build options + (for native
-# builds) a hash of the CPU feature flags. A finished build leaves a stamp;
-# later runs print the prefix and do nothing else.
+# The cache key is: llama-cpp-python version + build options + our patches
+# (scripts/patches/*.patch, applied in name order to the vendored tree) +
+# (for native builds) a hash of the CPU feature flags. A finished build leaves
+# a stamp; later runs print the prefix and do nothing else.
 #
 # Environment:
 #   SWARMKV_CACHE      cache root (default ~/.cache/swarmkv)
@@ -48,7 +49,9 @@ if [ "$native" = 1 ]; then
   cpu_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
 fi
 opt_key=$(printf '%s\n' "${opts[@]}" | sha256sum | cut -c1-12)
-key="${LLAMA_CPP_PYTHON_VERSION}-${opt_key}-cpu${cpu_key}"
+patches=("$SWARMKV_ROOT"/scripts/patches/*.patch)
+patch_key=$(cat "${patches[@]}" | sha256sum | cut -c1-12)
+key="${LLAMA_CPP_PYTHON_VERSION}-${opt_key}-p${patch_key}-cpu${cpu_key}"
 base="$SWARMKV_CACHE/llama.cpp/$key"
 prefix="$base/install"
 
@@ -77,6 +80,11 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
   mkdir -p "$base/extract"
   tar -xzf "$sdist" -C "$base/extract" \
     "llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
+  for p in "${patches[@]}"; do
+    log "applying $(basename "$p")"
+    patch -d "$base/extract/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp" \
+      -p1 --forward --batch <"$p" >&2 || die "patch $(basename "$p") does not apply to llama.cpp ${LLAMA_CPP_COMMIT}"
+  done
   mv "$base/extract/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp" "$src"
   rm -rf "$base/extract"
 fi
@@ -99,6 +107,7 @@ cat >"$prefix/swarmkv-llama.txt" <<INFO
 llama_cpp_python_version=${LLAMA_CPP_PYTHON_VERSION}
 llama_cpp_commit=${LLAMA_CPP_COMMIT}
 cache_key=${key}
+patches=$(for p in "${patches[@]}"; do basename "$p"; done | paste -sd, -)
 INFO
 touch "$prefix/.swarmkv-complete"
 log "llama.cpp installed in $prefix"

@@ -30,7 +30,7 @@ pip_download() {
 
 # Debian packages the build, the tests and the tools need.
 SWARMKV_APT_PACKAGES=(
-  g++ cmake ninja-build pkg-config python3 python3-pip unzip clang-format
+  g++ cmake ninja-build pkg-config python3 python3-pip unzip patch clang-format
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev libcpp-httplib-dev python3-matplotlib
 )
@@ -114,6 +114,12 @@ configure_and_build() {
       if [ -n "$val" ]; then export "$var=$val"; fi
     fi
   done
+  # A build configured against another llama.cpp (an older cache key, before
+  # a patch changed) would keep linking it: find_package caches llama_DIR.
+  if [ -f "$cache" ] && ! grep -q "^llama_DIR:PATH=$SWARMKV_LLAMA_PREFIX/" "$cache"; then
+    log "build/$preset was configured against another llama.cpp; configuring it afresh"
+    rm -f "$cache"
+  fi
   mkdir -p "$SWARMKV_ROOT/build"
   (cd "$SWARMKV_ROOT" && cmake --preset "$preset" >"$SWARMKV_ROOT/build/configure-$preset.log" 2>&1) || {
     tail -n 30 "$SWARMKV_ROOT/build/configure-$preset.log" >&2

@@ -200,6 +200,23 @@ class Context {
   // failure `seq` is empty (llama.cpp clears it), other sequences untouched.
   void state_seq_set(SeqId seq, std::span<const std::uint8_t> src);
 
+  // The whole context's KV state (every sequence, every cell at its index),
+  // as this build serialises it. Unlike state_seq_*, a restore puts each cell
+  // back at the index it had, so attention sums in the same order as in the
+  // exporting context. Use it for bit-exact forks of a context that holds one
+  // sequence: on sliding-window models (Gemma 3) a per-sequence export keeps
+  // only the window, and the restore packs it at index 0, which changes the
+  // rounding (NOTES.md, "Exact host fork on sliding-window models").
+  std::size_t state_size();
+  // Writes the whole state into `dst`; returns the bytes written. Throws
+  // Error(kState) when `dst` is too small or nothing was written.
+  std::size_t state_get(std::span<std::uint8_t> dst);
+  // Replaces the whole memory with a state exported by state_get from a
+  // context of the same model and shape. Throws Error(kState) unless
+  // llama.cpp consumed exactly src.size() bytes; after a failure the memory
+  // is empty.
+  void state_set(std::span<const std::uint8_t> src);
+
   // For the engine layer only.
   llama_context* raw() const noexcept { return ctx_.get(); }
 

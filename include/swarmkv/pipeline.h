@@ -95,7 +95,7 @@ struct AgentTimings {
   double context = 0;  // getting a context (0 when a warm one was reused)
   double prefill = 0;  // kNone only: this agent's own re-prefill of the document
   double fork = 0;  // kHost: copying the snapshot into the branch buffer; kShared: sampler + seq_cp
-  double restore = 0;  // kHost: llama_state_seq_set_data into the context
+  double restore = 0;  // kHost: llama_state_set_data into the context
   // Decoding the agent's prompt at positions prefix_len + i; under kShared
   // the step(s) that carried it, shared with the other branches' tokens.
   double prompt = 0;
@@ -128,17 +128,18 @@ struct PipelineResult {
   ForkMode fork = ForkMode::kShared;
   GuardPolicy guard = GuardPolicy::kSerialized;
   int32_t prefix_tokens = 0;  // the document with its template wrapping
-  size_t snapshot_bytes = 0;  // kHost: size of the exported prefix state
+  size_t snapshot_bytes = 0;  // kHost: size of the exported prefill context's state
   uint32_t n_ctx = 0;         // per context, as llama.cpp really uses it
   uint32_t n_seq_max = 1;     // sequence ids per context (kShared: agents + 1, capped)
   double prepare_ms = 0;      // tokenisation and validation
   double prefill_ms = 0;  // kHost: the one shared prefill; kNone: sum of the agents' re-prefills
-  double export_ms = 0;   // kHost: llama_state_seq_get_data into the snapshot arena
+  double export_ms = 0;   // kHost: llama_state_get_data into the snapshot arena
   double arena_ms = 0;    // kHost: allocating and pre-faulting the branch buffer once
   double total_ms = 0;    // the whole run, model load excluded
 
-  // Memory. KV bytes per cell are measured on the live engine (the prefix's
-  // sequence state bytes / its cells), not taken from a formula.
+  // Memory. KV bytes per cell are measured on the live engine (the state
+  // bytes of a context holding only the prefix / its cells), not taken from a
+  // formula.
   int32_t contexts = 0;                  // llama.cpp contexts created
   int64_t kv_cells_peak = 0;             // KV cells holding data at the peak, all contexts
                                          // (kHost/kNone: contexts x the largest agent's cells)

@@ -465,6 +465,35 @@ void Context::state_seq_set(SeqId seq, std::span<const std::uint8_t> src) {
   }
 }
 
+std::size_t Context::state_size() {
+  return llama_state_get_size(ctx_.get());
+}
+
+std::size_t Context::state_get(std::span<std::uint8_t> dst) {
+  const size_t need = state_size();
+  if (dst.size() < need) {
+    throw Error(ErrorCode::kState,
+                fmt::format("state_get: buffer of {} bytes is smaller than the {} bytes of the "
+                            "context's state",
+                            dst.size(), need));
+  }
+  const size_t written = llama_state_get_data(ctx_.get(), dst.data(), dst.size());
+  if (written == 0) throw Error(ErrorCode::kState, "state_get: the context exported 0 bytes");
+  return written;
+}
+
+void Context::state_set(std::span<const std::uint8_t> src) {
+  const size_t consumed = llama_state_set_data(ctx_.get(), src.data(), src.size());
+  if (consumed != src.size()) {
+    memory_clear();  // whatever llama.cpp left behind
+    throw Error(ErrorCode::kState,
+                fmt::format("state_set: restored {} of {} bytes (the snapshot does not match "
+                            "this context: model, n_ctx layout, n_seq_max, kv_unified, flash "
+                            "attention or K/V types differ, or the data is corrupt)",
+                            consumed, src.size()));
+  }
+}
+
 // ---------------------------------------------------------------- Sampler
 
 Sampler::Sampler(const SamplingOptions& options) {

@@ -110,9 +110,11 @@ class PrefillNode final : public Node {
     const auto t0 = Clock::now();
     ctx->decode_prompt(prefix, 0, 0, /*logits_last=*/false, state.options->on_prefill_progress);
     const auto t1 = Clock::now();
-    // The size comes from the live engine, never from a formula.
-    detail::HostBuffer snapshot = state.buffers.acquire(ctx->state_seq_size(0));
-    const size_t written = ctx->state_seq_get(0, snapshot.bytes());
+    // The size comes from the live engine, never from a formula. The whole
+    // context (it holds only the prefix): its restore puts every cell back at
+    // its index, which keeps sliding-window models bit-exact (NOTES.md).
+    detail::HostBuffer snapshot = state.buffers.acquire(ctx->state_size());
+    const size_t written = ctx->state_get(snapshot.bytes());
     snapshot.truncate(written);
     const auto t2 = Clock::now();
     // Pre-fault one branch buffer now, so that the first fork costs a memcpy
@@ -148,7 +150,7 @@ class PrefillNode final : public Node {
     const auto t0 = Clock::now();
     ctx->decode_prompt(prefix, 0, 0, /*logits_last=*/false, state.options->on_prefill_progress);
     const auto t1 = Clock::now();
-    const size_t prefix_bytes = ctx->state_seq_size(0);
+    const size_t prefix_bytes = ctx->state_size();  // the context holds only the prefix
     std::lock_guard lock(state.result_mutex);
     state.result.prefill_ms = ms_between(t0, t1);
     state.result.n_ctx = ctx->options().n_ctx;
@@ -216,14 +218,14 @@ class BranchNode final : public Node {
       const auto r0 = Clock::now();
       t.fork = ms_between(f0, r0);
       // Throws unless llama.cpp consumed exactly the copied bytes.
-      ctx->state_seq_set(0, branch_buffer.bytes());
+      ctx->state_set(branch_buffer.bytes());
       t.restore = ms_between(r0, Clock::now());
     } else {
       const auto p0 = Clock::now();
       ctx->decode_prompt(state.prepared->prefix, 0, 0, /*logits_last=*/false);
       t.prefill = ms_between(p0, Clock::now());
       // For the memory report (outside the timings); one agent's measure suffices.
-      if (index_ == 0) ctx_state_bytes = ctx->state_seq_size(0);
+      if (index_ == 0) ctx_state_bytes = ctx->state_size();
     }
 
     const auto q0 = Clock::now();

@@ -1,0 +1,78 @@
+// The two test architectures every fork-equivalence test runs on: SmolLM2
+// (plain attention, the default model) and Gemma 3 (interleaved
+// sliding-window attention), as the test set-up provides them in the
+// environment ($SWARMKV_TEST_MODEL, $SWARMKV_TEST_MODEL_GEMMA3).
+#pragma once
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "swarmkv/engine.h"
+
+namespace swarmkv::test {
+
+struct TestModel {
+  const char* name;        // "smollm2", "gemma3": the test name suffix
+  const char* env;         // the variable holding its GGUF path
+  const char* build_path;  // the path the build was configured with, if the variable is unset
+  // The shared fork is not bit-exact with several branches (another
+  // branch's cells between the document and a branch's own change the
+  // rounding). The largest |logit difference| from a recompute measured by
+  // EngineModelForkTest.UnifiedBatchedLogitsStayWithinBound, with headroom
+  // for other CPUs' kernels: SmolLM2 0.51-0.67 measured -> 1.0; Gemma 3
+  // 0.88-1.91 -> 2.5.
+  float shared_logit_bound;
+  // Whether, in that batch, the branch whose cells directly follow the
+  // document is bit-exact: yes on SmolLM2; on Gemma 3 no (0.96 measured).
+  bool first_branch_exact;
+  // An instruct model ends some answers early at its end of turn (SmolLM2);
+  // the base model (Gemma 3) runs to max_tokens.
+  bool instruct;
+};
+
+inline const TestModel kSmolLM2{
+    "smollm2", "SWARMKV_TEST_MODEL", SWARMKV_TEST_MODEL_PATH, 1.0f, true, true};
+inline const TestModel kGemma3{
+    "gemma3", "SWARMKV_TEST_MODEL_GEMMA3", SWARMKV_TEST_MODEL_GEMMA3_PATH, 2.5f, false, false};
+
+inline std::ostream& operator<<(std::ostream& out, const TestModel& m) {
+  return out << m.name;
+}
+
+// The model, loaded once per process; nullptr when neither its variable nor
+// the build names one (the caller skips).
+inline std::shared_ptr<const Model> load_test_model(const TestModel& m) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const Model>> loaded;
+  std::lock_guard lock(mutex);
+  auto it = loaded.find(m.name);
+  if (it != loaded.end()) return it->second;
+  const char* path = std::getenv(m.env);
+  if (path == nullptr || *path == '\0') path = m.build_path;
+  std::shared_ptr<const Model> model = *path != '\0' ? Model::load(path) : nullptr;
+  loaded.emplace(m.name, model);
+  return model;
+}
+
+// The test name suffix of a suite instantiated over the models.
+inline std::string test_model_name(const ::testing::TestParamInfo<TestModel>& param) {
+  return param.param.name;
+}
+
+// Sanitizer builds run the fork-equivalence suites on SmolLM2 only: the
+// numerics are the uninstrumented engine's, identical in every preset, and the
+// code paths are the same on both models.
+#ifdef SWARMKV_SANITIZED
+#define SWARMKV_FORK_TEST_MODELS ::testing::Values(::swarmkv::test::kSmolLM2)
+#else
+#define SWARMKV_FORK_TEST_MODELS \
+  ::testing::Values(::swarmkv::test::kSmolLM2, ::swarmkv::test::kGemma3)
+#endif
+
+}  // namespace swarmkv::test
