@@ -43,6 +43,15 @@ PipelineSpec document_spec(const std::string& file, size_t n_chars, int32_t max_
   return spec;
 }
 
+// The first sections of the Apache License 2.0 (>= 1,500 tokens), four agents.
+PipelineSpec apache_spec(int32_t max_tokens) {
+  return document_spec("apache-2.0.txt", 8000, max_tokens,
+                       {"Explain in detail what the Grant of Copyright License allows.",
+                        "Write a detailed paragraph about the definitions section of this licence.",
+                        "Describe, step by step, what a person must do to redistribute the Work.",
+                        "Write a long explanation of what a Contribution is under this licence."});
+}
+
 // The full recompute, step by step: one fresh single-sequence context,
 // document + prompt decoded from position 0, greedy argmax. `choices`
 // holds every argmax token including a final end-of-generation token, and
@@ -96,12 +105,7 @@ class PipelineModelTest : public ::testing::Test {
 
   // The first sections of the Apache License 2.0: >= 1,500 tokens.
   static PipelineSpec license_spec() {
-    PipelineSpec spec =
-        document_spec("apache-2.0.txt", 8000, 40,
-                      {"Explain in detail what the Grant of Copyright License allows.",
-                       "Write a detailed paragraph about the definitions section of this licence.",
-                       "Describe, step by step, what a person must do to redistribute the Work.",
-                       "Write a long explanation of what a Contribution is under this licence."});
+    PipelineSpec spec = apache_spec(40);
     spec.n_ctx = 2048;
     return spec;
   }
@@ -164,12 +168,7 @@ class ForkEquivalenceTest : public ::testing::TestWithParam<test::TestModel> {
 // this needs the whole-context snapshot and our llama.cpp restore patch
 // (NOTES.md, "Exact host fork on sliding-window models").
 TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheApacheLicence) {
-  PipelineSpec spec =
-      document_spec("apache-2.0.txt", 8000, 48,
-                    {"Explain in detail what the Grant of Copyright License allows.",
-                     "Write a detailed paragraph about the definitions section of this licence.",
-                     "Describe, step by step, what a person must do to redistribute the Work.",
-                     "Write a long explanation of what a Contribution is under this licence."});
+  PipelineSpec spec = apache_spec(48);
   expect_host_equals_recompute(spec, 32);
 }
 
@@ -233,12 +232,7 @@ TEST_P(ForkEquivalenceTest, SharedForkWithOneAgentEqualsRecomputeExactly) {
 // early, one at a stop string, while the others continue.
 TEST_P(ForkEquivalenceTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
   const float tie_margin = 2 * GetParam().shared_logit_bound;
-  PipelineSpec spec =
-      document_spec("apache-2.0.txt", 8000, 40,
-                    {"Explain in detail what the Grant of Copyright License allows.",
-                     "Write a detailed paragraph about the definitions section of this licence.",
-                     "Describe, step by step, what a person must do to redistribute the Work.",
-                     "Write a long explanation of what a Contribution is under this licence."});
+  PipelineSpec spec = apache_spec(40);
   spec.fork = ForkMode::kShared;
   spec.agents[1].max_tokens = 6;  // finishes early, frees its sequence
   spec.agents[2].stop = {"."};    // stops at the first sentence end
