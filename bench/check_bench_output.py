@@ -51,17 +51,17 @@ for arm in best["params"]["arms"]:
     need(m.get("kv_bytes_allocated", 0) >= m.get("kv_bytes_peak", 1), f"{arm}: more KV in use than allocated")
     for b in bt["branches"]:
         need(b["n_tokens"] > 0, f"{arm}/{b['name']}: no tokens generated")
-        for k in ("prompt_ms", "first_token_ms", "generate_ms", "total_ms"):
-            need(b[k] > 0, f"{arm}/{b['name']}: {k} is 0")
+        for k in ("prompt", "first_token", "generate", "total"):
+            need(b["timings_ms"][k] > 0, f"{arm}/{b['name']}: timings_ms.{k} is 0")
         if arm == "host":
-            need(b["fork_ms"] > 0 and b["restore_ms"] > 0, f"host/{b['name']}: fork or restore is 0")
-            need(b["first_difference_vs_baseline"] == -1, f"host/{b['name']}: answer differs from baseline")
+            need(b["timings_ms"]["fork"] > 0 and b["timings_ms"]["restore"] > 0, f"host/{b['name']}: fork or restore is 0")
+            need(b["first_difference_vs_reference"] == -1, f"host/{b['name']}: answer differs from the reference (none)")
         elif arm == "shared":
-            need(b["fork_ms"] > 0, f"shared/{b['name']}: fork is 0")
-            need(b["first_difference_vs_baseline"] == -1 or b["first_difference_vs_baseline"] >= 0,
-                 f"shared/{b['name']}: first_difference_vs_baseline missing")
+            need(b["timings_ms"]["fork"] > 0, f"shared/{b['name']}: fork is 0")
+            need(b["first_difference_vs_reference"] == -1 or b["first_difference_vs_reference"] >= 0,
+                 f"shared/{b['name']}: first_difference_vs_reference missing")
         else:
-            need(b["prefill_ms"] > 0, f"baseline/{b['name']}: its own re-prefill is 0")
+            need(b["timings_ms"]["prefill"] > 0, f"none/{b['name']}: its own re-prefill is 0")
     if arm == "host":
         need(bt["snapshot_bytes"] > 0 and bt["export_ms"] > 0, "host: snapshot_bytes or export_ms is 0")
         need(bt["memory"]["host_buffer_bytes"] > 0, "host: host_buffer_bytes is 0")
@@ -78,7 +78,7 @@ for col in ("Baseline_End_To_End_Ms", "SwarmKV_End_To_End_Ms", "SwarmKV_Prefill_
             "SwarmKV_AgentB_Ms", "branch2_activation_ms"):
     need(rows and col in rows[0], f"CSV column {col} missing")
 for r in rows:
-    if r["arm"] == "baseline":
+    if r["arm"] == "none":
         need(float(r["Baseline_End_To_End_Ms"] or 0) > 0, "Baseline_End_To_End_Ms is 0")
     else:
         need(float(r["SwarmKV_Prefill_Ms"] or 0) > 0, f"{r['arm']}: SwarmKV_Prefill_Ms is 0 (the seed's bug)")

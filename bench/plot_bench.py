@@ -73,7 +73,7 @@ ax.set_title("Activation latency per branch (median)")
 ax.legend()
 save(fig, "activation_per_branch.png")
 
-# Per-branch breakdown, stacked, for the fork arm(s) and the baseline.
+# Per-branch breakdown, stacked, for the fork arm(s) and the reference (none).
 parts = ["fork", "restore", "prompt", "generate"]
 fig, ax = plt.subplots(figsize=(8, 4))
 labels, bottoms = [], []
@@ -84,14 +84,14 @@ for arm in arms:
         if not sel:
             continue
         bottom = 0.0
-        if arm == "baseline":
-            # The baseline's first-token time includes its own re-prefill.
+        if arm == "none":
+            # The reference's first-token time includes its own re-prefill.
             pre = statistics.median(float(r[f"branch{b}_first_token_ms"]) - float(r[f"branch{b}_prompt_ms"]) for r in sel)
             ax.bar(x, pre, bottom=bottom, color="#c44", label="re-prefill" if x == 0 else None)
             bottom += pre
         for j, p in enumerate(parts):
             v = statistics.median(float(r[f"branch{b}_{p}_ms"]) for r in sel)
-            ax.bar(x, v, bottom=bottom, color=["#fa3", "#3af", "#a3f", "#5b5"][j], label=p if (x == 0 or (arm != "baseline" and b == 1 and p in ("fork", "restore"))) else None)
+            ax.bar(x, v, bottom=bottom, color=["#fa3", "#3af", "#a3f", "#5b5"][j], label=p if (x == 0 or (arm != "none" and b == 1 and p in ("fork", "restore"))) else None)
             bottom += v
         labels.append(f"{arm}\nb{b}")
         x += 1
@@ -117,7 +117,7 @@ if len(results) > 1 and sweep:
     ax2 = ax.twinx()
     for arm in arms[1:]:
         ax2.plot(xs, [r["speedup"][arm]["end_to_end"] for r in results], "--", color=COLOR[arm], marker="x", label=f"speed-up {arm}")
-    ax2.set_ylabel("speed-up vs baseline")
+    ax2.set_ylabel("speed-up vs none (the reference)")
     ax.legend(loc="upper left")
     ax2.legend(loc="lower right")
     ax.set_title(f"Scaling with {key}")
@@ -131,7 +131,7 @@ lines = [
     "",
     "## Method",
     "",
-    "- Arms: `baseline` = every branch clears a context and prefills the whole document itself, then its prompt, then generates; "
+    "- Arms: `none` (the reference) = every branch clears a context and prefills the whole document itself, then its prompt, then generates; "
     "`host` = the document is prefilled once, its KV state exported to a host buffer, and every branch copies it into its own buffer, "
     "restores it into a (warm, reused) context and decodes its prompt at positions prefix_len + i, then generates; "
     "`shared` = one context with a unified KV cache: the document is prefilled once on sequence 0, every branch is forked by "
@@ -143,10 +143,10 @@ lines = [
     "(the smallest multiple of 256 that fits its layout, unless --n-ctx), "
     "F16 K/V, flash attention off, greedy decoding for every arm.",
     f"- {p['trials']} trial(s), all arms in each, their order reversed on every other trial; {p['pause_ms']} ms idle pause between trials.",
-    "- Best trial by the seed's rule: maximise 2·TTFT% + E2E% (percent reductions vs baseline, TTFT = branch-2 activation); "
+    "- Best trial by the seed's rule: maximise 2·TTFT% + E2E% (percent reductions vs none, the reference; TTFT = branch-2 activation); "
     "medians over trials are reported next to it.",
     "- Branch-2 activation = time from the start of branch 2's own work to its first generated token "
-    "(baseline: its redundant re-prefill + prompt; host: fork copy + restore + prompt).",
+    "(none: its redundant re-prefill + prompt; host: fork copy + restore + prompt).",
     "",
     "## Environment",
     "",
@@ -158,7 +158,7 @@ lines = [
     "",
     "## Results",
     "",
-    "| point | arm | median end-to-end ms | median branch-2 activation ms | speed-up e2e (median) | vs host e2e | speed-up activation (median) | best trial e2e / activation | answers equal to baseline |",
+    "| point | arm | median end-to-end ms | median branch-2 activation ms | speed-up e2e (median) | vs host e2e | speed-up activation (median) | best trial e2e / activation | answers equal to none |",
     "|---|---|---|---|---|---|---|---|---|",
 ]
 
@@ -180,7 +180,7 @@ def identical_branches(a):
     bt = a.get("best_trial") if a else None
     if not bt:
         return "—"
-    diffs = [b.get("first_difference_vs_baseline", -1) for b in bt["branches"]]
+    diffs = [b.get("first_difference_vs_reference", -1) for b in bt["branches"]]
     same = sum(d == -1 for d in diffs)
     tail = "" if same == len(diffs) else " (first difference at token " + ", ".join(str(d) for d in diffs if d != -1) + ")"
     return f"{same}/{len(diffs)}{tail}"
@@ -197,7 +197,7 @@ for r in results:
         sa = f"{s['branch2_activation']:.1f}×" if s else "—"
         sb = f"{s['best_trial_end_to_end']:.2f}× / {s['best_trial_branch2_activation']:.1f}×" if s else "—"
         sh = f"{s['end_to_end_vs_host']:.2f}×" if s and "end_to_end_vs_host" in s else "—"
-        lines.append(f"| {point} | {arm} | {a['median_end_to_end_ms']:.0f} | {a['median_branch2_activation_ms']:.1f} | {sp} | {sh} | {sa} | {sb} | {identical_branches(a) if arm != 'baseline' else '—'} |")
+        lines.append(f"| {point} | {arm} | {a['median_end_to_end_ms']:.0f} | {a['median_branch2_activation_ms']:.1f} | {sp} | {sh} | {sa} | {sb} | {identical_branches(a) if arm != 'none' else '—'} |")
 
 # Memory per arm and point (best trial).
 lines += ["", "Memory (best trial; KV bytes per cell measured on the engine; *needed* = (document + every branch's prompt and "
@@ -223,7 +223,7 @@ if "shared" in arms:
         if not bt:
             continue
         point = point_label(r)
-        forks = [b["fork_ms"] for b in bt["branches"]]
+        forks = [b["timings_ms"]["fork"] for b in bt["branches"]]
         steps = ", ".join(f"{s['branches']}: {s['median_ms']:.1f} ({s['steps']} steps)" for s in bt.get("generation_step_ms_by_branches", []))
         lines.append(f"| {point} | {statistics.median(forks):.3f} / {max(forks):.3f} | {steps or '—'} |")
 # The peer: llama-server arms next to ours, per point (best trial).
@@ -232,7 +232,7 @@ if any(a.startswith("server-") for a in arms):
               "Per arm (best trial): end-to-end, when the agents finished (from the arm's start: p50 / max), the branch phase "
               "(end-to-end minus the one document prefill; only for arms that prefill the document once), and for the server "
               "arms its own per-request counters: prompt tokens it processed (`prompt_n`) and reused from its cache (`cache_n`).", "",
-              "| point | arm | end-to-end ms | agents done p50 / max ms | branch phase ms | server prompt_n (sum) | server cache_n (sum) | KV layout | answers equal to baseline |",
+              "| point | arm | end-to-end ms | agents done p50 / max ms | branch phase ms | server prompt_n (sum) | server cache_n (sum) | KV layout | answers equal to none |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r, point, arm, bt in best_trials():
         server = (bt.get("extra") or {}).get("server")
@@ -244,7 +244,7 @@ if any(a.startswith("server-") for a in arms):
             layout = f"np {server['n_parallel']}, kvu {'on' if server['kv_unified'] else 'off'}" + (f" (tried: {tried})" if len(server["kv_unified_tried"]) > 1 else "")
         bp = f"{bt['branch_phase_ms']:.0f}" if bt.get("branch_phase_ms") else "—"
         lines.append(f"| {point} | {arm} | {bt['end_to_end_ms']:.0f} | {bt['agent_done_ms']['p50']:.0f} / {bt['agent_done_ms']['max']:.0f} | {bp} | "
-                     f"{pn if pn is not None else '—'} | {cn if cn is not None else '—'} | {layout} | {identical_branches(r['arms'].get(arm)) if arm != 'baseline' else '—'} |")
+                     f"{pn if pn is not None else '—'} | {cn if cn is not None else '—'} | {layout} | {identical_branches(r['arms'].get(arm)) if arm != 'none' else '—'} |")
     lines += ["", "Shared fork vs the peer (ratios of medians; > 1 means shared is faster):", "",
               "| point | e2e vs server-concurrent | e2e vs server-sequential | branch phase vs server-sequential |", "|---|---|---|---|"]
     for r in results:
@@ -258,7 +258,7 @@ if bt:
     lines += ["", "Where a host branch's time goes (best trial, first point):", "",
               "| branch | fork ms | restore ms | prompt ms | first token ms | generate ms | total ms |", "|---|---|---|---|---|---|---|"]
     for b in bt["branches"]:
-        lines.append(f"| {b['name']} | {b['fork_ms']:.1f} | {b['restore_ms']:.1f} | {b['prompt_ms']:.1f} | {b['first_token_ms']:.1f} | {b['generate_ms']:.1f} | {b['total_ms']:.1f} |")
+        lines.append(f"| {b['name']} | {b['timings_ms']['fork']:.1f} | {b['timings_ms']['restore']:.1f} | {b['timings_ms']['prompt']:.1f} | {b['timings_ms']['first_token']:.1f} | {b['timings_ms']['generate']:.1f} | {b['timings_ms']['total']:.1f} |")
     lines.append(f"\nPrefill {bt['prefill_ms']:.0f} ms ({bt['prefill_tokens_per_s']:.0f} tok/s), snapshot {bt['snapshot_bytes'] / 2**20:.1f} MiB exported in {bt['export_ms']:.1f} ms, peak RSS {bt['peak_rss_kib'] / 1024:.0f} MiB.")
 lines += ["", "## Plots", ""] + [f"![{m}](plots/{m})" for m in made]
 lines += [
@@ -266,10 +266,10 @@ lines += [
     "## Limitations",
     "",
     "- CPU only, 2 cores, one machine class; timings on a shared machine are noisy: compare the arms of one run, not runs of different days.",
-    "- `baseline` and `host`: the engine guard serialises branches (the seed's policy): branch N waits for branches 1…N−1; the activation metric starts at the branch's own work, not at the run's start. "
+    "- `none` and `host`: the engine guard serialises branches (the seed's policy): branch N waits for branches 1…N−1; the activation metric starts at the branch's own work, not at the run's start. "
     "`shared` has no guard; its branches are decoded together, so their activation times overlap.",
-    "- Contexts are reused by `baseline` and `host` (clear + restore / clear + re-prefill), so context creation is not part of either arm's cost; `shared` creates its one context inside the measured run.",
-    "- `shared` answers are not bit-identical to the baseline's: other branches' cells between the document and a branch's own change the rounding "
+    "- Contexts are reused by `none` and `host` (clear + restore / clear + re-prefill), so context creation is not part of either arm's cost; `shared` creates its one context inside the measured run.",
+    "- `shared` answers are not bit-identical to the reference's: other branches' cells between the document and a branch's own change the rounding "
     "(measured ≤ 0.8 logits on SmolLM2-135M Q4_1), so greedy answers agree up to the first near-tie and may continue differently after it; `host` is bit-exact.",
     "- Peak RSS is reset before each arm (/proc/self/clear_refs) and read from VmHWM; model weights are mapped once and count in every arm.",
     "- Generation is per branch (batched under `shared`, where each branch's token still attends over the whole document on the CPU): "

@@ -4,7 +4,7 @@
 # README pipeline: four agents over the Apache License 2.0, the document
 # prefilled once and every agent forked from its KV snapshot.
 #
-# Extra arguments go to `swarmkv run`, e.g. `--fork none` (the baseline) or
+# Extra arguments go to `swarmkv run`, e.g. `--fork none` (the reference: every agent re-prefills) or
 # `--json`. Set SWARMKV_MODEL to use another GGUF.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

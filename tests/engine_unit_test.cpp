@@ -98,6 +98,9 @@ TEST(SamplerTest, RejectsInvalidSettings) {
   SamplingOptions bad_k;
   bad_k.top_k = -1;
   EXPECT_THROW(Sampler{bad_k}, Error);
+  SamplingOptions bad_t;
+  bad_t.temperature = -1.0f;
+  EXPECT_THROW(Sampler{bad_t}, Error) << "a negative temperature is an error, not greedy";
   SamplingOptions ok;
   ok.temperature = 0.7f;
   ok.top_p = 0.9f;

@@ -1,16 +1,20 @@
 // The pipeline on real models: fork equivalence on both test architectures,
 // the RoPE-bug canary, budget and graph errors with their exact messages.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include <gtest/gtest.h>
 
-#include "pipeline/shared_decoder.h"
+#include "pipeline/fork_strategy.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
@@ -108,15 +112,6 @@ class PipelineModelTest : public ::testing::Test {
     PipelineSpec spec = apache_spec(40);
     spec.n_ctx = 2048;
     return spec;
-  }
-
-  static std::string prepare_error(const PipelineSpec& spec) {
-    try {
-      prepare_pipeline(spec, *model_);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
   }
 
   static std::shared_ptr<const Model> model_;
@@ -288,9 +283,9 @@ TEST_F(PipelineModelTest, BranchPositionsRestartingAtZeroAreCaught) {
   const PipelineResult reference = run_pipeline(spec, model_);
   ASSERT_TRUE(reference.ok());
   spec.fork = ForkMode::kHost;
-  RunOptions buggy;
-  buggy.branch_pos0_override = 0;
-  const PipelineResult wrong = run_pipeline(spec, model_, buggy);
+  detail::RunFaults rope_bug;
+  rope_bug.branch_pos0 = 0;
+  const PipelineResult wrong = detail::run_pipeline(spec, model_, {}, rope_bug);
   const AgentResult& a = wrong.agents[0];
   const bool equal = a.status == NodeStatus::kOk && a.tokens == reference.agents[0].tokens;
   EXPECT_FALSE(equal) << "restarting positions at 0 went unnoticed";
@@ -324,76 +319,6 @@ TEST_F(PipelineModelTest, TruncatedSnapshotIsASizeMismatchAndLeavesNothingBehind
   EXPECT_EQ(target.seq_pos_max(0), -1) << "a failed restore must leave the memory empty";
 }
 
-TEST_F(PipelineModelTest, BudgetErrorNamesEveryNumber) {
-  PipelineSpec spec = license_spec();
-  spec.fork = ForkMode::kHost;
-  spec.n_ctx = 1024;
-  const PreparedPipeline ok_sized = [&] {
-    PipelineSpec big = spec;
-    big.n_ctx = 8192;
-    return prepare_pipeline(big, *model_);
-  }();
-  const PipelineBudget& b = ok_sized.budget;
-  EXPECT_EQ(b.headroom, 40);
-  EXPECT_EQ(b.required, b.prefix_tokens + b.max_branch_tokens + b.headroom);
-  EXPECT_EQ(prepare_error(spec),
-            fmt::format("budget: context budget exceeded: prefix_tokens {} + max_branch_tokens "
-                        "{} + headroom 40 = required {} > n_ctx 1024",
-                        b.prefix_tokens, b.max_branch_tokens, b.required));
-}
-
-// The shared layout holds the document once and every branch: the budget is
-// prefix + sum(prompt + max_tokens), n_seq_max is agents + 1, and an
-// automatic n_ctx is the smallest multiple of 256 that fits.
-TEST_F(PipelineModelTest, SharedBudgetCountsEveryBranchOnce) {
-  PipelineSpec spec = license_spec();
-  spec.fork = ForkMode::kShared;
-  spec.n_ctx = 0;
-  const PipelineBudget b = prepare_pipeline(spec, *model_).budget;
-  int64_t sum = 0;
-  for (size_t i = 0; i < spec.agents.size(); ++i) sum += spec.agents[i].max_tokens;
-  const PreparedPipeline p = prepare_pipeline(spec, *model_);
-  for (const auto& branch : p.branches) sum += static_cast<int64_t>(branch.size());
-  EXPECT_EQ(b.sum_branch_tokens, sum);
-  EXPECT_EQ(b.required, b.prefix_tokens + sum);
-  EXPECT_EQ(b.n_seq_max, 5u);
-  EXPECT_EQ(b.n_ctx % 256, 0u);
-  EXPECT_GE(b.n_ctx, b.required);
-  EXPECT_LT(b.n_ctx, b.required + 256);
-
-  spec.n_ctx = static_cast<uint32_t>(b.required - 1);
-  EXPECT_EQ(prepare_error(spec),
-            fmt::format("budget: context budget exceeded (fork shared, one context for all): "
-                        "prefix_tokens {} + branch_tokens {} (prompt + max_tokens of 4 agents) = "
-                        "required {} > n_ctx {}",
-                        b.prefix_tokens, sum, b.required, b.required - 1));
-}
-
-TEST_F(PipelineModelTest, ValidationErrorsAreExact) {
-  PipelineSpec spec = license_spec();
-  spec.document = "  \n\t";
-  spec.document_source = "file:empty.txt";
-  EXPECT_EQ(prepare_error(spec), "invalid_argument: the document is empty (file:empty.txt)");
-
-  spec = license_spec();
-  spec.agents[1].name = spec.agents[0].name;
-  EXPECT_EQ(prepare_error(spec), "graph: duplicate node name 'agent0'");
-
-  spec = license_spec();
-  spec.agents[2].depends_on = {"nobody"};
-  EXPECT_EQ(prepare_error(spec), "graph: node 'agent2' depends on unknown node 'nobody'");
-
-  spec = license_spec();
-  spec.agents[0].depends_on = {"agent1"};
-  spec.agents[1].depends_on = {"agent0"};
-  EXPECT_EQ(prepare_error(spec), "graph: cycle: edge 'agent1 -> agent0' closes a cycle");
-
-  spec = license_spec();
-  spec.agents[3].name = "document";
-  EXPECT_EQ(prepare_error(spec),
-            "invalid_argument: agent name 'document' is reserved for the prefill node");
-}
-
 // A failing agent fails the agents that depend on it at once, with its
 // cause, and the run still ends (the executor's own tests cover independent
 // nodes completing). The RoPE hook makes every branch fail at run time.
@@ -417,9 +342,9 @@ PipelineResult run_with_failing_first_agent(const PipelineSpec& license, ForkMod
   spec.document = spec.document.substr(0, 600);
   spec.agents.resize(2);
   spec.agents[1].depends_on = {"agent0"};
-  RunOptions buggy;
-  buggy.branch_pos0_override = 0;
-  return run_pipeline(spec, model, buggy);
+  detail::RunFaults rope_bug;
+  rope_bug.branch_pos0 = 0;
+  return detail::run_pipeline(spec, model, {}, rope_bug);
 }
 
 // The shared fork: the decoder thread fails the batch and hands the error on.
@@ -436,39 +361,43 @@ TEST_F(PipelineModelTest, FailedBranchReachesItsDependentOnHostAndNone) {
   }
 }
 
-// The shared decoder hands a failed branch back as a value: the future holds
-// an ErrorValue, never an exception that another thread would release.
-TEST_F(PipelineModelTest, SharedDecoderReturnsAFailedBranchAsAValue) {
-  ContextOptions options;
-  options.n_ctx = 256;
-  options.n_seq_max = 3;
-  options.n_batch = 64;
-  options.n_ubatch = 64;
-  options.n_threads = 2;
-  options.kv_unified = true;
-  Context ctx(model_, options);
-  const std::vector<Token> prefix = model_->tokenize("The quick brown fox jumps.", true);
-  ctx.decode_prompt(prefix, 0, 0, /*logits_last=*/false);
-  const auto prefix_len = static_cast<Pos>(prefix.size());
-  const std::vector<Token> prompt = model_->tokenize(" Over what?", false);
-  GenerateOptions gen;
-  gen.max_tokens = 4;
-  // Agent 1 waits for agent 0, so the decoder steps without it.
-  detail::SharedDecoder decoder(ctx, prefix_len, {{}, {0}});
-  // Position 0 under a prefix that ends at prefix_len: llama.cpp rejects it.
-  auto wrong = decoder.submit(0, prompt, 0, SamplingOptions{}, gen);
-  detail::SharedBranchOutcome failed;
-  ASSERT_NO_THROW(failed = wrong.get());
-  ASSERT_TRUE(failed.error.has_value());
-  EXPECT_EQ(failed.error->code, ErrorCode::kInvalidBatch) << *failed.error;
-  EXPECT_TRUE(failed.generation.tokens.empty());
-  // The decoder goes on serving: a correct branch after the failed one answers.
-  auto right = decoder.submit(1, prompt, prefix_len, SamplingOptions{}, gen);
-  detail::SharedBranchOutcome ok;
-  ASSERT_NO_THROW(ok = right.get());
-  EXPECT_FALSE(ok.error.has_value()) << *ok.error;
-  EXPECT_FALSE(ok.generation.tokens.empty());
-  decoder.close();
+// The shared fork runs every agent from the calling thread: 64 agents add no
+// thread beyond ggml's own workers (a thread per agent would make it 67).
+TEST_F(PipelineModelTest, SixtyFourSharedAgentsRunOnAFixedNumberOfThreads) {
+  const auto threads_now = [] {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+    return -1;
+  };
+  PipelineSpec spec;
+  spec.document = "The quick brown fox jumps over the lazy dog. The dog sleeps on.";
+  spec.n_threads = 2;
+  for (int i = 0; i < 64; ++i) {
+    AgentSpec a;
+    a.name = "agent" + std::to_string(i);
+    a.prompt = "Question " + std::to_string(i) + ": who jumps?";
+    a.max_tokens = 8;
+    spec.agents.push_back(a);
+  }
+  std::atomic<bool> running{true};
+  std::atomic<int> peak{0};
+  const int before = threads_now() + 1;  // with the sampler below
+  std::thread sampler([&] {
+    while (running) {
+      peak = std::max(peak.load(), threads_now());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  const PipelineResult r = run_pipeline(spec, model_);
+  running = false;
+  sampler.join();
+  EXPECT_TRUE(r.ok());
+  EXPECT_GT(r.decode_steps.size(), 8u);
+  // ggml's CPU workers: n_threads - 1 besides the calling thread.
+  EXPECT_LE(peak.load(), before + 1) << "before the run: " << before;
+  std::cout << "threads: " << before << " before the run (sampler included), peak " << peak.load()
+            << "\n";
 }
 
 }  // namespace

@@ -50,6 +50,8 @@ struct ContextDeleter {
 struct SamplerDeleter {
   void operator()(llama_sampler* sampler) const noexcept;
 };
+// The engine layer's own door to the llama.cpp handles (engine.cpp).
+struct EngineAccess;
 }  // namespace detail
 
 // A loaded GGUF model. Immutable after load. Thread-safe.
@@ -91,10 +93,8 @@ class Model {
   // Throws Error(kChatTemplate) when the model has no usable template.
   std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_assistant) const;
 
-  // For the engine layer only.
-  llama_model* raw() const noexcept { return model_.get(); }
-
  private:
+  friend struct detail::EngineAccess;
   Model(std::string path, llama_model* model);
 
   std::string path_;
@@ -136,11 +136,9 @@ class Batch {
   int32_t size() const noexcept;
   int32_t capacity() const noexcept { return capacity_; }
 
-  // For the engine layer only.
-  struct Impl;
-  Impl& impl() const noexcept { return *impl_; }
-
  private:
+  friend struct detail::EngineAccess;
+  struct Impl;  // the llama_batch (engine.cpp)
   int32_t capacity_;
   int32_t n_seq_max_;
   std::unique_ptr<Impl> impl_;
@@ -217,10 +215,8 @@ class Context {
   // is empty.
   void state_set(std::span<const std::uint8_t> src);
 
-  // For the engine layer only.
-  llama_context* raw() const noexcept { return ctx_.get(); }
-
  private:
+  friend struct detail::EngineAccess;
   std::shared_ptr<const Model> model_;  // outlives ctx_: declared first
   ContextOptions options_;
   std::unique_ptr<llama_context, detail::ContextDeleter> ctx_;
@@ -228,16 +224,20 @@ class Context {
 
 // Sampling settings for one generation.
 struct SamplingOptions {
-  float temperature = 0.0f;  // <= 0: greedy (argmax); otherwise softmax temperature
+  float temperature = 0.0f;  // 0: greedy (argmax); otherwise softmax temperature
   float top_p = 1.0f;        // nucleus mass kept; 1 = off
   int32_t top_k = 0;         // keep the k most likely tokens; 0 = off
   uint32_t seed = 42;        // RNG seed for sampled generation
 };
 
+// The one check of sampling settings. Throws Error(kInvalidArgument): "need
+// temperature >= 0, top_p in (0, 1], top_k >= 0 (got T, P, K)".
+void validate_sampling(const SamplingOptions& options);
+
 // A token sampler (llama_sampler chain). Thread-confined.
 class Sampler {
  public:
-  // Throws Error(kInvalidArgument) for top_p outside (0, 1] or top_k < 0.
+  // Throws what validate_sampling throws.
   explicit Sampler(const SamplingOptions& options);
   Sampler(const Sampler&) = delete;
   Sampler& operator=(const Sampler&) = delete;

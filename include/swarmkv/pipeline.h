@@ -1,8 +1,10 @@
 // Pipelines: one shared document, prefilled once, and N agents forked from it.
 //
-// A pipeline is a DAG of named nodes: the prefill node (named "document")
-// and one branch node per agent. Branches depend on the document and,
-// optionally, on other agents (`depends_on`: wait for them to finish).
+// A pipeline is a DAG of named nodes: the document (named "document") and
+// one node per agent. Every agent depends on the document and, optionally,
+// on other agents (`depends_on`: wait for them to finish). An agent's branch
+// is its fork of the document's KV state: a sequence of a shared context, or
+// a context of its own.
 #pragma once
 
 #include <cstdint>
@@ -15,15 +17,15 @@
 
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
-#include "swarmkv/graph.h"
 
 namespace swarmkv {
 
-// How branches get the document's KV state.
+// How branches get the document's KV state; each mode is one fork strategy
+// (src/pipeline/*_fork.cpp).
 enum class ForkMode {
   kShared,  // default: one unified-KV context; fork = seq_cp (no copy), branches decoded batched
   kHost,    // prefill once, export a host snapshot, copy + restore it per branch
-  kNone,    // baseline: every agent prefills the whole document in its own context
+  kNone,    // the reference: every agent re-prefills the whole document in its own context
 };
 std::string_view to_string(ForkMode mode) noexcept;
 // Parses "shared", "host" or "none"; throws Error(kInvalidArgument) naming them.
@@ -34,7 +36,7 @@ struct AgentSpec {
   std::string name;
   std::string prompt;                   // the agent's question or instruction
   int32_t max_tokens = 128;             // generated tokens at most
-  SamplingOptions sampling;             // temperature 0 = greedy
+  SamplingOptions sampling;             // temperature 0 = greedy (validate_sampling)
   std::vector<std::string> stop;        // stop strings
   std::vector<std::string> depends_on;  // other agents that must finish first
 };
@@ -67,31 +69,29 @@ PipelineSpec load_pipeline_file(const std::string& path);
 
 namespace swarmkv {
 
-// The seed's LlamaGuard, kept as a policy: with kSerialized every branch's
-// engine work (restore, prompt, generation) runs under one process-wide
-// mutex, as the seed did because concurrent decode was unsafe in its GPU
-// build. kConcurrent lets branches use their own contexts at the same time
-// (llama.cpp allows different contexts on different threads). Waiting time is
-// reported per agent as `wait` so the policy's cost is measured, not guessed.
-// ForkMode::kShared has no guard: one decoder thread owns its context.
+// How a branch worker shares the engine under kHost/kNone (kShared has one
+// thread, the caller's, driving its one context). kSerialized: one worker
+// runs the agents one after another. kConcurrent: up to one worker per
+// hardware thread, each with its own context, run ready agents at once.
+// `wait` in AgentTimings measures what the choice costs.
 enum class GuardPolicy { kSerialized, kConcurrent };
 std::string_view to_string(GuardPolicy policy) noexcept;
 GuardPolicy parse_guard_policy(std::string_view name);
 
 struct RunOptions {
   GuardPolicy guard = GuardPolicy::kSerialized;
-  // Called from the prefill thread after each chunk: (tokens done, total).
+  // Called on the thread that prefills the document after each chunk:
+  // (tokens done, total).
   std::function<void(size_t, size_t)> on_prefill_progress;
-  // Testing hook: the first position of every branch prompt. -1 (default)
-  // means prefix_len, the only correct value; anything else reproduces the
-  // classic RoPE bug so tests can prove they catch it.
-  Pos branch_pos0_override = -1;
 };
+
+enum class NodeStatus { kOk, kFailed, kDependencyFailed };
+std::string_view to_string(NodeStatus status) noexcept;
 
 // Per-agent timings in milliseconds. Parts that a fork mode does not have
 // are 0 (e.g. `prefill` under kHost, `fork` and `restore` under kNone).
 struct AgentTimings {
-  double wait = 0;     // kHost/kNone: waiting for the engine guard; kShared: for a free sequence id
+  double wait = 0;     // ready (dependencies done) -> its work starts (a worker / sequence id free)
   double context = 0;  // getting a context (0 when a warm one was reused)
   double prefill = 0;  // kNone only: this agent's own re-prefill of the document
   double fork = 0;  // kHost: copying the snapshot into the branch buffer; kShared: sampler + seq_cp
@@ -101,14 +101,17 @@ struct AgentTimings {
   double prompt = 0;
   double first_token = 0;  // from the start of the agent's own work to its first generated token
   double generate = 0;     // generating the answer
-  double total = 0;        // the agent's own work, start to end (excludes waiting on dependencies)
+  double total = 0;        // the agent's own work, start to end (excludes `wait`)
   double done_at = 0;      // when the agent finished, from the start of the run
 };
 
 struct AgentResult {
   std::string name;
   NodeStatus status = NodeStatus::kOk;
-  std::optional<ErrorValue> error;  // set unless ok (see NodeOutcome::error)
+  // Set unless ok. kFailed: what stopped the agent (an Error keeps its code,
+  // anything else is kInternal). kDependencyFailed: code kDependencyFailed,
+  // message "dependency 'd' failed: <d's error as code: message>".
+  std::optional<ErrorValue> error;
   std::string answer;
   std::vector<Token> tokens;  // the generated tokens
   StopReason stop_reason = StopReason::kMaxTokens;
@@ -126,16 +129,17 @@ struct DecodeStep {
 
 struct PipelineResult {
   ForkMode fork = ForkMode::kShared;
-  GuardPolicy guard = GuardPolicy::kSerialized;
-  int32_t prefix_tokens = 0;  // the document with its template wrapping
-  size_t snapshot_bytes = 0;  // kHost: size of the exported prefill context's state
-  uint32_t n_ctx = 0;         // per context, as llama.cpp really uses it
-  uint32_t n_seq_max = 1;     // sequence ids per context (kShared: agents + 1, capped)
-  double prepare_ms = 0;      // tokenisation and validation
-  double prefill_ms = 0;  // kHost: the one shared prefill; kNone: sum of the agents' re-prefills
-  double export_ms = 0;   // kHost: llama_state_get_data into the snapshot arena
-  double arena_ms = 0;    // kHost: allocating and pre-faulting the branch buffer once
-  double total_ms = 0;    // the whole run, model load excluded
+  std::optional<GuardPolicy> guard;  // the strategies with branch workers (kHost/kNone) only
+  int32_t prefix_tokens = 0;         // the document with its template wrapping
+  int32_t document_prefills = 0;     // times the document was prefilled (kNone: once per agent)
+  size_t snapshot_bytes = 0;         // kHost: size of the exported prefill context's state
+  uint32_t n_ctx = 0;                // per context, as llama.cpp really uses it
+  uint32_t n_seq_max = 1;            // sequence ids per context (kShared: agents + 1, capped)
+  double prepare_ms = 0;             // validation, tokenisation, budget
+  double prefill_ms = 0;  // kShared/kHost: the one shared prefill; kNone: sum of the re-prefills
+  double export_ms = 0;   // kHost: llama_state_get_data into the snapshot buffer
+  double branch_buffer_ms = 0;  // kHost: allocating and pre-faulting the first branch buffer
+  double total_ms = 0;          // the whole run, model load excluded
 
   // Memory. KV bytes per cell are measured on the live engine (the state
   // bytes of a context holding only the prefix / its cells), not taken from a
@@ -163,14 +167,14 @@ struct PipelineResult {
 
 // The token budget of a pipeline, computed before anything is allocated.
 // kHost/kNone: every context holds the prefix and one agent:
-//   required = prefix_tokens + max_branch_tokens + headroom.
+//   required = prefix_tokens + max_branch_tokens + max_new_tokens.
 // kShared: one context holds the prefix once and every branch:
 //   required = prefix_tokens + sum_branch_tokens.
 struct PipelineBudget {
   ForkMode fork = ForkMode::kShared;
   int32_t prefix_tokens = 0;
   int32_t max_branch_tokens = 0;  // longest agent prompt (with template wrapping)
-  int32_t headroom = 0;           // generation budget: the largest max_tokens
+  int32_t max_new_tokens = 0;     // the largest max_tokens
   int64_t sum_branch_tokens = 0;  // sum over agents of prompt tokens + max_tokens
   int64_t required = 0;
   uint32_t n_ctx = 0;      // the spec's, or the automatic size when it was 0
@@ -186,18 +190,32 @@ struct PreparedPipeline {
   PipelineBudget budget;
 };
 
-// Validates `spec` and tokenises it; allocates no context or buffer. Throws
-// Error: kInvalidArgument ("the document is empty", no agents, bad agent
-// settings), kGraph (duplicate name, unknown dependency, cycle), kBudget:
-// "context budget exceeded: prefix_tokens P + max_branch_tokens B + headroom H
-// = required R > n_ctx N" (kHost/kNone) or "context budget exceeded (fork
-// shared, one context for all): prefix_tokens P + branch_tokens S (prompt +
-// max_tokens of A agents) = required R > n_ctx N" (kShared).
+// Checks `spec` without a model. Throws Error: kInvalidArgument ("the
+// document is empty (<source>)", "the pipeline has no agents", an agent's
+// empty name or prompt, reserved name, max_tokens < 1, sampling settings as
+// validate_sampling names them), kGraph (duplicate name, unknown dependency,
+// cycle; see the messages in src/pipeline/dag.h).
+void validate_pipeline(const PipelineSpec& spec);
+
+// The budget of `fork`'s layout for these token counts (one entry per agent
+// in both vectors); `n_ctx` 0 = the smallest multiple of 256 that fits.
+// Throws Error(kBudget): "context budget exceeded: prefix_tokens P +
+// max_branch_tokens B + max_new_tokens M = required R > n_ctx N" (kHost/kNone)
+// or "context budget exceeded (fork shared, one context for all):
+// prefix_tokens P + branch_tokens S (prompt + max_tokens of A agents) =
+// required R > n_ctx N" (kShared).
+PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
+                           const std::vector<int32_t>& prompt_tokens,
+                           const std::vector<int32_t>& max_tokens, uint32_t n_ctx);
+
+// validate_pipeline, tokenisation with the chat template, plan_budget;
+// allocates no context or buffer. Throws what those throw, and
+// Error(kChatTemplate) when the template drops the agent prompt.
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model);
 
-// Runs the pipeline: prepare, then the prefill node and one branch node per
-// agent on the graph executor. Throws only what prepare_pipeline throws;
-// failures while running are reported per node in the result.
+// Runs the pipeline: prepare, then the fork strategy of spec.fork. Throws
+// only what prepare_pipeline throws; failures while running are reported per
+// node in the result.
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                             const RunOptions& options = {});
 

@@ -72,10 +72,20 @@ void ensure_backend() {
   });
 }
 
-const llama_vocab* vocab_of(const Model& model) {
-  return llama_model_get_vocab(model.raw());
-}
+}  // namespace
 
+namespace detail {
+struct EngineAccess {
+  static llama_model* model(const Model& m) noexcept { return m.model_.get(); }
+  static llama_context* context(const Context& c) noexcept { return c.ctx_.get(); }
+  static const Batch::Impl& batch(const Batch& b) noexcept { return *b.impl_; }
+};
+}  // namespace detail
+
+namespace {
+const llama_vocab* vocab_of(const Model& model) {
+  return llama_model_get_vocab(detail::EngineAccess::model(model));
+}
 }  // namespace
 
 namespace detail {
@@ -349,7 +359,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextOptions& optio
   params.flash_attn_type =
       options.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   params.no_perf = true;
-  ctx_.reset(llama_init_from_model(model_->raw(), params));
+  ctx_.reset(llama_init_from_model(detail::EngineAccess::model(*model_), params));
   if (!ctx_) {
     throw Error(
         ErrorCode::kContextCreate,
@@ -401,7 +411,8 @@ void Context::decode(const Batch& batch) {
     throw Error(ErrorCode::kBudget,
                 fmt::format("decode: batch of {} tokens exceeds n_batch {}", n, options_.n_batch));
   }
-  detail::check_decode(llama_decode(ctx_.get(), batch.impl().batch), n, options_);
+  detail::check_decode(llama_decode(ctx_.get(), detail::EngineAccess::batch(batch).batch), n,
+                       options_);
 }
 
 std::span<const float> Context::logits(int32_t i) {
@@ -496,17 +507,20 @@ void Context::state_set(std::span<const std::uint8_t> src) {
 
 // ---------------------------------------------------------------- Sampler
 
-Sampler::Sampler(const SamplingOptions& options) {
-  if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
+void validate_sampling(const SamplingOptions& options) {
+  if (!(options.temperature >= 0.0f) || !(options.top_p > 0.0f && options.top_p <= 1.0f) ||
+      options.top_k < 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("top_p must be in (0, 1] (got {})", options.top_p));
+                fmt::format("need temperature >= 0, top_p in (0, 1], top_k >= 0 (got {}, {}, {})",
+                            options.temperature, options.top_p, options.top_k));
   }
-  if (options.top_k < 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("top_k must be >= 0 (got {})", options.top_k));
+}
+
+Sampler::Sampler(const SamplingOptions& options) {
+  validate_sampling(options);
   ensure_backend();
   chain_.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
-  if (options.temperature <= 0.0f) {
+  if (options.temperature == 0.0f) {
     llama_sampler_chain_add(chain_.get(), llama_sampler_init_greedy());
     return;
   }
@@ -524,7 +538,7 @@ Token Sampler::sample(Context& ctx, int32_t i) {
   // Validates the row first, so a bad index is an Error, not a crash inside llama.cpp.
   (void)ctx.logits(i);
   // llama_sampler_sample also accepts the token into the chain's history.
-  return llama_sampler_sample(chain_.get(), ctx.raw(), i);
+  return llama_sampler_sample(chain_.get(), detail::EngineAccess::context(ctx), i);
 }
 
 void Sampler::reset() {

@@ -1,27 +1,29 @@
 #include "bench.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "result_json.h"
+#include "bench_report.h"
 #include "server_arm.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
+#include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
+#include "swarmkv/result_json.h"
 #include "swarmkv/synthetic.h"
 
 namespace swarmkv::cli {
@@ -46,305 +48,12 @@ std::string branch_prompt(const Model& model, int32_t i, int32_t m) {
   return prompt;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2.0;
-}
-
-// Peak RSS per arm: Linux resets the process's high-water mark (VmHWM) when
-// "5" is written to /proc/self/clear_refs; where that fails the value is the
-// process's peak so far, and the output says so.
-bool reset_peak_rss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
-}
-
-long peak_rss_kib() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
-  }
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss;
-}
-
-ForkMode arm_fork_mode(const std::string& arm) {
-  if (arm == "baseline") return ForkMode::kNone;
-  return parse_fork_mode(arm);  // host, shared
-}
-
-// Median decode-step time of the shared arm's generation-only steps (no
-// prompt tokens in the batch), by the number of branches in the step: does
-// the CPU attention re-read the prefix once per branch?
-json steps_by_live_branches(const PipelineResult& r) {
-  std::map<int32_t, std::vector<double>> by;
-  for (const DecodeStep& s : r.decode_steps) {
-    if (s.prompt_tokens == 0) by[s.branches].push_back(s.ms);
-  }
-  json out = json::array();
-  for (auto& [n, v] : by) {
-    out.push_back({{"branches", n}, {"steps", v.size()}, {"median_ms", median(v)}});
-  }
-  return out;
-}
-
-struct ArmRun {
-  std::string arm;
-  int trial = 0;
-  int order = 0;  // position of the arm within its trial
-  PipelineResult result;
-  long peak_rss_kib = 0;
-  bool peak_rss_per_arm = false;  // false: the process's peak so far
-  bool answers_match_baseline = true;
-  std::vector<int> first_difference;  // per branch: first token differing from baseline, -1: none
-  json extra = json::object();        // arm-specific facts (the server arms' own timings)
-  double branch_phase_ms = -1;        // end-to-end minus the one document prefill; -1: not defined
-};
-
-bool is_server_arm(const std::string& arm) {
-  return arm == "server-concurrent" || arm == "server-sequential";
-}
-
-double kv_bytes_needed(const PipelineResult& r) {
-  double cells = r.prefix_tokens;
-  for (const AgentResult& a : r.agents)
-    cells += a.prompt_tokens + static_cast<double>(a.tokens.size());
-  return cells * r.kv_bytes_per_cell;
-}
-
-// When each agent finished, from the arm's start: p50 and max (with
-// sequential serving the last agent waits for all the others).
-json agent_done(const PipelineResult& r) {
-  std::vector<double> v;
-  for (const AgentResult& a : r.agents) v.push_back(a.timings_ms.done_at);
-  return {{"p50", median(v)}, {"max", v.empty() ? 0.0 : *std::max_element(v.begin(), v.end())}};
-}
-
-double branch2_activation(const PipelineResult& r) {
-  const AgentResult& a = r.agents.size() > 1 ? r.agents[1] : r.agents[0];
-  return a.timings_ms.first_token;
-}
-
-json arm_json(const ArmRun& run) {
-  const PipelineResult& r = run.result;
-  json branches = json::array();
-  double gen_ms = 0;
-  size_t gen_tokens = 0;
-  for (size_t i = 0; i < r.agents.size(); ++i) {
-    const AgentResult& a = r.agents[i];
-    const auto& t = a.timings_ms;
-    gen_ms += t.generate;
-    gen_tokens += a.tokens.size();
-    branches.push_back({{"name", a.name},
-                        {"first_difference_vs_baseline",
-                         i < run.first_difference.size() ? run.first_difference[i] : -1},
-                        {"status", std::string(to_string(a.status))},
-                        {"n_tokens", a.tokens.size()},
-                        {"prefill_ms", t.prefill},
-                        {"fork_ms", t.fork},
-                        {"restore_ms", t.restore},
-                        {"prompt_ms", t.prompt},
-                        {"first_token_ms", t.first_token},
-                        {"generate_ms", t.generate},
-                        {"total_ms", t.total},
-                        {"done_at_ms", t.done_at},
-                        {"wait_ms", t.wait}});
-  }
-  const double prefill_tokens =
-      static_cast<double>(r.prefix_tokens) *
-      (r.fork == ForkMode::kNone ? static_cast<double>(r.agents.size()) : 1.0);
-  return {{"arm", run.arm},
-          {"trial", run.trial},
-          {"order", run.order},
-          {"ok", r.ok()},
-          {"end_to_end_ms", r.total_ms},
-          {"prefill_ms", r.prefill_ms},
-          {"export_ms", r.export_ms},
-          {"snapshot_bytes", r.snapshot_bytes},
-          {"branch2_activation_ms", branch2_activation(r)},
-          {"prefill_tokens_per_s", r.prefill_ms > 0 ? 1000.0 * prefill_tokens / r.prefill_ms : 0.0},
-          {"generate_tokens_per_s",
-           gen_ms > 0 ? 1000.0 * static_cast<double>(gen_tokens) / gen_ms : 0.0},
-          {"peak_rss_kib", run.peak_rss_kib},
-          {"peak_rss_per_arm", run.peak_rss_per_arm},
-          {"n_ctx", r.n_ctx},
-          {"memory",
-           [&] {
-             json m = memory_json(r);
-             // (prefix + sum of branch prompt + generated tokens) x bytes/cell:
-             // the KV the work itself needs, the shared prefix counted once.
-             m["kv_bytes_needed"] = kv_bytes_needed(r);
-             return m;
-           }()},
-          {"decode_steps", r.decode_steps.size()},
-          {"generation_step_ms_by_branches", steps_by_live_branches(r)},
-          {"answers_match_baseline", run.answers_match_baseline},
-          {"branch_phase_ms", run.branch_phase_ms >= 0 ? json(run.branch_phase_ms) : json(nullptr)},
-          {"agent_done_ms", agent_done(r)},
-          {"branches", branches},
-          {"extra", run.extra}};
-}
-
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   }
   return "unknown";
-}
-
-// One benchmark point: all trials of all arms at fixed parameters.
-struct Point {
-  std::string sweep_value;
-  int32_t branches = 0;
-  int32_t doc_tokens = 0;
-  std::vector<ArmRun> runs;
-};
-
-json summarize(const Point& p, const std::vector<std::string>& arms) {
-  json arms_json = json::object();
-  json speedup = json::object();
-  std::map<std::string, std::vector<double>> e2e, act;
-  for (const ArmRun& r : p.runs) {
-    e2e[r.arm].push_back(r.result.total_ms);
-    act[r.arm].push_back(branch2_activation(r.result));
-  }
-  // The seed's selection: per trial, score = 2 * TTFT% + E2E% (reductions vs baseline).
-  int best_trial = -1;
-  double best_score = -1e300;
-  std::map<int, std::map<std::string, const ArmRun*>> by_trial;
-  for (const ArmRun& r : p.runs) by_trial[r.trial][r.arm] = &r;
-  // The seed's score compares one fork arm with the baseline: ours, not a peer's.
-  std::string fork_arm = arms.size() > 1 ? arms[1] : arms.front();
-  for (const char* preferred : {"host", "shared"})
-    if (std::find(arms.begin(), arms.end(), preferred) != arms.end()) fork_arm = preferred;
-  for (const auto& [trial, m] : by_trial) {
-    if (!m.contains("baseline") || !m.contains(fork_arm) || m.size() != arms.size()) continue;
-    const double be = m.at("baseline")->result.total_ms, fe = m.at(fork_arm)->result.total_ms;
-    const double ba = branch2_activation(m.at("baseline")->result),
-                 fa = branch2_activation(m.at(fork_arm)->result);
-    const double score = 2 * 100 * (ba - fa) / ba + 100 * (be - fe) / be;
-    if (score > best_score) best_score = score, best_trial = trial;
-  }
-  for (const std::string& arm : arms) {
-    if (!e2e.contains(arm)) continue;
-    json best = nullptr;
-    if (best_trial >= 0) best = arm_json(*by_trial[best_trial][arm]);
-    arms_json[arm] = {{"median_end_to_end_ms", median(e2e[arm])},
-                      {"median_branch2_activation_ms", median(act[arm])},
-                      {"best_trial", best}};
-    if (arm != "baseline" && e2e.contains("baseline")) {
-      speedup[arm] = {
-          {"end_to_end", median(e2e["baseline"]) / median(e2e[arm])},
-          {"branch2_activation", median(act["baseline"]) / median(act[arm])},
-          {"best_trial_end_to_end", best_trial >= 0
-                                        ? by_trial[best_trial]["baseline"]->result.total_ms /
-                                              by_trial[best_trial][arm]->result.total_ms
-                                        : 0.0},
-          {"best_trial_branch2_activation",
-           best_trial >= 0 ? branch2_activation(by_trial[best_trial]["baseline"]->result) /
-                                 branch2_activation(by_trial[best_trial][arm]->result)
-                           : 0.0}};
-      if (arm != "host" && e2e.contains("host")) {
-        speedup[arm]["end_to_end_vs_host"] = median(e2e["host"]) / median(e2e[arm]);
-      }
-      // SwarmKV's shared fork against each peer arm, and on the branch phase
-      // (end-to-end minus the one document prefill both pay).
-      if (arm == "shared") {
-        for (const std::string& peer : arms) {
-          if (!is_server_arm(peer) || !e2e.contains(peer)) continue;
-          speedup[arm]["end_to_end_vs_" + peer] = median(e2e[peer]) / median(e2e[arm]);
-        }
-        std::vector<double> mine, seq;
-        for (const ArmRun& r : p.runs) {
-          if (r.arm == "shared" && r.branch_phase_ms > 0) mine.push_back(r.branch_phase_ms);
-          if (r.arm == "server-sequential" && r.branch_phase_ms > 0)
-            seq.push_back(r.branch_phase_ms);
-        }
-        if (!mine.empty() && !seq.empty())
-          speedup[arm]["branch_phase_vs_server-sequential"] = median(seq) / median(mine);
-      }
-    }
-  }
-  bool all_match = std::all_of(p.runs.begin(), p.runs.end(),
-                               [](const ArmRun& r) { return r.answers_match_baseline; });
-  return {{"sweep_value", p.sweep_value},
-          {"branches", p.branches},
-          {"doc_tokens", p.doc_tokens},
-          {"trials_completed", by_trial.size()},
-          {"best_trial", best_trial},
-          {"best_trial_score", best_trial >= 0 ? best_score : 0.0},
-          {"answers_identical_across_arms", all_match},
-          {"arms", arms_json},
-          {"speedup", speedup}};
-}
-
-void write_outputs(const BenchArgs& args, const json& params, const json& env,
-                   const std::vector<Point>& points) {
-  namespace fs = std::filesystem;
-  fs::create_directories(args.out);
-  json results = json::array();
-  for (const Point& p : points) results.push_back(summarize(p, args.arms));
-  json best = {{"params", params}, {"environment", env}, {"results", results}};
-  if (!results.empty()) {
-    best["speedup"] = results[0]["speedup"];
-    best["arms"] = results[0]["arms"];
-  }
-  std::ofstream(fs::path(args.out) / "best_run.json") << best.dump(2) << "\n";
-
-  size_t max_branches = 0;
-  for (const Point& p : points)
-    max_branches = std::max(max_branches, static_cast<size_t>(p.branches));
-  std::ofstream csv(fs::path(args.out) / "all_trials.csv");
-  csv << "sweep,sweep_value,trial,arm,order,branches,doc_tokens,prefix_tokens,ok,answers_match_"
-         "baseline,"
-         "end_to_end_ms,prefill_ms,export_ms,snapshot_bytes,branch2_activation_ms,peak_rss_kib,n_"
-         "ctx,"
-         "kv_cells_peak,kv_bytes_peak,kv_bytes_allocated,"
-         "Baseline_End_To_End_Ms,SwarmKV_End_To_End_Ms,SwarmKV_Prefill_Ms,SwarmKV_AgentA_Ms,"
-         "SwarmKV_AgentB_Ms";
-  for (size_t i = 0; i < max_branches; ++i) {
-    for (const char* k : {"fork", "restore", "prompt", "first_token", "generate", "total"}) {
-      csv << fmt::format(",branch{}_{}_ms", i + 1, k);
-    }
-  }
-  csv << "\n";
-  for (const Point& p : points) {
-    for (const ArmRun& r : p.runs) {
-      const PipelineResult& x = r.result;
-      const bool base = r.arm == "baseline";
-      auto agent_ms = [&](size_t i) {
-        return i < x.agents.size() ? fmt::format("{:.3f}", x.agents[i].timings_ms.total) : "";
-      };
-      csv << fmt::format(
-          "{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{:.3f},{},{},{},{:.0f},{:.0f},{},{"
-          "},{},{},"
-          "{}",
-          args.sweep.empty() ? "" : args.sweep.substr(0, args.sweep.find('=')), p.sweep_value,
-          r.trial, r.arm, r.order, p.branches, p.doc_tokens, x.prefix_tokens, x.ok(),
-          r.answers_match_baseline, x.total_ms, x.prefill_ms, x.export_ms, x.snapshot_bytes,
-          branch2_activation(x), r.peak_rss_kib, x.n_ctx, x.kv_cells_peak, x.kv_bytes_peak(),
-          x.kv_bytes_allocated(), base ? fmt::format("{:.3f}", x.total_ms) : "",
-          base ? "" : fmt::format("{:.3f}", x.total_ms),
-          base ? "" : fmt::format("{:.3f}", x.prefill_ms), base ? "" : agent_ms(0),
-          base ? "" : agent_ms(1));
-      for (size_t i = 0; i < max_branches; ++i) {
-        if (i < x.agents.size()) {
-          const auto& t = x.agents[i].timings_ms;
-          csv << fmt::format(",{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f}", t.fork, t.restore,
-                             t.prompt, t.first_token, t.generate, t.total);
-        } else {
-          csv << ",,,,,,";
-        }
-      }
-      csv << "\n";
-    }
-  }
 }
 
 // One server run: start llama-server, send the branch requests (all at once
@@ -363,8 +72,8 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
                           const BenchArgs& args, const std::string& log_path) {
   const size_t n = spec.agents.size();
   const PipelineBudget& b = prepared.budget;
-  const auto per_slot =
-      static_cast<uint32_t>((b.prefix_tokens + b.max_branch_tokens + b.headroom + 255) / 256 * 256);
+  const auto per_slot = static_cast<uint32_t>(
+      (b.prefix_tokens + b.max_branch_tokens + b.max_new_tokens + 255) / 256 * 256);
   ServerConfig cfg;
   cfg.binary = args.server_bin;  // resolved once by run_bench
   cfg.model = model_path;
@@ -413,6 +122,7 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
   PipelineResult& r = run.result;
   r.fork = ForkMode::kNone;
   r.prefix_tokens = b.prefix_tokens;
+  r.document_prefills = static_cast<int32_t>(n);  // every request prefills the document
   r.total_ms = e2e;
   r.n_ctx = cfg.n_ctx;
   r.n_seq_max = static_cast<uint32_t>(cfg.n_parallel);
@@ -523,9 +233,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
 int run_bench(const BenchArgs& requested) {
   BenchArgs args = requested;
   for (const std::string& arm : args.arms) {
-    if (arm != "baseline" && arm != "host" && arm != "shared" && !is_server_arm(arm)) {
+    if (arm != "none" && arm != "host" && arm != "shared" && !is_server_arm(arm)) {
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("unknown arm '{}' (available: baseline, host, shared, "
+                  fmt::format("unknown arm '{}' (available: none, host, shared, "
                               "server-concurrent, server-sequential)",
                               arm));
     }
@@ -537,9 +247,9 @@ int run_bench(const BenchArgs& requested) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("--server-kvu '{}': expected on, off or both", args.server_kvu));
   }
-  if (args.arms.empty() || args.arms.front() != "baseline") {
+  if (args.arms.empty() || args.arms.front() != "none") {
     throw Error(ErrorCode::kInvalidArgument,
-                "--arms must start with baseline (speed-ups are relative to it)");
+                "--arms must start with none, the reference (speed-ups are relative to it)");
   }
   std::string sweep_key;
   std::vector<std::string> sweep_values{""};
@@ -623,12 +333,12 @@ int run_bench(const BenchArgs& requested) {
                                fmt::format("{}t{}", value.empty() ? "" : value + "-", trial),
                                kvu_choice);
         } else {
-          spec.fork = arm_fork_mode(order[k]);
+          spec.fork = parse_fork_mode(order[k]);
           run.arm = order[k];
           run.peak_rss_per_arm = reset_peak_rss();
           run.result = run_pipeline(spec, model);
           run.peak_rss_kib = peak_rss_kib();
-          if (spec.fork != ForkMode::kNone)
+          if (run.result.document_prefills == 1)
             run.branch_phase_ms = run.result.total_ms - run.result.prefill_ms;
         }
         run.trial = trial;
@@ -644,7 +354,7 @@ int run_bench(const BenchArgs& requested) {
       if (g_interrupted && trial_runs.size() != order.size()) break;  // keep only whole trials
       const ArmRun* base = nullptr;
       for (const ArmRun& r : trial_runs)
-        if (r.arm == "baseline") base = &r;
+        if (r.arm == "none") base = &r;
       for (ArmRun& r : trial_runs) {
         // The server does not report KV bytes; the engine's, measured by our arms, apply.
         if (base != nullptr && r.result.kv_bytes_per_cell == 0)
@@ -657,7 +367,7 @@ int run_bench(const BenchArgs& requested) {
                  mine[static_cast<size_t>(d)] == want[static_cast<size_t>(d)])
             ++d;
           r.first_difference.push_back(mine == want ? -1 : d);
-          if (mine != want) r.answers_match_baseline = false;
+          if (mine != want) r.answers_match_reference = false;
         }
       }
       for (ArmRun& r : trial_runs) points.back().runs.push_back(std::move(r));

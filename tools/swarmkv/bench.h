@@ -1,4 +1,4 @@
-// swarmkv bench: baseline (re-prefill per branch) vs SwarmKV fork arms, in
+// swarmkv bench: the reference (none: re-prefill per branch) vs the fork arms, in
 // one run, with the seed's metrics, trial selection, CSV/JSON, plots, report.
 #pragma once
 
@@ -19,7 +19,7 @@ struct BenchArgs {
   int32_t threads = 0;
   int32_t trials = 3;
   int32_t pause_ms = 1000;
-  std::vector<std::string> arms = {"baseline", "host"};
+  std::vector<std::string> arms = {"none", "host"};
   std::string sweep;  // "branches=1,2,4" or "doc-tokens=512,1024"
   std::string out = "bench-out";
   // llama-server peer arms.

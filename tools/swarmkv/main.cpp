@@ -10,20 +10,15 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
-#include "result_json.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
+#include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
+#include "swarmkv/result_json.h"
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 struct GenerateArgs {
   std::string model;
@@ -39,7 +34,7 @@ struct GenerateArgs {
 };
 
 int run_generate(const GenerateArgs& args) {
-  const auto t_start = Clock::now();
+  const swarmkv::Stopwatch run;
   const std::string model_path = swarmkv::resolve_model_path(args.model);
   std::string prompt =
       args.prompt_file.empty() ? args.prompt : swarmkv::read_file(args.prompt_file);
@@ -49,7 +44,7 @@ int run_generate(const GenerateArgs& args) {
   }
 
   auto model = swarmkv::Model::load(model_path);
-  const double load_ms = ms_since(t_start);
+  const double load_ms = run.ms();
 
   std::string text = prompt;
   if (!args.raw) {
@@ -69,19 +64,19 @@ int run_generate(const GenerateArgs& args) {
   }
 
   swarmkv::Context ctx(model, args.context);
-  const auto t_prompt = Clock::now();
+  const swarmkv::Stopwatch prompt_time;
   ctx.decode_prompt(tokens, 0, 0, /*logits_last=*/true);
-  const double prompt_ms = ms_since(t_prompt);
+  const double prompt_ms = prompt_time.ms();
 
   swarmkv::Sampler sampler(args.sampling);
-  const auto t_gen = Clock::now();
+  const swarmkv::Stopwatch gen_time;
   swarmkv::GenerateOptions gen;
   gen.max_tokens = args.max_tokens;
   gen.stop = args.stop;
   const swarmkv::Generation answer =
       swarmkv::generate(ctx, sampler, 0, static_cast<swarmkv::Pos>(tokens.size()), gen);
-  const double gen_ms = ms_since(t_gen);
-  const double total_ms = ms_since(t_start);
+  const double gen_ms = gen_time.ms();
+  const double total_ms = run.ms();
 
   if (args.json) {
     nlohmann::json out = {
@@ -120,63 +115,15 @@ struct RunArgs {
   bool json = false;
 };
 
-nlohmann::json result_json(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
-                           const std::string& model_path, double load_ms) {
-  nlohmann::json agents = nlohmann::json::array();
-  for (const auto& a : r.agents) {
-    const auto& t = a.timings_ms;
-    agents.push_back({{"name", a.name},
-                      {"status", std::string(swarmkv::to_string(a.status))},
-                      {"error", swarmkv::cli::error_json(a.error)},
-                      {"answer", a.answer},
-                      {"n_tokens", a.tokens.size()},
-                      {"stop_reason", std::string(swarmkv::to_string(a.stop_reason))},
-                      {"prompt_tokens", a.prompt_tokens},
-                      {"timings_ms",
-                       {{"wait", t.wait},
-                        {"context", t.context},
-                        {"prefill", t.prefill},
-                        {"fork", t.fork},
-                        {"restore", t.restore},
-                        {"prompt", t.prompt},
-                        {"first_token", t.first_token},
-                        {"generate", t.generate},
-                        {"total", t.total}}}});
-  }
-  return {{"pipeline", spec.name},
-          {"model", model_path},
-          {"fork", std::string(swarmkv::to_string(r.fork))},
-          {"guard", std::string(swarmkv::to_string(r.guard))},
-          {"ok", r.ok()},
-          {"n_ctx", r.n_ctx},
-          {"n_seq_max", r.n_seq_max},
-          {"prefix_tokens", r.prefix_tokens},
-          {"snapshot_bytes", r.snapshot_bytes},
-          {"load_ms", load_ms},
-          {"prepare_ms", r.prepare_ms},
-          {"prefill_ms", r.prefill_ms},
-          {"export_ms", r.export_ms},
-          {"arena_ms", r.arena_ms},
-          {"total_ms", r.total_ms},
-          {"memory", swarmkv::cli::memory_json(r)},
-          {"decode_steps", r.decode_steps.size()},
-          {"document",
-           {{"status", std::string(swarmkv::to_string(r.document_status))},
-            {"error", swarmkv::cli::error_json(r.document_error)}}},
-          {"agents", agents}};
-}
-
 void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
                 const std::string& model_path, double load_ms) {
   std::cout << fmt::format("pipeline {} | model {} | fork {}", spec.name, model_path,
                            swarmkv::to_string(r.fork));
-  if (r.fork != swarmkv::ForkMode::kShared)  // the shared fork has no guard
-    std::cout << fmt::format(" | guard {}", swarmkv::to_string(r.guard));
+  if (r.guard) std::cout << fmt::format(" | guard {}", swarmkv::to_string(*r.guard));
   std::cout << fmt::format(" | document {} tokens", r.prefix_tokens);
-  if (r.fork == swarmkv::ForkMode::kHost)
+  if (r.snapshot_bytes > 0)
     std::cout << fmt::format(" | snapshot {:.1f} MiB", r.snapshot_bytes / 1048576.0);
-  if (r.fork == swarmkv::ForkMode::kShared)
-    std::cout << fmt::format(" | one context, {} sequences", r.n_seq_max);
+  if (r.n_seq_max > 1) std::cout << fmt::format(" | one context, {} sequences", r.n_seq_max);
   std::cout << "\n";
   if (r.document_status != swarmkv::NodeStatus::kOk)
     std::cout << "document: FAILED: " << r.document_error->to_string() << "\n";
@@ -195,13 +142,11 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
         t.first_token, t.generate, t.total);
   }
   std::string prefill_note;
-  if (r.fork == swarmkv::ForkMode::kHost) {
-    prefill_note = fmt::format(" | export {:.1f} ms", r.export_ms);
-  } else if (r.fork == swarmkv::ForkMode::kNone) {
-    prefill_note = " (sum of per-agent re-prefills)";
-  } else {
-    prefill_note = fmt::format(" | {} batched decode steps", r.decode_steps.size());
-  }
+  if (r.document_prefills > 1)
+    prefill_note = fmt::format(" (sum of {} per-agent re-prefills)", r.document_prefills);
+  if (r.snapshot_bytes > 0) prefill_note += fmt::format(" | export {:.1f} ms", r.export_ms);
+  if (!r.decode_steps.empty())
+    prefill_note += fmt::format(" | {} batched decode steps", r.decode_steps.size());
   std::cout << fmt::format(
       "load {:.0f} ms | prefill {:.1f} ms{} | total {:.1f} ms (model load excluded)\n", load_ms,
       r.prefill_ms, prefill_note, r.total_ms);
@@ -232,12 +177,16 @@ int run_pipeline_cmd(const RunArgs& args) {
     };
   }
   const std::string model_path = swarmkv::resolve_model_path(spec.model);
-  const auto t0 = Clock::now();
+  const swarmkv::Stopwatch load;
   auto model = swarmkv::Model::load(model_path);
-  const double load_ms = ms_since(t0);
+  const double load_ms = load.ms();
   const swarmkv::PipelineResult result = swarmkv::run_pipeline(spec, model, options);
   if (args.json) {
-    std::cout << result_json(spec, result, model_path, load_ms).dump(2) << "\n";
+    nlohmann::json out = swarmkv::result_json(result);
+    out["pipeline"] = spec.name;
+    out["model"] = model_path;
+    out["load_ms"] = load_ms;
+    std::cout << out.dump(2) << "\n";
   } else {
     print_text(spec, result, model_path, load_ms);
   }
@@ -344,13 +293,12 @@ int main(int argc, char** argv) {
          "        answers repeat run to run and equal --fork none's up to the first near-tie\n"
          "host: prefill once, copy + restore a host snapshot into each agent's context;\n"
          "        answers bit-identical to --fork none's\n"
-         "none: baseline, every agent re-prefills the whole document in its own context")
+         "none: the reference, every agent re-prefills the whole document in its own context")
       ->check(CLI::IsMember({"shared", "host", "none"}));
-  run->add_option(
-         "--guard", run_args.guard,
-         "host/none only (shared has no guard: one decoder thread owns its context).\n"
-         "serialized: one engine mutex around all agents' llama.cpp work (the seed's LlamaGuard);\n"
-         "concurrent: agents use their own contexts at the same time")
+  run->add_option("--guard", run_args.guard,
+                  "host/none only (shared drives its one context from one thread).\n"
+                  "serialized: one worker runs the agents one after another;\n"
+                  "concurrent: up to one worker per hardware thread, each agent in its own context")
       ->check(CLI::IsMember({"serialized", "concurrent"}))
       ->capture_default_str();
   run->add_option("-c,--n-ctx", run_args.n_ctx,
@@ -360,14 +308,15 @@ int main(int argc, char** argv) {
   run->add_option("-t,--threads", run_args.threads,
                   "CPU threads per context (0 = all cores); overrides the file");
   run->add_flag("--json", run_args.json,
-                "print one JSON object: per agent name, status, answer, n_tokens, timings_ms "
-                "(fork, restore, prompt, "
-                "generate, total, ...), plus prefill_ms and total_ms");
+                "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
+                "prefill_ms, total_ms, memory, document {status, error} and per agent name, "
+                "status, error {code, message} or null, answer, n_tokens, stop_reason, "
+                "timings_ms {wait, fork, restore, prompt, first_token, generate, total, ...}");
 
   swarmkv::cli::BenchArgs bench_args;
   CLI::App* bench =
       app.add_subcommand("bench",
-                         "Benchmark the baseline (every branch re-prefills the "
+                         "Benchmark the reference arm none (every branch re-prefills the "
                          "document in its own context) against SwarmKV's forks "
                          "(host: prefill once, copy + restore a host snapshot per branch; "
                          "shared: one unified-KV context, seq_cp fork, batched decode), "
@@ -410,7 +359,7 @@ int main(int argc, char** argv) {
   bench
       ->add_option(
           "--arms", bench_args.arms,
-          "arms, baseline first: baseline,host,shared,server-concurrent,server-sequential "
+          "arms, the reference first: none,host,shared,server-concurrent,server-sequential "
           "(server-*: llama-server from the same llama.cpp, same tokens, greedy, over HTTP)")
       ->delimiter(',')
       ->capture_default_str();

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "swarmkv/error.h"
+#include "swarmkv/measure.h"
 
 #ifndef SWARMKV_LLAMA_SERVER_DEFAULT
 #define SWARMKV_LLAMA_SERVER_DEFAULT ""
@@ -28,12 +29,7 @@
 namespace swarmkv::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // A free loopback port: bind port 0, read what the kernel chose, release it.
 int pick_port() {
@@ -188,12 +184,7 @@ void LlamaServer::stop() noexcept {
 }
 
 long LlamaServer::peak_rss_kib() const {
-  if (pid_ <= 0) return 0;
-  std::ifstream in(fmt::format("/proc/{}/status", pid_));
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
-  }
-  return 0;
+  return pid_ > 0 ? swarmkv::peak_rss_kib(pid_) : 0;
 }
 
 std::string LlamaServer::log_tail() const {

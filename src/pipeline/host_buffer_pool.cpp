@@ -1,4 +1,4 @@
-#include "kv/host_buffer_pool.h"
+#include "pipeline/host_buffer_pool.h"
 
 #include <cstring>
 

@@ -1,0 +1,45 @@
+// Measuring: one stopwatch, one median/percentile, one peak-RSS reader, for
+// the library, the CLI and the benchmarks alike.
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include <sys/types.h>
+
+namespace swarmkv {
+
+using Clock = std::chrono::steady_clock;
+
+inline double ms_between(Clock::time_point from, Clock::time_point to) noexcept {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+// Milliseconds since it was started (or restarted).
+class Stopwatch {
+ public:
+  Stopwatch() noexcept : start_(Clock::now()) {}
+  double ms() const noexcept { return ms_between(start_, Clock::now()); }
+  Clock::time_point started() const noexcept { return start_; }
+  void restart() noexcept { start_ = Clock::now(); }
+
+ private:
+  Clock::time_point start_;
+};
+
+// The p-th percentile (0 <= p <= 100) by linear interpolation between the
+// closest ranks; 0 for an empty sample. median(v) == percentile(v, 50).
+double percentile(std::vector<double> values, double p);
+inline double median(std::vector<double> values) {
+  return percentile(std::move(values), 50);
+}
+
+// Peak resident memory (VmHWM in /proc/<pid>/status) in KiB; pid 0 = this
+// process. 0 when the process is gone or the field is missing.
+long peak_rss_kib(pid_t pid = 0);
+// Resets this process's VmHWM to its current RSS (writes "5" to
+// /proc/self/clear_refs). False where the kernel refuses: peak_rss_kib() is
+// then the peak since the process started.
+bool reset_peak_rss();
+
+}  // namespace swarmkv

@@ -1,0 +1,37 @@
+// The one JSON schema of pipeline results: `swarmkv run --json` prints
+// result_json(), the bench nests agent_json() and memory_json() in its arms,
+// and later the server and workers answer with them. Bump
+// kResultSchemaVersion on any change a reader would notice (a key renamed,
+// removed or retyped); adding a key is not one.
+#pragma once
+
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/error.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv {
+
+inline constexpr int kResultSchemaVersion = 2;
+
+// null when ok, else {"code": "<stable code name>", "message": "..."}.
+nlohmann::json error_json(const std::optional<ErrorValue>& error);
+// {"wait", "context", "prefill", "fork", "restore", "prompt", "first_token",
+//  "generate", "total", "done_at"}, milliseconds (AgentTimings).
+nlohmann::json timings_json(const AgentTimings& t);
+// {"name", "status", "error", "answer", "n_tokens", "stop_reason",
+//  "prompt_tokens", "timings_ms"}.
+nlohmann::json agent_json(const AgentResult& a);
+// {"contexts", "kv_cells_peak", "kv_bytes_per_cell", "kv_bytes_peak",
+//  "kv_bytes_allocated", "host_buffer_bytes"}.
+nlohmann::json memory_json(const PipelineResult& r);
+// The whole result: "schema_version", "fork", "guard" (null without branch workers),
+// "ok", "n_ctx", "n_seq_max", "prefix_tokens", "document_prefills",
+// "snapshot_bytes", "prepare_ms", "prefill_ms", "export_ms",
+// "branch_buffer_ms", "total_ms", "memory", "decode_steps" (count),
+// "document" {"status", "error"}, "agents" [agent_json...].
+nlohmann::json result_json(const PipelineResult& r);
+
+}  // namespace swarmkv

@@ -1,0 +1,106 @@
+#include "pipeline/batch_planner.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace swarmkv::detail {
+
+BatchPlanner::BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Pos pos0,
+                           int32_t n_seq_max, int32_t n_batch)
+    : dag_(dag), prompt_tokens_(std::move(prompt_tokens)), pos0_(pos0), n_batch_(n_batch) {
+  if (n_seq_max < 2) {
+    throw Error(ErrorCode::kInternal, "the shared fork needs n_seq_max >= 2 (prefix + 1 branch)");
+  }
+  if (n_batch < n_seq_max) {
+    throw Error(
+        ErrorCode::kInternal,
+        fmt::format("the shared fork needs n_batch {} >= n_seq_max {}", n_batch, n_seq_max));
+  }
+  if (dag_.size() != prompt_tokens_.size() + 1) {
+    throw Error(ErrorCode::kInternal, "batch planner: one DAG node per agent plus the document");
+  }
+  for (SeqId s = n_seq_max - 1; s >= 1; --s) free_seqs_.push_back(s);
+}
+
+std::vector<BatchPlanner::Admission> BatchPlanner::admit() {
+  std::vector<Admission> admitted;
+  while (!free_seqs_.empty() && dag_.has_ready()) {
+    const size_t node = *dag_.pop();
+    if (node == 0) throw Error(ErrorCode::kInternal, "batch planner: the document is not an agent");
+    Branch b;
+    b.agent = node - 1;
+    b.seq = free_seqs_.back();
+    free_seqs_.pop_back();
+    live_.push_back(b);
+    admitted.push_back({b.agent, b.seq});
+  }
+  return admitted;
+}
+
+BatchPlan BatchPlanner::next() {
+  BatchPlan plan;
+  const auto room = [&] { return static_cast<int32_t>(plan.tokens.size()) < n_batch_; };
+  for (const Branch& b : live_) {
+    if (!b.generating || !room()) continue;
+    plan.tokens.push_back(
+        {b.agent, b.seq, pos0_ + prompt_tokens_[b.agent] + b.generated - 1, -1, true});
+    ++plan.step.generate_tokens;
+  }
+  plan.step.branches = plan.step.generate_tokens;
+  for (Branch& b : live_) {
+    const int32_t n = prompt_tokens_[b.agent];
+    if (b.generating || b.fed == n) continue;
+    if (room()) ++plan.step.branches;
+    while (b.fed < n && room()) {
+      plan.tokens.push_back({b.agent, b.seq, pos0_ + b.fed, b.fed, b.fed + 1 == n});
+      ++b.fed;
+      ++plan.step.prompt_tokens;
+    }
+  }
+  return plan;
+}
+
+void BatchPlanner::decoded(const BatchPlan& plan) {
+  for (const PlannedToken& t : plan.tokens) ++live_branch(t.agent).cells;
+  cells_ += static_cast<int64_t>(plan.tokens.size());
+  peak_cells_ = std::max(peak_cells_, cells_);
+}
+
+void BatchPlanner::sampled(size_t agent, bool done) {
+  Branch& b = live_branch(agent);
+  b.generating = true;
+  ++b.generated;
+  if (!done) return;
+  release(agent);
+  dag_.succeed(agent + 1);
+}
+
+void BatchPlanner::fail(size_t agent, const ErrorValue& error) {
+  release(agent);
+  dag_.fail(agent + 1, error);
+}
+
+std::vector<size_t> BatchPlanner::live() const {
+  std::vector<size_t> out;
+  for (const Branch& b : live_) out.push_back(b.agent);
+  return out;
+}
+
+BatchPlanner::Branch& BatchPlanner::live_branch(size_t agent) {
+  const auto it =
+      std::find_if(live_.begin(), live_.end(), [&](const Branch& b) { return b.agent == agent; });
+  if (it == live_.end()) {
+    throw Error(ErrorCode::kInternal, fmt::format("batch planner: agent #{} is not live", agent));
+  }
+  return *it;
+}
+
+void BatchPlanner::release(size_t agent) {
+  const Branch& b = live_branch(agent);
+  free_seqs_.push_back(b.seq);
+  cells_ -= b.cells;
+  std::erase_if(live_, [&](const Branch& x) { return x.agent == agent; });
+}
+
+}  // namespace swarmkv::detail

@@ -1,0 +1,92 @@
+// The shared fork's batch planner: which branches enter the context and what
+// the next llama_decode carries. Pure bookkeeping, no engine: the shared fork
+// strategy executes its plans on a real context, the unit tests on a fake.
+//
+// Every step carries one generated token per generating branch (n_batch >=
+// n_seq_max guarantees room), then the prompt tokens of newly admitted
+// branches in admission order, as many as fit in n_batch. Branches are
+// admitted lowest agent first as sequence ids free up; a branch that
+// finishes frees its id and makes its dependents ready before the next
+// admission. Nothing depends on thread timing, so the batches, and with
+// them the answers, repeat run to run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "pipeline/dag.h"
+#include "swarmkv/engine.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv::detail {
+
+struct PlannedToken {
+  size_t agent = 0;
+  SeqId seq = 0;
+  Pos pos = 0;
+  int32_t prompt_index = -1;  // the prompt token to decode; -1: the agent's last sampled token
+  bool logits = false;        // the agent samples from this token's output row
+};
+
+struct BatchPlan {
+  std::vector<PlannedToken> tokens;  // in batch order; the logits rows count up in this order
+  DecodeStep step;                   // its composition (ms left 0)
+};
+
+class BatchPlanner {
+ public:
+  struct Admission {
+    size_t agent = 0;
+    SeqId seq = 0;
+  };
+
+  // `dag`: node 0 the document (already decided), node a + 1 agent a.
+  // prompt_tokens[a] > 0: agent a's prompt length; every prompt is decoded
+  // from position `pos0`. Sequence ids 1 .. n_seq_max - 1 serve branches.
+  // Throws Error(kInternal) when n_seq_max < 2 or n_batch < n_seq_max.
+  BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Pos pos0, int32_t n_seq_max,
+               int32_t n_batch);
+
+  // Moves ready agents into free sequence ids, lowest agent first.
+  std::vector<Admission> admit();
+  // The next step's tokens; empty when no branch is live. Counts them as fed.
+  BatchPlan next();
+  // After a successful decode of the last plan: its tokens hold KV cells.
+  void decoded(const BatchPlan& plan);
+  // An agent that had a logits row in the last plan was sampled: `done`
+  // ends its branch (its id and cells are freed, its dependents may become
+  // ready); otherwise it generates in the next step.
+  void sampled(size_t agent, bool done);
+  // Fails a live agent (its dependents fail with it) and frees its id.
+  void fail(size_t agent, const ErrorValue& error);
+  // The live agents, in admission order.
+  std::vector<size_t> live() const;
+
+  bool finished() const noexcept { return dag_.finished(); }
+  int64_t cells() const noexcept { return cells_; }            // branch cells held now
+  int64_t peak_cells() const noexcept { return peak_cells_; }  // branch cells at the peak
+
+ private:
+  struct Branch {
+    size_t agent = 0;
+    SeqId seq = 0;
+    int32_t fed = 0;        // prompt tokens planned so far
+    int32_t generated = 0;  // tokens sampled so far
+    int64_t cells = 0;      // KV cells this branch holds
+    bool generating = false;
+  };
+  Branch& live_branch(size_t agent);
+  void release(size_t agent);
+
+  ReadySet& dag_;
+  std::vector<int32_t> prompt_tokens_;
+  Pos pos0_;
+  int32_t n_batch_;
+  std::vector<SeqId> free_seqs_;  // handed out from the back
+  std::vector<Branch> live_;      // admission order
+  int64_t cells_ = 0;
+  int64_t peak_cells_ = 0;
+};
+
+}  // namespace swarmkv::detail

@@ -1,0 +1,117 @@
+#include "pipeline/context_per_branch.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace swarmkv::detail {
+
+ContextPool::ContextPool(std::shared_ptr<const Model> model, ContextOptions options)
+    : model_(std::move(model)), options_(options) {}
+
+std::unique_ptr<Context> ContextPool::acquire() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!free_.empty()) {
+      auto ctx = std::move(free_.back());
+      free_.pop_back();
+      ctx->memory_clear();
+      return ctx;
+    }
+  }
+  auto ctx = std::make_unique<Context>(model_, options_);
+  std::lock_guard lock(mutex_);
+  ++created_;
+  n_ctx_ = ctx->options().n_ctx;
+  return ctx;
+}
+
+void ContextPool::release(std::unique_ptr<Context> ctx) {
+  std::lock_guard lock(mutex_);
+  free_.push_back(std::move(ctx));
+}
+
+int32_t ContextPool::created() const {
+  std::lock_guard lock(mutex_);
+  return created_;
+}
+
+uint32_t ContextPool::n_ctx() const {
+  std::lock_guard lock(mutex_);
+  return n_ctx_;
+}
+
+PipelineBudget ContextPerBranchFork::budget(int32_t prefix_tokens,
+                                            const std::vector<int32_t>& prompt_tokens,
+                                            const std::vector<int32_t>& max_tokens,
+                                            uint32_t n_ctx) const {
+  return budget_one_context_per_branch(mode_, prefix_tokens, prompt_tokens, max_tokens, n_ctx);
+}
+
+void ContextPerBranchFork::run(const RunInputs& in, ReadySet& dag, PipelineResult& result) {
+  ContextOptions options;
+  options.n_ctx = in.prepared.budget.n_ctx;
+  options.n_batch = in.spec.n_batch;
+  options.n_ubatch = in.spec.n_batch;
+  options.n_threads = in.spec.n_threads;
+  pool_ = std::make_unique<ContextPool>(in.model, options);
+  const size_t agents = in.spec.agents.size();
+  const size_t workers =
+      guard_ == GuardPolicy::kSerialized
+          ? 1
+          : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::max<size_t>(agents, 1));
+  run_on_workers(dag, workers, [&](size_t node) {
+    if (node == 0) return obtain_prefix(in, result);
+    AgentResult& out = result.agents[node - 1];  // this node's own slot
+    out.timings_ms.wait = ms_between(dag.ready_at(node), Clock::now());
+    run_branch(in, node - 1, out);
+  });
+  result.guard = guard_;
+  result.contexts = pool_->created();
+  if (pool_->n_ctx() > 0) result.n_ctx = pool_->n_ctx();
+  result.kv_cells_peak = result.contexts * max_agent_cells_;
+  if (kv_bytes_per_cell_ > 0) result.kv_bytes_per_cell = kv_bytes_per_cell_;
+  finish(in, result);
+}
+
+void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, AgentResult& out) {
+  const AgentSpec& spec = in.spec.agents[agent];
+  const std::vector<Token>& prompt = in.prepared.branches[agent];
+  AgentTimings& t = out.timings_ms;
+  const Stopwatch work;
+
+  const Stopwatch c;
+  auto ctx = pool_->acquire();
+  t.context = c.ms();
+  const double bytes_per_cell = open_branch(in, agent, *ctx, t);
+
+  const Stopwatch p;
+  ctx->decode_prompt(prompt, in.branch_pos0, 0, /*logits_last=*/true);
+  t.prompt = p.ms();
+
+  Sampler sampler(spec.sampling);
+  GenerateOptions gen;
+  gen.max_tokens = spec.max_tokens;
+  gen.stop = spec.stop;
+  // The first token is sampled from the prompt's logits before any
+  // generation decode; its cost is the work up to generation.
+  t.first_token = work.ms();
+  const Stopwatch g;
+  Generation answer =
+      generate(*ctx, sampler, 0, in.branch_pos0 + static_cast<Pos>(prompt.size()), gen);
+  t.generate = g.ms();
+  pool_->release(std::move(ctx));
+  t.total = work.ms();
+  t.done_at = ms_between(in.started, Clock::now());
+  {
+    const int64_t cells =
+        static_cast<int64_t>(in.prepared.prefix.size() + prompt.size() + answer.tokens.size());
+    std::lock_guard lock(mutex_);
+    max_agent_cells_ = std::max(max_agent_cells_, cells);
+    if (bytes_per_cell > 0) kv_bytes_per_cell_ = bytes_per_cell;
+  }
+  out.answer = std::move(answer.text);
+  out.tokens = std::move(answer.tokens);
+  out.stop_reason = answer.stop_reason;
+}
+
+}  // namespace swarmkv::detail

@@ -1,0 +1,164 @@
+#include "pipeline/dag.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+namespace swarmkv::detail {
+
+std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes) {
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!index.emplace(nodes[i].name, i).second) {
+      throw Error(ErrorCode::kGraph, fmt::format("duplicate node name '{}'", nodes[i].name));
+    }
+  }
+  std::vector<std::vector<size_t>> deps(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (const std::string& dep : nodes[i].depends_on) {
+      const auto it = index.find(dep);
+      if (it == index.end()) {
+        throw Error(ErrorCode::kGraph,
+                    fmt::format("node '{}' depends on unknown node '{}'", nodes[i].name, dep));
+      }
+      deps[i].push_back(it->second);
+    }
+  }
+  // Three-colour DFS, iterative so deep chains cannot overflow the stack.
+  enum class Colour { kWhite, kGrey, kBlack };
+  std::vector<Colour> colour(nodes.size(), Colour::kWhite);
+  for (size_t root = 0; root < nodes.size(); ++root) {
+    if (colour[root] != Colour::kWhite) continue;
+    std::vector<std::pair<size_t, size_t>> stack{{root, 0}};  // (node, next dependency)
+    colour[root] = Colour::kGrey;
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next == deps[node].size()) {
+        colour[node] = Colour::kBlack;
+        stack.pop_back();
+        continue;
+      }
+      const size_t dep = deps[node][next++];
+      if (colour[dep] == Colour::kGrey) {
+        throw Error(ErrorCode::kGraph, fmt::format("cycle: edge '{} -> {}' closes a cycle",
+                                                   nodes[node].name, nodes[dep].name));
+      }
+      if (colour[dep] == Colour::kWhite) {
+        colour[dep] = Colour::kGrey;
+        stack.emplace_back(dep, 0);
+      }
+    }
+  }
+  return deps;
+}
+
+ReadySet::ReadySet(std::vector<std::string> names, std::vector<std::vector<size_t>> dependencies)
+    : nodes_(names.size()) {
+  if (dependencies.size() != names.size()) {
+    throw Error(ErrorCode::kInternal, "ready set: one dependency list per node expected");
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    nodes_[i].name = std::move(names[i]);
+    nodes_[i].missing = dependencies[i].size();
+    for (const size_t d : dependencies[i]) nodes_.at(d).dependents.push_back(i);
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].missing == 0) make_ready(i);
+}
+
+void ReadySet::make_ready(size_t node) {
+  nodes_[node].state = State::kReady;
+  nodes_[node].ready_at = Clock::now();
+  ready_.push_back(node);
+  std::push_heap(ready_.begin(), ready_.end(), std::greater<>());
+}
+
+std::optional<size_t> ReadySet::pop() {
+  if (ready_.empty()) return std::nullopt;
+  std::pop_heap(ready_.begin(), ready_.end(), std::greater<>());
+  const size_t node = ready_.back();
+  ready_.pop_back();
+  nodes_[node].state = State::kRunning;
+  ++running_;
+  return node;
+}
+
+void ReadySet::decide(size_t node, NodeStatus status, std::optional<ErrorValue> error) {
+  Entry& e = nodes_[node];
+  e.state = State::kDone;
+  e.status = status;
+  e.error = std::move(error);
+  ++decided_;
+}
+
+void ReadySet::succeed(size_t node) {
+  if (nodes_.at(node).state != State::kRunning) {
+    throw Error(ErrorCode::kInternal, fmt::format("ready set: '{}' is not running", node));
+  }
+  --running_;
+  decide(node, NodeStatus::kOk, std::nullopt);
+  for (const size_t d : nodes_[node].dependents) {
+    if (--nodes_[d].missing == 0 && nodes_[d].state == State::kWaiting) make_ready(d);
+  }
+}
+
+void ReadySet::fail(size_t node, ErrorValue error) {
+  if (nodes_.at(node).state != State::kRunning) {
+    throw Error(ErrorCode::kInternal, fmt::format("ready set: '{}' is not running", node));
+  }
+  --running_;
+  decide(node, NodeStatus::kFailed, std::move(error));
+  // Breadth-first over the dependents; a node waiting on a failed node can
+  // be neither ready nor running, so each is decided here exactly once.
+  std::vector<size_t> failed{node};
+  for (size_t k = 0; k < failed.size(); ++k) {
+    const size_t cause = failed[k];
+    for (const size_t d : nodes_[cause].dependents) {
+      if (nodes_[d].state != State::kWaiting) continue;
+      decide(d, NodeStatus::kDependencyFailed,
+             ErrorValue{ErrorCode::kDependencyFailed,
+                        fmt::format("dependency '{}' failed: {}", nodes_[cause].name,
+                                    nodes_[cause].error->to_string())});
+      failed.push_back(d);
+    }
+  }
+}
+
+void run_on_workers(ReadySet& ready, size_t workers, const std::function<void(size_t)>& work) {
+  std::mutex mutex;  // guards `ready`
+  std::condition_variable changed;
+  const auto worker = [&] {
+    std::unique_lock lock(mutex);
+    for (;;) {
+      changed.wait(lock,
+                   [&] { return ready.has_ready() || ready.finished() || ready.running() == 0; });
+      const std::optional<size_t> node = ready.pop();
+      if (!node) return;  // finished (a validated DAG never leaves nodes unreachable)
+      lock.unlock();
+      std::optional<ErrorValue> error;
+      try {
+        work(*node);
+      } catch (...) {
+        error = current_error_value();  // on this thread, before the exception is gone
+      }
+      lock.lock();
+      if (error) {
+        ready.fail(*node, std::move(*error));
+      } else {
+        ready.succeed(*node);
+      }
+      changed.notify_all();
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < workers; ++i) helpers.emplace_back(worker);
+  worker();
+  for (auto& t : helpers) t.join();
+}
+
+}  // namespace swarmkv::detail

@@ -1,0 +1,85 @@
+// The pipeline's DAG and the one place that knows its dependencies: a ready
+// set with in-degree counts. Every fork strategy drives one: it takes ready
+// nodes, runs them on threads of its own choosing, and reports each outcome.
+// Node 0 is the document; node i > 0 is agent i - 1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "swarmkv/error.h"
+#include "swarmkv/measure.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv::detail {
+
+struct DagNode {
+  std::string name;
+  std::vector<std::string> depends_on;
+};
+
+// Checks names and edges, then returns each node's dependencies as indices.
+// Throws Error(kGraph): "duplicate node name 'x'", "node 'a' depends on
+// unknown node 'b'", or "cycle: edge 'a -> b' closes a cycle" (three-colour
+// DFS; `a -> b` means a depends on b).
+std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes);
+
+// The nodes of a validated DAG with their state. Not thread-safe: the caller
+// serialises access (one scheduler thread, or its own mutex).
+class ReadySet {
+ public:
+  ReadySet(std::vector<std::string> names, std::vector<std::vector<size_t>> dependencies);
+
+  // The lowest-numbered node whose dependencies have all succeeded and that
+  // was not handed out yet; it is then running. nullopt when none is ready.
+  std::optional<size_t> pop();
+  bool has_ready() const noexcept { return !ready_.empty(); }
+
+  // Records a running node's outcome. succeed() makes dependents whose last
+  // dependency this was ready; fail() fails every node that depends on it,
+  // directly or not, at once with kDependencyFailed: "dependency 'd' failed:
+  // <d's error as code: message>" (d: the node's own failed dependency).
+  void succeed(size_t node);
+  void fail(size_t node, ErrorValue error);
+
+  size_t size() const noexcept { return nodes_.size(); }
+  size_t running() const noexcept { return running_; }
+  // Every node has an outcome.
+  bool finished() const noexcept { return decided_ == nodes_.size(); }
+  NodeStatus status(size_t node) const { return nodes_.at(node).status; }
+  const std::optional<ErrorValue>& error(size_t node) const { return nodes_.at(node).error; }
+  // When the node became ready. Fixed once the node was popped: a worker may
+  // read its own node's value without the caller's lock.
+  Clock::time_point ready_at(size_t node) const { return nodes_.at(node).ready_at; }
+
+ private:
+  enum class State : std::uint8_t { kWaiting, kReady, kRunning, kDone };
+  struct Entry {
+    std::string name;
+    std::vector<size_t> dependents;
+    size_t missing = 0;  // dependencies that have not succeeded yet
+    State state = State::kWaiting;
+    NodeStatus status = NodeStatus::kOk;
+    std::optional<ErrorValue> error;
+    Clock::time_point ready_at;
+  };
+  void make_ready(size_t node);
+  void decide(size_t node, NodeStatus status, std::optional<ErrorValue> error);
+
+  std::vector<Entry> nodes_;
+  std::vector<size_t> ready_;  // a min-heap of node indices
+  size_t running_ = 0;
+  size_t decided_ = 0;
+};
+
+// Runs every node of `ready` on `workers` threads (the calling thread is one
+// of them; 1 = the calling thread alone), lowest ready node first. `work`
+// throws to fail its node; the exception becomes an ErrorValue on the thread
+// that caught it. Returns when every node has an outcome.
+void run_on_workers(ReadySet& ready, size_t workers, const std::function<void(size_t)>& work);
+
+}  // namespace swarmkv::detail

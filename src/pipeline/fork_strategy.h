@@ -1,0 +1,76 @@
+// Fork strategies: how agents obtain the document's KV state and run.
+//
+// The runner (pipeline.cpp) prepares the pipeline, builds the DAG's ready
+// set, picks the strategy for spec.fork once, and hands it everything; it
+// never looks at the mode again. A new source of the prefix (a file, a
+// store, a remote worker, a parent agent) is a new strategy class.
+//
+//   shared_fork.cpp     one unified-KV context; fork = seq_cp; batched decode
+//   host_fork.cpp       prefill once, snapshot to host RAM, restore per branch
+//   recompute_fork.cpp  every agent re-prefills the document (the reference)
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "pipeline/dag.h"
+#include "swarmkv/measure.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv::detail {
+
+// Deliberate faults for tests; never set outside them.
+struct RunFaults {
+  // The first position of every branch prompt; -1: prefix_len, the only
+  // correct value. 0 reproduces the classic RoPE bug.
+  Pos branch_pos0 = -1;
+};
+
+// What one run hands its strategy. All references outlive the run.
+struct RunInputs {
+  const PipelineSpec& spec;
+  const PreparedPipeline& prepared;
+  const RunOptions& options;
+  std::shared_ptr<const Model> model;
+  Pos branch_pos0 = 0;        // where every branch prompt starts (prefix_len)
+  Clock::time_point started;  // the run's start, for AgentTimings::done_at
+};
+
+class ForkStrategy {
+ public:
+  virtual ~ForkStrategy() = default;
+
+  // The layout's token budget (see PipelineBudget); throws Error(kBudget).
+  virtual PipelineBudget budget(int32_t prefix_tokens, const std::vector<int32_t>& prompt_tokens,
+                                const std::vector<int32_t>& max_tokens, uint32_t n_ctx) const = 0;
+
+  // Runs DAG node 0 (the document) and then every agent node as it becomes
+  // ready, reporting each node's outcome to `dag`, until dag.finished().
+  // Writes each agent's answer and timings into result.agents[i] and the
+  // run-level fields it owns (prefill, memory, decode steps); statuses and
+  // errors are copied from `dag` by the runner. Throws only on a bug.
+  virtual void run(const RunInputs& in, ReadySet& dag, PipelineResult& result) = 0;
+};
+
+std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guard);
+
+// The two layouts' budgets, shared by the strategies.
+PipelineBudget budget_one_context_per_branch(ForkMode fork, int32_t prefix_tokens,
+                                             const std::vector<int32_t>& prompt_tokens,
+                                             const std::vector<int32_t>& max_tokens,
+                                             uint32_t n_ctx);
+PipelineBudget budget_one_shared_context(int32_t prefix_tokens,
+                                         const std::vector<int32_t>& prompt_tokens,
+                                         const std::vector<int32_t>& max_tokens, uint32_t n_ctx);
+
+std::unique_ptr<ForkStrategy> make_shared_fork();
+std::unique_ptr<ForkStrategy> make_host_fork(GuardPolicy guard);
+std::unique_ptr<ForkStrategy> make_recompute_fork(GuardPolicy guard);
+
+}  // namespace swarmkv::detail
+
+namespace swarmkv::detail {
+// run_pipeline with deliberate faults (tests only).
+PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                            const RunOptions& options, const RunFaults& faults);
+}  // namespace swarmkv::detail

@@ -1,0 +1,71 @@
+#include "swarmkv/result_json.h"
+
+#include <string>
+
+namespace swarmkv {
+
+nlohmann::json error_json(const std::optional<ErrorValue>& error) {
+  if (!error) return nullptr;
+  return {{"code", std::string(to_string(error->code))}, {"message", error->message}};
+}
+
+nlohmann::json timings_json(const AgentTimings& t) {
+  return {{"wait", t.wait},
+          {"context", t.context},
+          {"prefill", t.prefill},
+          {"fork", t.fork},
+          {"restore", t.restore},
+          {"prompt", t.prompt},
+          {"first_token", t.first_token},
+          {"generate", t.generate},
+          {"total", t.total},
+          {"done_at", t.done_at}};
+}
+
+nlohmann::json agent_json(const AgentResult& a) {
+  return {{"name", a.name},
+          {"status", std::string(to_string(a.status))},
+          {"error", error_json(a.error)},
+          {"answer", a.answer},
+          {"n_tokens", a.tokens.size()},
+          {"stop_reason", std::string(to_string(a.stop_reason))},
+          {"prompt_tokens", a.prompt_tokens},
+          {"timings_ms", timings_json(a.timings_ms)}};
+}
+
+nlohmann::json memory_json(const PipelineResult& r) {
+  return {{"contexts", r.contexts},
+          {"kv_cells_peak", r.kv_cells_peak},
+          {"kv_bytes_per_cell", r.kv_bytes_per_cell},
+          {"kv_bytes_peak", r.kv_bytes_peak()},
+          {"kv_bytes_allocated", r.kv_bytes_allocated()},
+          {"host_buffer_bytes", r.host_buffer_bytes}};
+}
+
+nlohmann::json result_json(const PipelineResult& r) {
+  nlohmann::json agents = nlohmann::json::array();
+  for (const AgentResult& a : r.agents) agents.push_back(agent_json(a));
+  return {{"schema_version", kResultSchemaVersion},
+          {"fork", std::string(to_string(r.fork))},
+          {"guard",
+           r.guard ? nlohmann::json(std::string(to_string(*r.guard))) : nlohmann::json(nullptr)},
+          {"ok", r.ok()},
+          {"n_ctx", r.n_ctx},
+          {"n_seq_max", r.n_seq_max},
+          {"prefix_tokens", r.prefix_tokens},
+          {"document_prefills", r.document_prefills},
+          {"snapshot_bytes", r.snapshot_bytes},
+          {"prepare_ms", r.prepare_ms},
+          {"prefill_ms", r.prefill_ms},
+          {"export_ms", r.export_ms},
+          {"branch_buffer_ms", r.branch_buffer_ms},
+          {"total_ms", r.total_ms},
+          {"memory", memory_json(r)},
+          {"decode_steps", r.decode_steps.size()},
+          {"document",
+           {{"status", std::string(to_string(r.document_status))},
+            {"error", error_json(r.document_error)}}},
+          {"agents", agents}};
+}
+
+}  // namespace swarmkv

@@ -1,0 +1,196 @@
+// ForkMode::kShared: one unified-KV context holds the document once, on
+// sequence 0; every branch is another sequence of it. Forking is
+// llama_memory_seq_cp(0, branch): the branch's id joins the prefix cells, no
+// KV byte is copied. The calling thread is the only one that touches the
+// context: it prefills the document, then runs the BatchPlanner's steps
+// (continuous batching: one generated token per generating branch plus the
+// prompts of newly admitted branches, in one llama_decode per step) until
+// every agent has an outcome. A finished branch frees its cells (seq_rm) and
+// its id; its dependents are admitted before the next step.
+#include <algorithm>
+#include <map>
+
+#include "pipeline/batch_planner.h"
+#include "pipeline/fork_strategy.h"
+#include "swarmkv/log.h"
+
+namespace swarmkv::detail {
+namespace {
+
+class SharedFork final : public ForkStrategy {
+ public:
+  PipelineBudget budget(int32_t prefix_tokens, const std::vector<int32_t>& prompt_tokens,
+                        const std::vector<int32_t>& max_tokens, uint32_t n_ctx) const override {
+    return budget_one_shared_context(prefix_tokens, prompt_tokens, max_tokens, n_ctx);
+  }
+
+  void run(const RunInputs& in, ReadySet& dag, PipelineResult& result) override {
+    const size_t document = *dag.pop();
+    std::unique_ptr<Context> ctx;
+    try {
+      ctx = prefill(in, result);
+    } catch (...) {
+      dag.fail(document, current_error_value());
+      return;
+    }
+    dag.succeed(document);
+    decode_branches(in, *ctx, dag, result);
+  }
+
+ private:
+  // A live branch's engine side; the planner keeps its bookkeeping.
+  struct Branch {
+    SeqId seq = -1;
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<GenerationTracker> tracker;
+    Token next = -1;  // sampled, decoded in the next step
+    bool generating = false;
+    Clock::time_point admitted, first_token;
+  };
+
+  static std::unique_ptr<Context> prefill(const RunInputs& in, PipelineResult& result) {
+    const std::vector<Token>& prefix = in.prepared.prefix;
+    ContextOptions options;
+    options.n_ctx = in.prepared.budget.n_ctx;
+    options.n_threads = in.spec.n_threads;
+    options.kv_unified = true;
+    options.n_seq_max = in.prepared.budget.n_seq_max;
+    options.n_batch = std::max(in.spec.n_batch, options.n_seq_max);  // room for every live branch
+    options.n_ubatch = options.n_batch;
+    auto ctx = std::make_unique<Context>(in.model, options);
+    const Stopwatch p;
+    ctx->decode_prompt(prefix, 0, 0, /*logits_last=*/false, in.options.on_prefill_progress);
+    result.prefill_ms = p.ms();
+    result.document_prefills = 1;
+    result.n_ctx = ctx->options().n_ctx;
+    result.n_seq_max = ctx->options().n_seq_max;
+    result.contexts = 1;
+    // The context holds only the prefix: its state size is the prefix's KV.
+    result.kv_bytes_per_cell =
+        static_cast<double>(ctx->state_size()) / static_cast<double>(prefix.size());
+    log_info("prefill: {} tokens in {:.1f} ms into a shared context (n_ctx {}, n_seq_max {})",
+             prefix.size(), result.prefill_ms, result.n_ctx, result.n_seq_max);
+    return ctx;
+  }
+
+  static void decode_branches(const RunInputs& in, Context& ctx, ReadySet& dag,
+                              PipelineResult& result) {
+    const size_t n = in.spec.agents.size();
+    std::vector<int32_t> prompt_tokens(n);
+    for (size_t a = 0; a < n; ++a)
+      prompt_tokens[a] = static_cast<int32_t>(in.prepared.branches[a].size());
+    BatchPlanner planner(dag, std::move(prompt_tokens), in.branch_pos0,
+                         static_cast<int32_t>(ctx.options().n_seq_max),
+                         static_cast<int32_t>(ctx.options().n_batch));
+    std::vector<Branch> branches(n);
+    Batch batch(static_cast<int32_t>(ctx.options().n_batch), 1);
+    const auto fail = [&](size_t agent, const ErrorValue& error) {
+      ctx.seq_rm(branches[agent].seq);  // the branch's own cells; the document keeps sequence 0
+      planner.fail(agent, error);
+    };
+
+    while (!planner.finished()) {
+      for (const BatchPlanner::Admission& admitted : planner.admit()) {
+        Branch& b = branches[admitted.agent];
+        const AgentSpec& spec = in.spec.agents[admitted.agent];
+        b.seq = admitted.seq;
+        b.admitted = Clock::now();
+        AgentTimings& t = result.agents[admitted.agent].timings_ms;
+        t.wait = ms_between(dag.ready_at(admitted.agent + 1), b.admitted);
+        try {
+          b.sampler = std::make_unique<Sampler>(spec.sampling);
+          GenerateOptions gen;
+          gen.max_tokens = spec.max_tokens;
+          gen.stop = spec.stop;
+          b.tracker = std::make_unique<GenerationTracker>(ctx.model(), gen);
+          ctx.seq_cp(0, b.seq, -1, -1);  // the fork: no KV byte moves
+          t.fork = ms_between(b.admitted, Clock::now());
+        } catch (...) {
+          fail(admitted.agent, current_error_value());
+        }
+      }
+      const std::vector<size_t> live = planner.live();
+      BatchPlan plan = planner.next();
+      if (plan.tokens.empty()) {
+        if (live.empty() && !dag.has_ready() && !planner.finished()) {
+          throw Error(ErrorCode::kInternal, "shared fork: agents left that can never be ready");
+        }
+        continue;
+      }
+      batch.clear();
+      std::map<size_t, int32_t> rows;  // agent -> its logits row in this batch
+      for (const PlannedToken& p : plan.tokens) {
+        const Token token = p.prompt_index >= 0
+                                ? in.prepared.branches[p.agent][static_cast<size_t>(p.prompt_index)]
+                                : branches[p.agent].next;
+        if (p.logits) rows[p.agent] = batch.size();
+        batch.add(token, p.pos, p.seq, p.logits);
+      }
+
+      const auto t0 = Clock::now();
+      try {
+        ctx.decode(batch);
+      } catch (...) {
+        // The batch mixes every live branch: the failure is theirs together.
+        const ErrorValue error = current_error_value();
+        log_error("shared fork: a decode step of {} branches failed ({}); failing them all",
+                  live.size(), error.to_string());
+        for (const size_t agent : live) fail(agent, error);
+        continue;
+      }
+      const auto t1 = Clock::now();
+      planner.decoded(plan);
+      plan.step.ms = ms_between(t0, t1);
+      result.decode_steps.push_back(plan.step);
+
+      for (const size_t agent : live) {  // admission order, as the planner keeps it
+        const auto row = rows.find(agent);
+        if (row == rows.end()) continue;
+        Branch& b = branches[agent];
+        Token token = -1;
+        bool done = false;
+        try {
+          token = b.sampler->sample(ctx, row->second);
+          done = b.tracker->accept(token);
+        } catch (...) {
+          fail(agent, current_error_value());  // this branch only; the others go on
+          continue;
+        }
+        const auto now = Clock::now();
+        AgentTimings& t = result.agents[agent].timings_ms;
+        if (!b.generating) {
+          t.prompt = ms_between(b.admitted, t1);
+          b.first_token = now;
+          b.generating = true;
+        }
+        b.next = token;
+        if (!done) {
+          planner.sampled(agent, false);
+          continue;
+        }
+        ctx.seq_rm(b.seq);  // free the branch's cells and id for the others
+        planner.sampled(agent, true);
+        AgentResult& out = result.agents[agent];
+        Generation answer = b.tracker->take();
+        out.answer = std::move(answer.text);
+        out.tokens = std::move(answer.tokens);
+        out.stop_reason = answer.stop_reason;
+        t.first_token = ms_between(b.admitted, b.first_token);
+        t.generate = ms_between(b.first_token, now);
+        t.total = ms_between(b.admitted, now);
+        t.done_at = ms_between(in.started, now);
+        b.sampler.reset();
+        b.tracker.reset();
+      }
+    }
+    result.kv_cells_peak = static_cast<int64_t>(in.prepared.prefix.size()) + planner.peak_cells();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ForkStrategy> make_shared_fork() {
+  return std::make_unique<SharedFork>();
+}
+
+}  // namespace swarmkv::detail

@@ -1,0 +1,174 @@
+// The shared fork's planner, driven without a model: a fake engine "decodes"
+// each plan and answers every agent after a scripted number of tokens.
+#include "pipeline/batch_planner.h"
+
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <gtest/gtest.h>
+
+namespace swarmkv::detail {
+namespace {
+
+// The DAG of a pipeline: node 0 the document (already succeeded), node a + 1
+// agent a, which depends on the document and on `deps[a]`.
+ReadySet pipeline_dag(const std::vector<std::vector<size_t>>& deps) {
+  std::vector<std::string> names{"document"};
+  std::vector<std::vector<size_t>> edges{{}};
+  for (size_t a = 0; a < deps.size(); ++a) {
+    names.push_back("agent" + std::to_string(a));
+    edges.push_back({0});
+    for (const size_t d : deps[a]) edges.back().push_back(d + 1);
+  }
+  ReadySet dag(std::move(names), std::move(edges));
+  dag.pop();
+  dag.succeed(0);
+  return dag;
+}
+
+// One plan, written compactly: "a0:p0-4 a1:p0-2" = agent 0's prompt tokens
+// 0..4, then agent 1's 0..2; "a0:g@12" = agent 0's generated token at
+// position 12; a trailing "*" marks the token whose logits are sampled.
+std::string describe(const BatchPlan& plan) {
+  std::string out;
+  for (size_t i = 0; i < plan.tokens.size(); ++i) {
+    const PlannedToken& t = plan.tokens[i];
+    const bool run_continues = i + 1 < plan.tokens.size() && plan.tokens[i + 1].agent == t.agent &&
+                               plan.tokens[i + 1].prompt_index == t.prompt_index + 1 &&
+                               t.prompt_index >= 0;
+    const bool run_starts = i == 0 || plan.tokens[i - 1].agent != t.agent || t.prompt_index < 0 ||
+                            plan.tokens[i - 1].prompt_index < 0;
+    if (t.prompt_index < 0) {
+      out +=
+          fmt::format("{}a{}:g@{}{}", out.empty() ? "" : " ", t.agent, t.pos, t.logits ? "*" : "");
+      continue;
+    }
+    if (run_starts)
+      out += fmt::format("{}a{}:p{}", out.empty() ? "" : " ", t.agent, t.prompt_index);
+    if (!run_continues) {
+      out += fmt::format("-{}{}", t.prompt_index, t.logits ? "*" : "");
+    }
+  }
+  return out;
+}
+
+// The fake engine: each agent answers after `answer_tokens[a]` sampled
+// tokens. Returns every plan and admission, in order.
+std::vector<std::string> drive(BatchPlanner& planner, const std::vector<int>& answer_tokens) {
+  std::vector<std::string> log;
+  std::map<size_t, int> sampled;
+  for (int guard = 0; !planner.finished() && guard < 1000; ++guard) {
+    for (const auto& a : planner.admit())
+      log.push_back(fmt::format("admit a{} seq {}", a.agent, a.seq));
+    const BatchPlan plan = planner.next();
+    if (plan.tokens.empty()) continue;
+    log.push_back(describe(plan));
+    planner.decoded(plan);
+    for (const PlannedToken& t : plan.tokens) {
+      if (!t.logits) continue;
+      planner.sampled(t.agent, ++sampled[t.agent] == answer_tokens[t.agent]);
+    }
+  }
+  return log;
+}
+
+TEST(BatchPlannerTest, AdmitsLowestAgentFirstAsSequenceIdsFreeUp) {
+  ReadySet dag = pipeline_dag({{}, {}, {}, {}});
+  // Two branch sequence ids (n_seq_max 3): agents 2 and 3 wait for a free one.
+  BatchPlanner planner(dag, {2, 2, 2, 2}, 100, 3, 16);
+  const std::vector<std::string> log = drive(planner, {1, 2, 1, 1});
+  const std::vector<std::string> want = {
+      "admit a0 seq 1",     "admit a1 seq 2",
+      "a0:p0-1* a1:p0-1*",               // a0 answers with its first token and frees sequence 1
+      "admit a2 seq 1",                  // the lowest waiting agent takes it
+      "a1:g@102* a2:p0-1*",              // generated tokens first, then the new prompt
+      "admit a3 seq 1",     "a3:p0-1*",  // ids are reused last freed first
+  };
+  EXPECT_EQ(log, want);
+  EXPECT_TRUE(dag.finished());
+}
+
+TEST(BatchPlannerTest, PromptsOverflowingNBatchContinueInTheNextStep) {
+  ReadySet dag = pipeline_dag({{}, {}});
+  BatchPlanner planner(dag, {5, 7}, 40, 3, 8);
+  const std::vector<std::string> log = drive(planner, {3, 1});
+  const std::vector<std::string> want = {
+      "admit a0 seq 1",    "admit a1 seq 2",
+      "a0:p0-4* a1:p0-2",   // 8 tokens: a1's prompt is cut at n_batch
+      "a0:g@45* a1:p3-6*",  // a generating branch always gets its one token
+      "a0:g@46*",
+  };
+  EXPECT_EQ(log, want);
+  for (const std::string& step : log) {
+    EXPECT_EQ(step.find("a1:p3-2"), std::string::npos) << "a prompt token planned twice";
+  }
+}
+
+TEST(BatchPlannerTest, NoPlanExceedsNBatchAndEveryPromptTokenIsPlannedOnce) {
+  ReadySet dag = pipeline_dag({{}, {}, {}, {}, {}, {}});
+  const std::vector<int32_t> prompts{9, 1, 13, 4, 30, 2};
+  BatchPlanner planner(dag, prompts, 7, 4, 6);
+  std::map<size_t, std::vector<Pos>> prompt_positions;
+  std::map<size_t, int> sampled;
+  const std::vector<int> answer{3, 1, 2, 5, 1, 4};
+  while (!planner.finished()) {
+    planner.admit();
+    const BatchPlan plan = planner.next();
+    ASSERT_LE(plan.tokens.size(), 6u);
+    ASSERT_FALSE(plan.tokens.empty());
+    EXPECT_EQ(plan.step.prompt_tokens + plan.step.generate_tokens,
+              static_cast<int32_t>(plan.tokens.size()));
+    planner.decoded(plan);
+    for (const PlannedToken& t : plan.tokens) {
+      if (t.prompt_index >= 0) prompt_positions[t.agent].push_back(t.pos);
+      if (t.logits) planner.sampled(t.agent, ++sampled[t.agent] == answer[t.agent]);
+    }
+  }
+  for (size_t a = 0; a < prompts.size(); ++a) {
+    std::vector<Pos> want(static_cast<size_t>(prompts[a]));
+    for (size_t i = 0; i < want.size(); ++i) want[i] = 7 + static_cast<Pos>(i);
+    EXPECT_EQ(prompt_positions[a], want) << "agent " << a;
+    EXPECT_EQ(sampled[a], answer[a]) << "agent " << a;
+  }
+  EXPECT_EQ(planner.cells(), 0) << "every finished branch frees its cells";
+  EXPECT_GT(planner.peak_cells(), 0);
+}
+
+TEST(BatchPlannerTest, ADependentIsAdmittedOnlyAfterItsDependencyAnswered) {
+  ReadySet dag = pipeline_dag({{}, {0}, {}});  // agent 1 waits for agent 0
+  BatchPlanner planner(dag, {2, 2, 2}, 10, 8, 16);
+  const std::vector<std::string> log = drive(planner, {2, 1, 1});
+  const std::vector<std::string> want = {
+      "admit a0 seq 1", "admit a2 seq 2", "a0:p0-1* a2:p0-1*",
+      "a0:g@12*",  // a2 answered; a1 still waits for a0
+      "admit a1 seq 1", "a1:p0-1*",
+  };
+  EXPECT_EQ(log, want);
+}
+
+TEST(BatchPlannerTest, AFailedBranchFreesItsIdAndFailsItsDependents) {
+  ReadySet dag = pipeline_dag({{}, {0}, {}});
+  BatchPlanner planner(dag, {2, 2, 2}, 10, 2, 16);  // one branch id
+  ASSERT_EQ(planner.admit().size(), 1u);
+  const BatchPlan plan = planner.next();
+  planner.decoded(plan);
+  planner.fail(0, ErrorValue{ErrorCode::kInvalidBatch, "bad positions"});
+  EXPECT_EQ(dag.status(2), NodeStatus::kDependencyFailed);
+  EXPECT_EQ(dag.error(2)->message, "dependency 'agent0' failed: invalid_batch: bad positions");
+  EXPECT_EQ(planner.cells(), 0);
+  const auto next = planner.admit();
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].agent, 2u);
+  EXPECT_EQ(next[0].seq, 1) << "the failed branch's id is free again";
+}
+
+TEST(BatchPlannerTest, RefusesAnNBatchThatCannotHoldEveryGeneratingBranch) {
+  ReadySet dag = pipeline_dag({{}, {}});
+  EXPECT_THROW(BatchPlanner(dag, {1, 1}, 0, 4, 3), Error);
+  EXPECT_THROW(BatchPlanner(dag, {1, 1}, 0, 1, 8), Error);
+}
+
+}  // namespace
+}  // namespace swarmkv::detail

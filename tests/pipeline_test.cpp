@@ -1,0 +1,132 @@
+// Pipeline validation and budgets, without a model.
+#include <string>
+
+#include <fmt/format.h>
+
+#include <gtest/gtest.h>
+
+#include "swarmkv/error.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv {
+namespace {
+
+PipelineSpec four_agents() {
+  PipelineSpec spec;
+  spec.document = "A short document.";
+  for (int i = 0; i < 4; ++i) {
+    AgentSpec a;
+    a.name = "agent" + std::to_string(i);
+    a.prompt = "Question " + std::to_string(i);
+    spec.agents.push_back(a);
+  }
+  return spec;
+}
+
+std::string validation_error(const PipelineSpec& spec) {
+  try {
+    validate_pipeline(spec);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string budget_error(ForkMode fork, uint32_t n_ctx) {
+  try {
+    plan_budget(fork, 1000, {30, 50, 40}, {64, 16, 32}, n_ctx);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget);
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(PipelineValidationTest, ErrorsAreExact) {
+  EXPECT_EQ(validation_error(four_agents()), "no error");
+
+  PipelineSpec spec = four_agents();
+  spec.document = "  \n\t";
+  spec.document_source = "file:empty.txt";
+  EXPECT_EQ(validation_error(spec), "invalid_argument: the document is empty (file:empty.txt)");
+
+  spec = four_agents();
+  spec.agents.clear();
+  EXPECT_EQ(validation_error(spec), "invalid_argument: the pipeline has no agents");
+
+  spec = four_agents();
+  spec.agents[1].name = spec.agents[0].name;
+  EXPECT_EQ(validation_error(spec), "graph: duplicate node name 'agent0'");
+
+  spec = four_agents();
+  spec.agents[2].depends_on = {"nobody"};
+  EXPECT_EQ(validation_error(spec), "graph: node 'agent2' depends on unknown node 'nobody'");
+
+  spec = four_agents();
+  spec.agents[0].depends_on = {"agent1"};
+  spec.agents[1].depends_on = {"agent0"};
+  EXPECT_EQ(validation_error(spec), "graph: cycle: edge 'agent1 -> agent0' closes a cycle");
+
+  spec = four_agents();
+  spec.agents[3].name = "document";
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent name 'document' is reserved for the document node");
+
+  spec = four_agents();
+  spec.agents[1].prompt.clear();
+  EXPECT_EQ(validation_error(spec), "invalid_argument: agent 'agent1' has an empty prompt");
+
+  spec = four_agents();
+  spec.agents[2].max_tokens = 0;
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent2': max_tokens must be >= 1 (got 0)");
+}
+
+// One rule for sampling settings, in the engine and the pipeline alike: a
+// negative temperature is an error, not a silent greedy run.
+TEST(PipelineValidationTest, SamplingSettingsAreCheckedByTheEnginesOneRule) {
+  PipelineSpec spec = four_agents();
+  spec.agents[3].sampling.temperature = -0.5f;
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent3': need temperature >= 0, top_p in (0, 1], top_k >= 0 "
+            "(got -0.5, 1, 0)");
+  SamplingOptions negative;
+  negative.temperature = -0.5f;
+  EXPECT_THROW(validate_sampling(negative), Error);
+  spec = four_agents();
+  spec.agents[0].sampling.top_p = 1.5f;
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent0': need temperature >= 0, top_p in (0, 1], top_k >= 0 "
+            "(got 0, 1.5, 0)");
+}
+
+// prefix 1000; prompts 30, 50, 40; max_tokens 64, 16, 32.
+TEST(PipelineBudgetTest, ContextPerBranchHoldsThePrefixTheLongestPromptAndTheLargestAnswer) {
+  for (const ForkMode fork : {ForkMode::kHost, ForkMode::kNone}) {
+    const PipelineBudget b = plan_budget(fork, 1000, {30, 50, 40}, {64, 16, 32}, 0);
+    EXPECT_EQ(b.max_branch_tokens, 50);
+    EXPECT_EQ(b.max_new_tokens, 64);
+    EXPECT_EQ(b.required, 1000 + 50 + 64);
+    EXPECT_EQ(b.n_ctx, 1280u) << "the smallest multiple of 256 that fits";
+    EXPECT_EQ(b.n_seq_max, 1u);
+  }
+  EXPECT_EQ(budget_error(ForkMode::kHost, 1113),
+            "budget: context budget exceeded: prefix_tokens 1000 + max_branch_tokens 50 + "
+            "max_new_tokens 64 = required 1114 > n_ctx 1113");
+  EXPECT_EQ(budget_error(ForkMode::kHost, 1114), "no error");
+}
+
+TEST(PipelineBudgetTest, OneSharedContextHoldsThePrefixOnceAndEveryBranch) {
+  const PipelineBudget b = plan_budget(ForkMode::kShared, 1000, {30, 50, 40}, {64, 16, 32}, 0);
+  EXPECT_EQ(b.sum_branch_tokens, 30 + 64 + 50 + 16 + 40 + 32);
+  EXPECT_EQ(b.required, 1232);
+  EXPECT_EQ(b.n_ctx, 1280u);
+  EXPECT_EQ(b.n_seq_max, 4u) << "the prefix's sequence and one per agent";
+  EXPECT_EQ(budget_error(ForkMode::kShared, 1231),
+            "budget: context budget exceeded (fork shared, one context for all): prefix_tokens "
+            "1000 + branch_tokens 232 (prompt + max_tokens of 3 agents) = required 1232 > n_ctx "
+            "1231");
+}
+
+}  // namespace
+}  // namespace swarmkv
