@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Two swarmkv binaries alternated back to back on the same pipelines.
+
+  bench/old_vs_new.py OLD_BIN NEW_BIN MODEL OUT_DIR [--trials 3] [--branches 8,16] [--forks host,shared]
+
+Writes OUT_DIR/pipeline-<n>.json (the runs' input: the first 17,080
+characters of the Apache 2.0 and MPL 2.0 licences, ~3,500 tokens with the
+template, one 32-token question per branch), rows.json, rows.csv,
+report.md and branch_phase.png. The binaries alternate within each trial
+and swap order on every other trial; the branch phase is total_ms -
+prefill_ms (what the fork strategy and scheduler cost after the one
+document prefill), compared by medians.
+"""
+import argparse, csv, json, os, statistics, subprocess, sys
+
+ap = argparse.ArgumentParser()
+ap.add_argument("old"); ap.add_argument("new"); ap.add_argument("model"); ap.add_argument("out")
+ap.add_argument("--trials", type=int, default=3)
+ap.add_argument("--branches", default="8,16")
+ap.add_argument("--forks", default="host,shared")
+ap.add_argument("--rows", help="rows.json of an earlier run: write the outputs from it, run nothing")
+args = ap.parse_args()
+os.makedirs(args.out, exist_ok=True)
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+docs = os.path.join(root, "examples", "documents")
+doc = (open(os.path.join(docs, "apache-2.0.txt")).read() + "\n\n" +
+       open(os.path.join(docs, "mpl-2.0.txt")).read())[:17080]
+branches = [int(b) for b in args.branches.split(",")]
+forks = args.forks.split(",")
+for n in branches:
+    agents = [{"name": f"branch{i}", "prompt": f"Question {i + 1}: summarise clause {i + 1} of the licence.",
+               "max_tokens": 32} for i in range(n)]
+    json.dump({"name": f"perf{n}", "document": {"text": doc}, "agents": agents, "threads": 2},
+              open(os.path.join(args.out, f"pipeline-{n}.json"), "w"), indent=1)
+
+rows = json.load(open(args.rows)) if args.rows else []
+for trial in range(1, 0 if args.rows else args.trials + 1):
+    for n in branches:
+        for fork in forks:
+            order = ["old", "new"] if trial % 2 else ["new", "old"]
+            for which in order:
+                binary = args.old if which == "old" else args.new
+                proc = subprocess.run([binary, "run", os.path.join(args.out, f"pipeline-{n}.json"), "--model",
+                                       args.model, "--fork", fork, "--json"], capture_output=True, text=True)
+                d = json.loads(proc.stdout)
+                row = {"trial": trial, "branches": n, "fork": fork, "binary": which, "ok": d["ok"],
+                       "prefix_tokens": d["prefix_tokens"], "total_ms": d["total_ms"], "prefill_ms": d["prefill_ms"],
+                       "branch_phase_ms": d["total_ms"] - d["prefill_ms"],
+                       "answers": [a["answer"] for a in d["agents"]]}
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "answers"}), flush=True)
+json.dump(rows, open(os.path.join(args.out, "rows.json"), "w"), indent=1)
+with open(os.path.join(args.out, "rows.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    keys = ["trial", "branches", "fork", "binary", "ok", "prefix_tokens", "total_ms", "prefill_ms", "branch_phase_ms"]
+    w.writerow(keys)
+    for r in rows:
+        w.writerow([r[k] for k in keys])
+
+med = statistics.median
+lines = ["# Old vs new binary, alternated back to back", "",
+         f"{args.trials} trials; per trial each binary once per point, order swapped every other trial. "
+         f"Document {rows[0]['prefix_tokens']} tokens (template included), 32 greedy tokens per branch, 2 threads.", "",
+         "| branches | fork | old branch phase ms (median) | new (median) | new / old | old e2e ms | new e2e ms | answers identical |",
+         "|---|---|---|---|---|---|---|---|"]
+summary = []
+for n in branches:
+    for fork in forks:
+        pick = lambda b, k: [r[k] for r in rows if r["branches"] == n and r["fork"] == fork and r["binary"] == b]
+        point = [r for r in rows if r["branches"] == n and r["fork"] == fork]
+        same = all(r["answers"] == point[0]["answers"] for r in point)
+        ratio = med(pick("new", "branch_phase_ms")) / med(pick("old", "branch_phase_ms"))
+        summary.append({"branches": n, "fork": fork, "old_branch_phase_ms": pick("old", "branch_phase_ms"),
+                        "new_branch_phase_ms": pick("new", "branch_phase_ms"), "new_over_old": ratio,
+                        "answers_identical": same})
+        lines.append(f"| {n} | {fork} | {med(pick('old', 'branch_phase_ms')):.0f} | {med(pick('new', 'branch_phase_ms')):.0f} | "
+                     f"{ratio:.3f} | {med(pick('old', 'total_ms')):.0f} | {med(pick('new', 'total_ms')):.0f} | {same} |")
+json.dump(summary, open(os.path.join(args.out, "summary.json"), "w"), indent=1)
+lines += ["", "Reproduce:", "", "```sh",
+          f"bench/old_vs_new.py OLD_BIN NEW_BIN MODEL {args.out} --trials {args.trials} --branches {args.branches} --forks {args.forks}",
+          "```", "", "![branch phase](branch_phase.png)"]
+open(os.path.join(args.out, "report.md"), "w").write("\n".join(lines) + "\n")
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{s['fork']} {s['branches']}" for s in summary]
+    x = range(len(summary))
+    ax.bar([i - 0.2 for i in x], [med(s["old_branch_phase_ms"]) / 1000 for s in summary], 0.4, label="old")
+    ax.bar([i + 0.2 for i in x], [med(s["new_branch_phase_ms"]) / 1000 for s in summary], 0.4, label="new")
+    ax.set_xticks(list(x), labels); ax.set_ylabel("branch phase, median s"); ax.legend()
+    fig.tight_layout(); fig.savefig(os.path.join(args.out, "branch_phase.png"), dpi=110)
+except ImportError:
+    print("matplotlib missing: no plot", file=sys.stderr)
