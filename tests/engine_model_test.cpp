@@ -56,7 +56,7 @@ class EngineModelTest : public ::testing::Test {
   Generation greedy_answer(const std::vector<Token>& prompt, int32_t max_tokens) const {
     Context ctx(model_, small_ctx());
     ctx.decode_prompt(prompt, 0, 0);
-    Sampler sampler(SamplingOptions{});
+    Sampler sampler(*model_, SamplingOptions{});
     GenerateOptions gen;
     gen.max_tokens = max_tokens;
     return generate(ctx, sampler, 0, static_cast<Pos>(prompt.size()), gen);
@@ -111,7 +111,7 @@ TEST_F(EngineModelTest, SampledGenerationIsReproducibleForAFixedSeed) {
   auto run = [&] {
     Context ctx(model_, small_ctx());
     ctx.decode_prompt(prompt, 0, 0);
-    Sampler sampler(s);
+    Sampler sampler(*model_, s);
     GenerateOptions gen;
     gen.max_tokens = 24;
     return generate(ctx, sampler, 0, static_cast<Pos>(prompt.size()), gen).tokens;
@@ -133,7 +133,7 @@ TEST_F(EngineModelTest, AnswerStopsOnEndOfGenerationOrStopString) {
   const std::string stop = free_run.text.substr(free_run.text.size() / 2, 6);
   Context ctx(model_, small_ctx());
   ctx.decode_prompt(story, 0, 0);
-  Sampler sampler(SamplingOptions{});
+  Sampler sampler(*model_, SamplingOptions{});
   GenerateOptions gen;
   gen.max_tokens = 48;
   gen.stop = {stop};
@@ -251,7 +251,7 @@ TEST_F(EngineModelTest, RestoredSequenceStateContinuesLikeTheOriginal) {
   Batch last(1, 1);
   last.add(prompt.back(), static_cast<Pos>(prompt.size()) - 1, 0, true);
   target.decode(last);
-  Sampler sampler(SamplingOptions{});
+  Sampler sampler(*model_, SamplingOptions{});
   GenerateOptions gen;
   gen.max_tokens = 24;
   const Generation restored = generate(target, sampler, 0, static_cast<Pos>(prompt.size()), gen);
@@ -275,7 +275,7 @@ TEST(Gemma3Test, LoadsAndGeneratesDeterministically) {
     o.n_threads = 2;
     Context ctx(model, o);
     ctx.decode_prompt(prompt, 0, 0);
-    Sampler sampler(SamplingOptions{});
+    Sampler sampler(*model, SamplingOptions{});
     GenerateOptions gen;
     gen.max_tokens = 16;
     return generate(ctx, sampler, 0, static_cast<Pos>(prompt.size()), gen);

@@ -91,21 +91,47 @@ TEST(BatchTest, RejectsBadSizesAndOverflow) {
 }
 
 TEST(SamplerTest, RejectsInvalidSettings) {
+  const auto error = [](const SamplingOptions& o) {
+    try {
+      validate_sampling(o);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
   SamplingOptions bad_p;
   bad_p.temperature = 0.8f;
   bad_p.top_p = 0.0f;
-  EXPECT_THROW(Sampler{bad_p}, Error);
+  EXPECT_EQ(error(bad_p),
+            "invalid_argument: need temperature >= 0, top_p in (0, 1], top_k >= 0 (got 0.8, 0, 0)");
   SamplingOptions bad_k;
   bad_k.top_k = -1;
-  EXPECT_THROW(Sampler{bad_k}, Error);
+  EXPECT_NE(error(bad_k), "no error");
   SamplingOptions bad_t;
   bad_t.temperature = -1.0f;
-  EXPECT_THROW(Sampler{bad_t}, Error) << "a negative temperature is an error, not greedy";
+  EXPECT_NE(error(bad_t), "no error") << "a negative temperature is an error, not greedy";
+  SamplingOptions bad_repeat;
+  bad_repeat.repeat_penalty = 0.0f;
+  EXPECT_EQ(error(bad_repeat),
+            "invalid_argument: need repeat_penalty > 0, repeat_last_n >= 0, frequency_penalty and "
+            "presence_penalty finite (got 0, 64, 0, 0)");
+  SamplingOptions bad_dry;
+  bad_dry.dry_multiplier = 0.8f;
+  bad_dry.dry_base = 0.5f;
+  EXPECT_EQ(error(bad_dry),
+            "invalid_argument: need dry_multiplier >= 0, dry_base >= 1, dry_allowed_length >= 1, "
+            "dry_penalty_last_n >= 1 (got 0.8, 0.5, 2, 256)");
   SamplingOptions ok;
   ok.temperature = 0.7f;
   ok.top_p = 0.9f;
   ok.top_k = 40;
-  EXPECT_NO_THROW(Sampler{ok});
+  ok.repeat_penalty = 1.2f;
+  ok.frequency_penalty = 0.5f;
+  ok.dry_multiplier = 0.8f;
+  EXPECT_EQ(error(ok), "no error");
+  EXPECT_TRUE(ok.penalties_on());
+  EXPECT_FALSE(SamplingOptions{}.penalties_on()) << "plain greedy by default";
 }
 
 TEST(StopReasonTest, HasStableNames) {

@@ -50,6 +50,8 @@ TEST_F(PipelineFileTest, TheReadmePipelineLoads) {
     EXPECT_FALSE(a.prompt.empty()) << a.name;
     EXPECT_EQ(a.max_tokens, 96) << "defaults apply to " << a.name;
     EXPECT_EQ(a.sampling.temperature, 0.0f);
+    EXPECT_EQ(a.sampling.repeat_penalty, 1.1f) << "the README's repetition control";
+    EXPECT_EQ(a.sampling.dry_multiplier, 0.8f);
   }
 }
 
@@ -59,10 +61,12 @@ name: t
 n_ctx: 2048
 fork: none
 document: {file: doc.txt}
-defaults: {max_tokens: 10, temperature: 0.5, stop: "END"}
+defaults: {max_tokens: 10, temperature: 0.5, stop: "END", repeat_penalty: 1.2, dry_multiplier: 0.5}
 agents:
   - {name: a, prompt: first}
-  - {name: b, prompt: second, max_tokens: 3, temperature: 0, top_p: 0.9, top_k: 5, seed: 7, stop: [x, y], depends_on: a}
+  - {name: b, prompt: second, max_tokens: 3, temperature: 0, top_p: 0.9, top_k: 5, seed: 7, stop: [x, y], depends_on: a,
+     repeat_penalty: 1.05, repeat_last_n: 32, frequency_penalty: 0.1, presence_penalty: 0.2,
+     dry_multiplier: 0.9, dry_base: 2, dry_allowed_length: 3, dry_penalty_last_n: 100}
 )");
   const PipelineSpec spec = load_pipeline_file(path);
   EXPECT_EQ(spec.document, "The shared document.");
@@ -75,6 +79,17 @@ agents:
   EXPECT_EQ(spec.agents[1].max_tokens, 3);
   EXPECT_EQ(spec.agents[1].sampling.top_k, 5);
   EXPECT_EQ(spec.agents[1].sampling.seed, 7u);
+  EXPECT_EQ(spec.agents[0].sampling.repeat_penalty, 1.2f) << "from defaults";
+  EXPECT_EQ(spec.agents[0].sampling.dry_multiplier, 0.5f);
+  const SamplingOptions& b = spec.agents[1].sampling;
+  EXPECT_EQ(b.repeat_penalty, 1.05f);
+  EXPECT_EQ(b.repeat_last_n, 32);
+  EXPECT_EQ(b.frequency_penalty, 0.1f);
+  EXPECT_EQ(b.presence_penalty, 0.2f);
+  EXPECT_EQ(b.dry_multiplier, 0.9f);
+  EXPECT_EQ(b.dry_base, 2.0f);
+  EXPECT_EQ(b.dry_allowed_length, 3);
+  EXPECT_EQ(b.dry_penalty_last_n, 100);
   EXPECT_EQ(spec.agents[1].stop, (std::vector<std::string>{"x", "y"}));
   EXPECT_EQ(spec.agents[1].depends_on, std::vector<std::string>{"a"});
 }

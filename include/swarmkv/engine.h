@@ -228,17 +228,42 @@ struct SamplingOptions {
   float top_p = 1.0f;        // nucleus mass kept; 1 = off
   int32_t top_k = 0;         // keep the k most likely tokens; 0 = off
   uint32_t seed = 42;        // RNG seed for sampled generation
+  // Repetition control over the tokens this sampler generated (the document
+  // and the prompt are never fed to it). llama.cpp's / llama-server's names;
+  // frequency_penalty and presence_penalty are OpenAI's too. Applied before
+  // greedy or temperature sampling, so greedy stays deterministic.
+  float repeat_penalty = 1.0f;     // divides a repeated token's logit (> 1 penalises); 1 = off
+  int32_t repeat_last_n = 64;      // how many of the last generated tokens count; 0 = off
+  float frequency_penalty = 0.0f;  // minus this x (times the token occurred); 0 = off
+  float presence_penalty = 0.0f;   // minus this once a token occurred; 0 = off
+  // DRY ("don't repeat yourself"): penalises the token that would extend a
+  // repeated sequence longer than dry_allowed_length, by
+  // dry_multiplier * dry_base ^ (length - dry_allowed_length).
+  float dry_multiplier = 0.0f;  // 0 = off
+  float dry_base = 1.75f;
+  int32_t dry_allowed_length = 2;
+  int32_t dry_penalty_last_n = 256;  // how many generated tokens DRY looks back over (>= 1)
+
+  bool penalties_on() const noexcept {
+    return repeat_last_n != 0 &&
+           (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
+  }
 };
 
 // The one check of sampling settings. Throws Error(kInvalidArgument): "need
-// temperature >= 0, top_p in (0, 1], top_k >= 0 (got T, P, K)".
+// temperature >= 0, top_p in (0, 1], top_k >= 0 (got T, P, K)", or for the
+// repetition settings "need repeat_penalty > 0, repeat_last_n >= 0,
+// frequency_penalty and presence_penalty finite (got ...)" / "need
+// dry_multiplier >= 0, dry_base >= 1, dry_allowed_length >= 1,
+// dry_penalty_last_n >= 1 (got ...)".
 void validate_sampling(const SamplingOptions& options);
 
 // A token sampler (llama_sampler chain). Thread-confined.
 class Sampler {
  public:
-  // Throws what validate_sampling throws.
-  explicit Sampler(const SamplingOptions& options);
+  // `model` supplies the vocabulary the repetition samplers need. Throws
+  // what validate_sampling throws.
+  Sampler(const Model& model, const SamplingOptions& options);
   Sampler(const Sampler&) = delete;
   Sampler& operator=(const Sampler&) = delete;
   ~Sampler();

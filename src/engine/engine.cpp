@@ -4,8 +4,10 @@
 #include <llama.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -514,12 +516,44 @@ void validate_sampling(const SamplingOptions& options) {
                 fmt::format("need temperature >= 0, top_p in (0, 1], top_k >= 0 (got {}, {}, {})",
                             options.temperature, options.top_p, options.top_k));
   }
+  if (!(options.repeat_penalty > 0.0f) || options.repeat_last_n < 0 ||
+      !std::isfinite(options.frequency_penalty) || !std::isfinite(options.presence_penalty)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need repeat_penalty > 0, repeat_last_n >= 0, frequency_penalty and "
+                            "presence_penalty finite (got {}, {}, {}, {})",
+                            options.repeat_penalty, options.repeat_last_n,
+                            options.frequency_penalty, options.presence_penalty));
+  }
+  if (!(options.dry_multiplier >= 0.0f) || !(options.dry_base >= 1.0f) ||
+      options.dry_allowed_length < 1 || options.dry_penalty_last_n < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need dry_multiplier >= 0, dry_base >= 1, dry_allowed_length >= 1, "
+                            "dry_penalty_last_n >= 1 (got {}, {}, {}, {})",
+                            options.dry_multiplier, options.dry_base, options.dry_allowed_length,
+                            options.dry_penalty_last_n));
+  }
 }
 
-Sampler::Sampler(const SamplingOptions& options) {
+Sampler::Sampler(const Model& model, const SamplingOptions& options) {
   validate_sampling(options);
   ensure_backend();
   chain_.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+  // Repetition control first, on the full distribution, as llama.cpp's
+  // common sampler orders it; each sees only the tokens this chain accepted.
+  const llama_vocab* vocab = vocab_of(model);
+  if (options.penalties_on()) {
+    llama_sampler_chain_add(chain_.get(), llama_sampler_init_penalties(
+                                              llama_vocab_n_tokens(vocab), options.repeat_last_n,
+                                              options.repeat_penalty, options.frequency_penalty,
+                                              options.presence_penalty));
+  }
+  if (options.dry_multiplier > 0.0f) {
+    static const char* kBreakers[] = {"\n", ":", "\"", "*"};  // llama.cpp's defaults
+    llama_sampler_chain_add(
+        chain_.get(), llama_sampler_init_dry(vocab, options.dry_multiplier, options.dry_base,
+                                             options.dry_allowed_length, options.dry_penalty_last_n,
+                                             kBreakers, std::size(kBreakers)));
+  }
   if (options.temperature == 0.0f) {
     llama_sampler_chain_add(chain_.get(), llama_sampler_init_greedy());
     return;

@@ -88,7 +88,7 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, AgentRe
   ctx->decode_prompt(prompt, in.branch_pos0, 0, /*logits_last=*/true);
   t.prompt = p.ms();
 
-  Sampler sampler(spec.sampling);
+  Sampler sampler(ctx->model(), spec.sampling);
   GenerateOptions gen;
   gen.max_tokens = spec.max_tokens;
   gen.stop = spec.stop;

@@ -60,10 +60,10 @@ class ContextPerBranchFork : public ForkStrategy {
 
   ForkMode mode_;
   GuardPolicy guard_;
-  std::unique_ptr<ContextPool> pool_;
-  std::mutex mutex_;              // guards the two below
-  int64_t max_agent_cells_ = 0;   // the fullest branch context
-  double kv_bytes_per_cell_ = 0;  // as open_branch measured it
+  std::unique_ptr<ContextPool> pool_;  // made by run() before any worker starts; thread-safe
+  std::mutex mutex_;                   // guards the two below
+  int64_t max_agent_cells_ = 0;        // the fullest branch context
+  double kv_bytes_per_cell_ = 0;       // as open_branch measured it
 };
 
 }  // namespace swarmkv::detail

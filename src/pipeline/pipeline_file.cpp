@@ -111,18 +111,43 @@ PipelineSpec load_pipeline_file(const std::string& path) {
     }
   }
 
-  const std::set<std::string> agent_keys = {"name",  "prompt", "max_tokens", "temperature", "top_p",
-                                            "top_k", "seed",   "stop",       "depends_on"};
+  // The sampling keys, the same in `defaults` and in each agent.
+  const std::set<std::string> sampling_keys = {"temperature",
+                                               "top_p",
+                                               "top_k",
+                                               "seed",
+                                               "repeat_penalty",
+                                               "repeat_last_n",
+                                               "frequency_penalty",
+                                               "presence_penalty",
+                                               "dry_multiplier",
+                                               "dry_base",
+                                               "dry_allowed_length",
+                                               "dry_penalty_last_n"};
+  const auto read_sampling = [&](const YAML::Node& n, SamplingOptions& s,
+                                 const std::string& where) {
+    s.temperature = get<float>(n, "temperature", s.temperature, path, where);
+    s.top_p = get<float>(n, "top_p", s.top_p, path, where);
+    s.top_k = get<int32_t>(n, "top_k", s.top_k, path, where);
+    s.seed = get<uint32_t>(n, "seed", s.seed, path, where);
+    s.repeat_penalty = get<float>(n, "repeat_penalty", s.repeat_penalty, path, where);
+    s.repeat_last_n = get<int32_t>(n, "repeat_last_n", s.repeat_last_n, path, where);
+    s.frequency_penalty = get<float>(n, "frequency_penalty", s.frequency_penalty, path, where);
+    s.presence_penalty = get<float>(n, "presence_penalty", s.presence_penalty, path, where);
+    s.dry_multiplier = get<float>(n, "dry_multiplier", s.dry_multiplier, path, where);
+    s.dry_base = get<float>(n, "dry_base", s.dry_base, path, where);
+    s.dry_allowed_length = get<int32_t>(n, "dry_allowed_length", s.dry_allowed_length, path, where);
+    s.dry_penalty_last_n = get<int32_t>(n, "dry_penalty_last_n", s.dry_penalty_last_n, path, where);
+  };
+  std::set<std::string> agent_keys = {"name", "prompt", "max_tokens", "stop", "depends_on"};
+  agent_keys.insert(sampling_keys.begin(), sampling_keys.end());
   AgentSpec defaults;
   if (const YAML::Node d = root["defaults"]) {
-    check_keys(d, {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}, path,
-               "defaults");
+    std::set<std::string> default_keys = {"max_tokens", "stop"};
+    default_keys.insert(sampling_keys.begin(), sampling_keys.end());
+    check_keys(d, default_keys, path, "defaults");
     defaults.max_tokens = get<int32_t>(d, "max_tokens", defaults.max_tokens, path, "defaults");
-    defaults.sampling.temperature =
-        get<float>(d, "temperature", defaults.sampling.temperature, path, "defaults");
-    defaults.sampling.top_p = get<float>(d, "top_p", defaults.sampling.top_p, path, "defaults");
-    defaults.sampling.top_k = get<int32_t>(d, "top_k", defaults.sampling.top_k, path, "defaults");
-    defaults.sampling.seed = get<uint32_t>(d, "seed", defaults.sampling.seed, path, "defaults");
+    read_sampling(d, defaults.sampling, "defaults");
     defaults.stop = get_list(d, "stop", path, "defaults");
   }
   const YAML::Node agents = root["agents"];
@@ -138,11 +163,7 @@ PipelineSpec load_pipeline_file(const std::string& path) {
     if (agent.name.empty()) bad(path, where + " needs a 'name'");
     agent.prompt = get<std::string>(a, "prompt", "", path, where);
     agent.max_tokens = get<int32_t>(a, "max_tokens", agent.max_tokens, path, where);
-    agent.sampling.temperature =
-        get<float>(a, "temperature", agent.sampling.temperature, path, where);
-    agent.sampling.top_p = get<float>(a, "top_p", agent.sampling.top_p, path, where);
-    agent.sampling.top_k = get<int32_t>(a, "top_k", agent.sampling.top_k, path, where);
-    agent.sampling.seed = get<uint32_t>(a, "seed", agent.sampling.seed, path, where);
+    read_sampling(a, agent.sampling, where);
     if (a["stop"]) agent.stop = get_list(a, "stop", path, where);
     agent.depends_on = get_list(a, "depends_on", path, where);
     spec.agents.push_back(std::move(agent));

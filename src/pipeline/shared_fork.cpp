@@ -98,7 +98,7 @@ class SharedFork final : public ForkStrategy {
         AgentTimings& t = result.agents[admitted.agent].timings_ms;
         t.wait = ms_between(dag.ready_at(admitted.agent + 1), b.admitted);
         try {
-          b.sampler = std::make_unique<Sampler>(spec.sampling);
+          b.sampler = std::make_unique<Sampler>(ctx.model(), spec.sampling);
           GenerateOptions gen;
           gen.max_tokens = spec.max_tokens;
           gen.stop = spec.stop;

@@ -34,6 +34,7 @@ struct GenerateArgs {
 };
 
 int run_generate(const GenerateArgs& args) {
+  swarmkv::validate_sampling(args.sampling);  // before the model loads
   const swarmkv::Stopwatch run;
   const std::string model_path = swarmkv::resolve_model_path(args.model);
   std::string prompt =
@@ -68,7 +69,7 @@ int run_generate(const GenerateArgs& args) {
   ctx.decode_prompt(tokens, 0, 0, /*logits_last=*/true);
   const double prompt_ms = prompt_time.ms();
 
-  swarmkv::Sampler sampler(args.sampling);
+  swarmkv::Sampler sampler(*model, args.sampling);
   const swarmkv::Stopwatch gen_time;
   swarmkv::GenerateOptions gen;
   gen.max_tokens = args.max_tokens;
@@ -260,6 +261,37 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   generate->add_option("--seed", gen.sampling.seed, "RNG seed for sampled generation")
       ->capture_default_str();
+  generate
+      ->add_option("--repeat-penalty", gen.sampling.repeat_penalty,
+                   "divide the logit of a token generated within the last --repeat-last-n by this "
+                   "(1 = off; the prompt is not counted)")
+      ->capture_default_str();
+  generate
+      ->add_option("--repeat-last-n", gen.sampling.repeat_last_n,
+                   "generated tokens the penalties look back over (0 = off)")
+      ->capture_default_str();
+  generate
+      ->add_option("--frequency-penalty", gen.sampling.frequency_penalty,
+                   "subtract this x a token's count so far (0 = off)")
+      ->capture_default_str();
+  generate
+      ->add_option("--presence-penalty", gen.sampling.presence_penalty,
+                   "subtract this once a token occurred (0 = off)")
+      ->capture_default_str();
+  generate
+      ->add_option("--dry-multiplier", gen.sampling.dry_multiplier,
+                   "DRY: penalise a token that extends a repeated sequence (0 = off)")
+      ->capture_default_str();
+  generate->add_option("--dry-base", gen.sampling.dry_base, "DRY: growth of the penalty")
+      ->capture_default_str();
+  generate
+      ->add_option("--dry-allowed-length", gen.sampling.dry_allowed_length,
+                   "DRY: repeats up to this many tokens go free")
+      ->capture_default_str();
+  generate
+      ->add_option("--dry-penalty-last-n", gen.sampling.dry_penalty_last_n,
+                   "DRY: generated tokens it looks back over")
+      ->capture_default_str();
   generate->add_option("--stop", gen.stop,
                        "stop when the answer ends with this string (repeatable)");
   generate->add_option("-c,--n-ctx", gen.context.n_ctx, "context size in tokens")
@@ -280,7 +312,9 @@ int main(int argc, char** argv) {
       "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, threads, fork, system, document "
       "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
       "prompt, max_tokens, "
-      "temperature, top_p, top_k, seed, stop, depends_on). See examples/pipelines/.\n"
+      "temperature, top_p, top_k, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
+      "presence_penalty, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, stop, "
+      "depends_on). See examples/pipelines/ and README.md.\n"
       "Exit status: 0 when every agent succeeded, 1 otherwise (the causes go to stderr).");
   run->add_option("pipeline", run_args.pipeline, "pipeline file (.yaml or .json)")->required();
   run->add_option("-m,--model", run_args.model, "GGUF model; overrides the file's 'model'");
