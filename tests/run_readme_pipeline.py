@@ -1,30 +1,67 @@
-"""`swarmkv run` on the README pipeline with the default fork (shared), twice,
-and with --fork host: every agent ok with a non-empty answer and real
-timings, the shared answers identical run to run (batch composition is
-deterministic), and the count of shared answers equal to host's (host is
+"""`swarmkv run` on the README pipeline with the default fork (shared), cold
+and then warm from a fresh snapshot store, and with --fork host without the
+store: every agent ok with a non-empty answer and real timings, the warm run
+restoring the cold run's snapshot (no document token prefilled) and
+answering identically, `swarmkv prefill` and `swarmkv snapshot ls|verify|rm`
+on that store, and the count of shared answers equal to host's (host is
 bit-exact against a full re-prefill: PipelineModelTest covers that).
 
 usage: run_readme_pipeline.py SWARMKV_BINARY PIPELINE MODEL
 """
+import atexit
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 
 binary, pipeline, model = sys.argv[1:4]
+store = tempfile.mkdtemp(prefix="swarmkv-readme-store-")
+atexit.register(shutil.rmtree, store, True)
+
+
+def cli(*args, check=True):
+    cmd = [binary, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr}")
+    return proc
 
 
 def run(*extra):
-    cmd = [binary, "run", pipeline, "--model", model, "--json", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr}")
-    return json.loads(proc.stdout)
+    return json.loads(cli("run", pipeline, "--model", model, "--json", "--cache-dir", store,
+                          *extra).stdout)
 
 
 shared = run()
 again = run()
-host = run("--fork", "host")
+host = run("--fork", "host", "--snapshot-cache", "off")
 errors = []
+cold, warm = shared["snapshot"], again["snapshot"]
+if cold["source"] != "prefill" or not cold["published"] or cold["prefilled_tokens"] != shared["prefix_tokens"]:
+    errors.append(f"cold run: snapshot {cold}")
+if warm["source"] != "cache" or warm["prefilled_tokens"] != 0 or warm["reused_tokens"] != again["prefix_tokens"]:
+    errors.append(f"warm run: snapshot {warm}")
+if again["prefill_ms"] != 0 or again["document_prefills"] != 0:
+    errors.append(f"warm run prefilled: prefill_ms {again['prefill_ms']}, {again['document_prefills']} prefills")
+if host["snapshot"]["source"] != "prefill" or host["snapshot"]["published"]:
+    errors.append(f"--snapshot-cache off used the store: {host['snapshot']}")
+for r in (shared, again, host):
+    for a in r["agents"]:
+        if not a["first_token_at_ms"] > 0:
+            errors.append(f"{a['name']}: first_token_at_ms = {a['first_token_at_ms']}")
+listed = json.loads(cli("snapshot", "ls", "--json", "--cache-dir", store).stdout)
+if [e["key"] for e in listed] != [cold["key"]] or listed[0]["error"] is not None:
+    errors.append(f"snapshot ls: {listed}")
+verified = json.loads(cli("snapshot", "verify", "--json", "--cache-dir", store, cold["key"][:8]).stdout)
+if not verified[0]["ok"]:
+    errors.append(f"snapshot verify: {verified}")
+prefill = json.loads(cli("prefill", pipeline, "--model", model, "--json", "--cache-dir", store).stdout)
+if prefill["snapshot"]["source"] != "cache" or prefill["snapshot"]["prefilled_tokens"] != 0:
+    errors.append(f"prefill of a stored document prefilled: {prefill['snapshot']}")
+cli("snapshot", "rm", "--all", "--cache-dir", store)
+if json.loads(cli("snapshot", "ls", "--json", "--cache-dir", store).stdout):
+    errors.append("snapshot rm --all left entries")
 if shared["fork"] != "shared":
     errors.append(f"the default fork is {shared['fork']!r}, not 'shared'")
 if len(shared["agents"]) < 4:
@@ -47,10 +84,11 @@ if shared["memory"]["contexts"] != 1 or shared["decode_steps"] < 1:
     errors.append(f"shared: {shared['memory']['contexts']} contexts, {shared['decode_steps']} steps")
 for a, b in zip(shared["agents"], again["agents"]):
     if a["answer"] != b["answer"]:
-        errors.append(f"{a['name']}: shared answers differ run to run:\n  {a['answer']!r}\n  {b['answer']!r}")
+        errors.append(f"{a['name']}: shared answers differ cold vs warm:\n  {a['answer']!r}\n  {b['answer']!r}")
 if errors:
     sys.exit("\n".join(errors))
 same = sum(a["answer"] == h["answer"] for a, h in zip(shared["agents"], host["agents"]))
-print(f"ok: {len(shared['agents'])} agents, shared deterministic, {same} answers identical to host; "
+print(f"ok: {len(shared['agents'])} agents, shared cold == warm (load {warm['load_ms']:.0f} ms vs "
+      f"prefill {shared['prefill_ms']:.0f} ms), {same} answers identical to host; "
       f"end-to-end shared {shared['total_ms']:.0f} ms vs host {host['total_ms']:.0f} ms "
       f"({host['total_ms'] / shared['total_ms']:.2f}x)")

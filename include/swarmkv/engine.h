@@ -113,6 +113,27 @@ struct ContextOptions {
   bool flash_attn = false;  // flash attention; off keeps results reproducible
 };
 
+// What decides whether a context's KV state bytes mean the same thing in
+// another context: the model's attention shape and the context settings that
+// change the bytes or the numerics. Snapshots record it and are refused by a
+// context whose layout differs (snapshot.h).
+struct KvLayout {
+  std::string architecture;  // GGUF general.architecture, e.g. "llama", "gemma3"
+  int32_t n_layer = 0;
+  int32_t n_embd_k = 0;  // K values per token and layer (KV heads x key length)
+  int32_t n_embd_v = 0;  // V values per token and layer
+  std::string type_k;    // ggml type of the K cache, e.g. "f16"
+  std::string type_v;
+  bool flash_attn = false;
+  bool kv_unified = false;
+  int32_t n_swa = 0;      // sliding-window size in tokens; 0: no sliding-window layers
+  uint32_t n_ubatch = 0;  // micro-batch size: decides how a prefill is chunked
+  bool operator==(const KvLayout&) const = default;
+};
+
+// The KV layout a context with `options` on `model` has (no context needed).
+KvLayout kv_layout(const Model& model, const ContextOptions& options);
+
 // A batch of tokens for Context::decode. Owns its llama_batch.
 // Thread-confined.
 class Batch {
@@ -156,6 +177,8 @@ class Context {
 
   const ContextOptions& options() const noexcept { return options_; }
   const Model& model() const noexcept { return *model_; }
+  // This context's KV layout: kv_layout(model(), options()).
+  KvLayout kv_layout() const;
 
   // Decodes `tokens` on sequence `seq` at absolute positions pos0, pos0+1, ...
   // in chunks of at most n_batch tokens. With `logits_last` the last token's
@@ -332,5 +355,12 @@ uint32_t max_parallel_sequences() noexcept;
 
 // The llama.cpp build SwarmKV runs on ("<build number> (<commit>)").
 std::string engine_build_info();
+
+// The engine a KV state was made by, as snapshots record it: the llama.cpp
+// commit and the hash of SwarmKV's patches to it ("0c1e57098+pe3f6dd2ca631";
+// "unknown" parts for a llama.cpp SwarmKV did not build).
+std::string engine_id();
+// llama.cpp's version of the state format (LLAMA_SESSION_VERSION).
+uint32_t engine_state_version() noexcept;
 
 }  // namespace swarmkv

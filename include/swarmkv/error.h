@@ -36,6 +36,8 @@ enum class ErrorCode {
   kTokenize,          // tokenisation or detokenisation failed
   kChatTemplate,      // the model has no usable chat template
   kState,             // exporting or restoring KV state failed
+  kCorruption,        // a stored snapshot is truncated or fails its checksum
+  kIncompatible,      // a snapshot was made for another model, engine, layout or document
   kGraph,             // pipeline graph: cycle, unknown dependency, duplicate name
   kDependencyFailed,  // a node did not run because a node it depends on failed
   kInternal,          // a broken invariant inside SwarmKV

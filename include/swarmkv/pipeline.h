@@ -17,6 +17,7 @@
 
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
+#include "swarmkv/snapshot.h"
 
 namespace swarmkv {
 
@@ -78,11 +79,45 @@ enum class GuardPolicy { kSerialized, kConcurrent };
 std::string_view to_string(GuardPolicy policy) noexcept;
 GuardPolicy parse_guard_policy(std::string_view name);
 
+// Where kShared and kHost get the document's KV state (kNone never uses a
+// snapshot: it is the re-prefill reference). In order: `file` when set, else
+// the store when `cache` is not kOff, else a prefill.
+struct SnapshotOptions {
+  // The library's default is kOff (an embedding program opts in); the CLI's
+  // is kOn.
+  SnapshotCacheMode cache = SnapshotCacheMode::kOff;
+  std::string cache_dir;         // empty: <cache_dir()>/snapshots
+  uint64_t cache_max_bytes = 0;  // 0: default_snapshot_cache_max()
+  // Restore this snapshot file. Unlike a bad store entry (a warning, then a
+  // prefill), any problem with it fails the document node.
+  std::string file;
+};
+
 struct RunOptions {
   GuardPolicy guard = GuardPolicy::kSerialized;
+  SnapshotOptions snapshot;
   // Called on the thread that prefills the document after each chunk:
   // (tokens done, total).
   std::function<void(size_t, size_t)> on_prefill_progress;
+};
+
+enum class SnapshotSource { kPrefill, kCache, kFile, kRedis };
+std::string_view to_string(SnapshotSource source) noexcept;
+
+// How a run obtained the document's KV state.
+struct SnapshotUse {
+  SnapshotSource source = SnapshotSource::kPrefill;  // where the reused tokens came from
+  std::string key;                                   // snapshot_key() of the document's prefix
+  std::string path;              // the file read, or the store entry published ("" if none)
+  int32_t reused_tokens = 0;     // prefix tokens restored from the snapshot
+  int32_t prefilled_tokens = 0;  // prefix tokens decoded in this run
+  size_t bytes = 0;              // the prefix's KV state
+  double load_ms = 0;            // finding, reading and verifying the snapshot (and trimming it)
+  double verify_ms = 0;          // the checksums, part of load_ms
+  bool published = false;        // written to the store by this run
+  // Store entries this run found damaged and skipped (warnings; the run
+  // went on without them).
+  std::vector<ErrorValue> discarded;
 };
 
 enum class NodeStatus { kOk, kFailed, kDependencyFailed };
@@ -99,10 +134,11 @@ struct AgentTimings {
   // Decoding the agent's prompt at positions prefix_len + i; under kShared
   // the step(s) that carried it, shared with the other branches' tokens.
   double prompt = 0;
-  double first_token = 0;  // from the start of the agent's own work to its first generated token
-  double generate = 0;     // generating the answer
-  double total = 0;        // the agent's own work, start to end (excludes `wait`)
-  double done_at = 0;      // when the agent finished, from the start of the run
+  double first_token = 0;     // from the start of the agent's own work to its first generated token
+  double generate = 0;        // generating the answer
+  double total = 0;           // the agent's own work, start to end (excludes `wait`)
+  double first_token_at = 0;  // when its first token was ready, from the start of the run
+  double done_at = 0;         // when the agent finished, from the start of the run
 };
 
 struct AgentResult {
@@ -131,13 +167,16 @@ struct PipelineResult {
   ForkMode fork = ForkMode::kShared;
   std::optional<GuardPolicy> guard;  // the strategies with branch workers (kHost/kNone) only
   int32_t prefix_tokens = 0;         // the document with its template wrapping
-  int32_t document_prefills = 0;     // times the document was prefilled (kNone: once per agent)
-  size_t snapshot_bytes = 0;         // kHost: size of the exported prefill context's state
-  uint32_t n_ctx = 0;                // per context, as llama.cpp really uses it
-  uint32_t n_seq_max = 1;            // sequence ids per context (kShared: agents + 1, capped)
-  double prepare_ms = 0;             // validation, tokenisation, budget
+  int32_t document_prefills =
+      0;  // times (a part of) the document was prefilled (kNone: once per agent)
+  std::optional<SnapshotUse> snapshot;  // kShared/kHost
+  size_t snapshot_bytes = 0;            // kHost: size of the exported prefill context's state
+  uint32_t n_ctx = 0;                   // per context, as llama.cpp really uses it
+  uint32_t n_seq_max = 1;               // sequence ids per context (kShared: agents + 1, capped)
+  double prepare_ms = 0;                // validation, tokenisation, budget
   double prefill_ms = 0;  // kShared/kHost: the one shared prefill; kNone: sum of the re-prefills
-  double export_ms = 0;   // kHost: llama_state_get_data into the snapshot buffer
+  double export_ms = 0;   // kShared/kHost: llama_state_get_data of the prefilled prefix
+  double restore_ms = 0;  // kShared: the prefix state into the shared context
   double branch_buffer_ms = 0;  // kHost: allocating and pre-faulting the first branch buffer
   double total_ms = 0;          // the whole run, model load excluded
 
@@ -212,6 +251,29 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
 // allocates no context or buffer. Throws what those throw, and
 // Error(kChatTemplate) when the template drops the agent prompt.
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model);
+
+// The document's prefix tokens (system prompt, document, template wrapping)
+// exactly as prepare_pipeline makes them; the agents are not looked at.
+// Throws Error(kInvalidArgument) for an empty document, kChatTemplate,
+// kTokenize.
+std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model);
+
+struct PrefillReport {
+  SnapshotUse snapshot;
+  int32_t prefix_tokens = 0;
+  double prefill_ms = 0;  // decoding snapshot.prefilled_tokens
+  double export_ms = 0;   // the state out of the prefill context
+  double write_ms = 0;    // writing `out_path`
+  std::string out_path;   // "" when none was asked for
+};
+
+// Makes the document's prefix state without running agents, the way a
+// kShared/kHost run would (options.snapshot: the store is looked up, what is
+// missing prefilled, the result published when the cache is kOn), and
+// writes it to `out_path` too when that is not empty. Throws what
+// prepare_prefix and the snapshot functions throw.
+PrefillReport prefill_document(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                               const RunOptions& options, const std::string& out_path = {});
 
 // Runs the pipeline: prepare, then the fork strategy of spec.fork. Throws
 // only what prepare_pipeline throws; failures while running are reported per

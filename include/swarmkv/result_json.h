@@ -22,15 +22,19 @@ nlohmann::json error_json(const std::optional<ErrorValue>& error);
 //  "generate", "total", "done_at"}, milliseconds (AgentTimings).
 nlohmann::json timings_json(const AgentTimings& t);
 // {"name", "status", "error", "answer", "n_tokens", "stop_reason",
-//  "prompt_tokens", "timings_ms"}.
+//  "prompt_tokens", "first_token_at_ms", "timings_ms"}.
 nlohmann::json agent_json(const AgentResult& a);
+// null under kNone, else {"source": "prefill"|"cache"|"file"|"redis", "key",
+//  "path", "reused_tokens", "prefilled_tokens", "bytes", "load_ms",
+//  "verify_ms", "published", "discarded": [error_json...]}.
+nlohmann::json snapshot_json(const std::optional<SnapshotUse>& s);
 // {"contexts", "kv_cells_peak", "kv_bytes_per_cell", "kv_bytes_peak",
 //  "kv_bytes_allocated", "host_buffer_bytes"}.
 nlohmann::json memory_json(const PipelineResult& r);
 // The whole result: "schema_version", "fork", "guard" (null without branch workers),
 // "ok", "n_ctx", "n_seq_max", "prefix_tokens", "document_prefills",
-// "snapshot_bytes", "prepare_ms", "prefill_ms", "export_ms",
-// "branch_buffer_ms", "total_ms", "memory", "decode_steps" (count),
+// "snapshot_bytes", "snapshot" (snapshot_json), "prepare_ms", "prefill_ms",
+// "export_ms", "restore_ms", "branch_buffer_ms", "total_ms", "memory", "decode_steps" (count),
 // "document" {"status", "error"}, "agents" [agent_json...].
 nlohmann::json result_json(const PipelineResult& r);
 

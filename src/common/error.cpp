@@ -33,6 +33,10 @@ std::string_view to_string(ErrorCode code) noexcept {
       return "chat_template";
     case ErrorCode::kState:
       return "state";
+    case ErrorCode::kCorruption:
+      return "corruption";
+    case ErrorCode::kIncompatible:
+      return "incompatible";
     case ErrorCode::kGraph:
       return "graph";
     case ErrorCode::kDependencyFailed:

@@ -16,6 +16,9 @@
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 
+#ifndef SWARMKV_LLAMA_PATCHES
+#define SWARMKV_LLAMA_PATCHES "unknown"
+#endif
 #ifndef SWARMKV_LLAMA_COMMIT
 #define SWARMKV_LLAMA_COMMIT "unknown"
 #endif
@@ -379,6 +382,40 @@ Context::Context(std::shared_ptr<const Model> model, const ContextOptions& optio
 
 Context::~Context() = default;
 
+KvLayout Context::kv_layout() const {
+  return swarmkv::kv_layout(*model_, options_);
+}
+
+KvLayout kv_layout(const Model& model_ref, const ContextOptions& options) {
+  const llama_model* model = detail::EngineAccess::model(model_ref);
+  const auto meta = [&](const std::string& key) -> std::string {
+    char buf[128];
+    const int32_t n = llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf));
+    return n > 0 ? std::string(buf, static_cast<size_t>(std::min<int32_t>(n, sizeof(buf) - 1)))
+                 : std::string();
+  };
+  KvLayout layout;
+  layout.architecture = meta("general.architecture");
+  layout.n_layer = llama_model_n_layer(model);
+  const int32_t n_head = std::max(1, llama_model_n_head(model));
+  const int32_t head_kv = llama_model_n_head_kv(model);
+  const auto head_width = [&](const char* what) {
+    const std::string v = meta(layout.architecture + ".attention." + what);
+    return v.empty() ? llama_model_n_embd(model) / n_head : std::atoi(v.c_str());
+  };
+  layout.n_embd_k = head_kv * head_width("key_length");
+  layout.n_embd_v = head_kv * head_width("value_length");
+  // The constructor keeps llama.cpp's default cache types.
+  const llama_context_params defaults = llama_context_default_params();
+  layout.type_k = ggml_type_name(defaults.type_k);
+  layout.type_v = ggml_type_name(defaults.type_v);
+  layout.flash_attn = options.flash_attn;
+  layout.kv_unified = options.kv_unified;
+  layout.n_swa = llama_model_n_swa(model);
+  layout.n_ubatch = std::min(options.n_ubatch, options.n_batch);  // as the constructor clamps it
+  return layout;
+}
+
 void Context::decode_prompt(std::span<const Token> tokens, Pos pos0, SeqId seq, bool logits_last,
                             const std::function<void(size_t, size_t)>& progress) {
   if (tokens.empty()) throw Error(ErrorCode::kInvalidArgument, "decode_prompt: no tokens");
@@ -581,6 +618,14 @@ void Sampler::reset() {
 
 uint32_t max_parallel_sequences() noexcept {
   return static_cast<uint32_t>(llama_max_parallel_sequences());
+}
+
+std::string engine_id() {
+  return fmt::format("{}+p{}", SWARMKV_LLAMA_COMMIT, SWARMKV_LLAMA_PATCHES);
+}
+
+uint32_t engine_state_version() noexcept {
+  return LLAMA_SESSION_VERSION;
 }
 
 std::string engine_build_info() {

@@ -95,6 +95,7 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, AgentRe
   // The first token is sampled from the prompt's logits before any
   // generation decode; its cost is the work up to generation.
   t.first_token = work.ms();
+  t.first_token_at = ms_between(in.started, Clock::now());
   const Stopwatch g;
   Generation answer =
       generate(*ctx, sampler, 0, in.branch_pos0 + static_cast<Pos>(prompt.size()), gen);

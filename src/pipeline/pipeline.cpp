@@ -3,11 +3,13 @@
 #include "swarmkv/pipeline.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "pipeline/dag.h"
 #include "pipeline/fork_strategy.h"
+#include "pipeline/prefix_source.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
@@ -30,6 +32,45 @@ std::vector<detail::DagNode> dag_nodes(const PipelineSpec& spec) {
     nodes.push_back(std::move(node));
   }
   return nodes;
+}
+
+void validate_document(const PipelineSpec& spec) {
+  if (spec.document.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("the document is empty{}", spec.document_source.empty()
+                                                   ? std::string()
+                                                   : fmt::format(" ({})", spec.document_source)));
+  }
+}
+
+struct TemplateSplit {
+  std::string head;  // the shared prefix's text
+  std::string tail;  // what closes every agent prompt
+};
+
+// Renders the chat once with a marker where the agent's prompt goes: what
+// comes before it is the shared prefix, what follows closes every branch.
+TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
+  TemplateSplit out;
+  if (model.has_chat_template()) {
+    std::vector<ChatMessage> chat;
+    if (!spec.system_prompt.empty()) chat.push_back({"system", spec.system_prompt});
+    chat.push_back({"user", spec.document + "\n\n" + std::string(kPromptMarker)});
+    const std::string rendered = model.apply_chat_template(chat, /*add_assistant=*/true);
+    const size_t at = rendered.find(kPromptMarker);
+    if (at == std::string::npos) {
+      throw Error(ErrorCode::kChatTemplate,
+                  "the chat template dropped the agent prompt; cannot split the prefix");
+    }
+    out.head = rendered.substr(0, at);
+    out.tail = rendered.substr(at + kPromptMarker.size());
+  } else {
+    out.head = (spec.system_prompt.empty() ? std::string() : spec.system_prompt + "\n\n") +
+               spec.document + "\n\n";
+    out.tail = "\nAnswer:";
+  }
+  return out;
 }
 
 }  // namespace
@@ -84,13 +125,7 @@ bool PipelineResult::ok() const noexcept {
 }
 
 void validate_pipeline(const PipelineSpec& spec) {
-  if (spec.document.find_first_not_of(" \t\r\n") == std::string::npos) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("the document is empty{}", spec.document_source.empty()
-                                                   ? std::string()
-                                                   : fmt::format(" ({})", spec.document_source)));
-  }
+  validate_document(spec);
   if (spec.agents.empty()) throw Error(ErrorCode::kInvalidArgument, "the pipeline has no agents");
   for (const AgentSpec& a : spec.agents) {
     if (a.name.empty()) throw Error(ErrorCode::kInvalidArgument, "an agent has an empty name");
@@ -122,30 +157,14 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
       ->budget(prefix_tokens, prompt_tokens, max_tokens, n_ctx);
 }
 
+std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model) {
+  validate_document(spec);
+  return model.tokenize(split_template(spec, model).head, /*add_special=*/true);
+}
+
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) {
   validate_pipeline(spec);
-
-  // Render the chat once with a marker where the agent's prompt goes: what
-  // comes before it is the shared prefix, what follows closes every branch.
-  std::string head;
-  std::string tail;
-  if (model.has_chat_template()) {
-    std::vector<ChatMessage> chat;
-    if (!spec.system_prompt.empty()) chat.push_back({"system", spec.system_prompt});
-    chat.push_back({"user", spec.document + "\n\n" + std::string(kPromptMarker)});
-    const std::string rendered = model.apply_chat_template(chat, /*add_assistant=*/true);
-    const size_t at = rendered.find(kPromptMarker);
-    if (at == std::string::npos) {
-      throw Error(ErrorCode::kChatTemplate,
-                  "the chat template dropped the agent prompt; cannot split the prefix");
-    }
-    head = rendered.substr(0, at);
-    tail = rendered.substr(at + kPromptMarker.size());
-  } else {
-    head = (spec.system_prompt.empty() ? std::string() : spec.system_prompt + "\n\n") +
-           spec.document + "\n\n";
-    tail = "\nAnswer:";
-  }
+  const auto [head, tail] = split_template(spec, model);
 
   PreparedPipeline out;
   out.prefix = model.tokenize(head, /*add_special=*/true);
@@ -163,6 +182,43 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
              out.budget.n_ctx, model.n_ctx_train());
   }
   return out;
+}
+
+std::string_view to_string(SnapshotSource source) noexcept {
+  switch (source) {
+    case SnapshotSource::kPrefill:
+      return "prefill";
+    case SnapshotSource::kCache:
+      return "cache";
+    case SnapshotSource::kFile:
+      return "file";
+    case SnapshotSource::kRedis:
+      return "redis";
+  }
+  return "unknown";
+}
+
+PrefillReport prefill_document(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                               const RunOptions& options, const std::string& out_path) {
+  if (!model) throw Error(ErrorCode::kInvalidArgument, "prefill_document needs a model");
+  const std::vector<Token> prefix = prepare_prefix(spec, *model);
+  detail::PrefixState state = detail::obtain_prefix_state(spec, prefix, options, model);
+  PrefillReport report;
+  report.prefix_tokens = static_cast<int32_t>(prefix.size());
+  report.prefill_ms = state.prefill_ms;
+  report.export_ms = state.export_ms;
+  if (!out_path.empty()) {
+    const Stopwatch w;
+    SnapshotMeta meta;
+    meta.binding = binding_of(*model, detail::prefill_context_options(spec, prefix.size()));
+    meta.tokens = prefix;
+    meta.model_file = std::filesystem::path(model->path()).filename().string();
+    write_snapshot(out_path, meta, state.bytes);
+    report.write_ms = w.ms();
+    report.out_path = out_path;
+  }
+  report.snapshot = std::move(state.use);
+  return report;
 }
 
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,

@@ -30,7 +30,24 @@ nlohmann::json agent_json(const AgentResult& a) {
           {"n_tokens", a.tokens.size()},
           {"stop_reason", std::string(to_string(a.stop_reason))},
           {"prompt_tokens", a.prompt_tokens},
+          {"first_token_at_ms", a.timings_ms.first_token_at},
           {"timings_ms", timings_json(a.timings_ms)}};
+}
+
+nlohmann::json snapshot_json(const std::optional<SnapshotUse>& s) {
+  if (!s) return nullptr;
+  nlohmann::json discarded = nlohmann::json::array();
+  for (const ErrorValue& e : s->discarded) discarded.push_back(error_json(e));
+  return {{"source", std::string(to_string(s->source))},
+          {"key", s->key},
+          {"path", s->path},
+          {"reused_tokens", s->reused_tokens},
+          {"prefilled_tokens", s->prefilled_tokens},
+          {"bytes", s->bytes},
+          {"load_ms", s->load_ms},
+          {"verify_ms", s->verify_ms},
+          {"published", s->published},
+          {"discarded", discarded}};
 }
 
 nlohmann::json memory_json(const PipelineResult& r) {
@@ -55,9 +72,11 @@ nlohmann::json result_json(const PipelineResult& r) {
           {"prefix_tokens", r.prefix_tokens},
           {"document_prefills", r.document_prefills},
           {"snapshot_bytes", r.snapshot_bytes},
+          {"snapshot", snapshot_json(r.snapshot)},
           {"prepare_ms", r.prepare_ms},
           {"prefill_ms", r.prefill_ms},
           {"export_ms", r.export_ms},
+          {"restore_ms", r.restore_ms},
           {"branch_buffer_ms", r.branch_buffer_ms},
           {"total_ms", r.total_ms},
           {"memory", memory_json(r)},

@@ -1,8 +1,9 @@
 // ForkMode::kShared: one unified-KV context holds the document once, on
-// sequence 0; every branch is another sequence of it. Forking is
+// sequence 0 (its state restored from a snapshot or from a prefill's export,
+// prefix_source.h); every branch is another sequence of it. Forking is
 // llama_memory_seq_cp(0, branch): the branch's id joins the prefix cells, no
 // KV byte is copied. The calling thread is the only one that touches the
-// context: it prefills the document, then runs the BatchPlanner's steps
+// context: it restores the document, then runs the BatchPlanner's steps
 // (continuous batching: one generated token per generating branch plus the
 // prompts of newly admitted branches, in one llama_decode per step) until
 // every agent has an outcome. A finished branch frees its cells (seq_rm) and
@@ -12,6 +13,7 @@
 
 #include "pipeline/batch_planner.h"
 #include "pipeline/fork_strategy.h"
+#include "pipeline/prefix_source.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::detail {
@@ -50,6 +52,7 @@ class SharedFork final : public ForkStrategy {
 
   static std::unique_ptr<Context> prefill(const RunInputs& in, PipelineResult& result) {
     const std::vector<Token>& prefix = in.prepared.prefix;
+    PrefixState state = obtain_prefix_state(in.spec, prefix, in.options, in.model);
     ContextOptions options;
     options.n_ctx = in.prepared.budget.n_ctx;
     options.n_threads = in.spec.n_threads;
@@ -58,18 +61,22 @@ class SharedFork final : public ForkStrategy {
     options.n_batch = std::max(in.spec.n_batch, options.n_seq_max);  // room for every live branch
     options.n_ubatch = options.n_batch;
     auto ctx = std::make_unique<Context>(in.model, options);
-    const Stopwatch p;
-    ctx->decode_prompt(prefix, 0, 0, /*logits_last=*/false, in.options.on_prefill_progress);
-    result.prefill_ms = p.ms();
-    result.document_prefills = 1;
+    const Stopwatch r;
+    ctx->state_set(state.bytes);  // the prefix on sequence 0, each cell at its index
+    result.restore_ms = r.ms();
+    result.prefill_ms = state.prefill_ms;
+    result.export_ms = state.export_ms;
+    result.document_prefills = state.use.prefilled_tokens > 0 ? 1 : 0;
+    result.snapshot_bytes = state.bytes.size();
     result.n_ctx = ctx->options().n_ctx;
     result.n_seq_max = ctx->options().n_seq_max;
     result.contexts = 1;
-    // The context holds only the prefix: its state size is the prefix's KV.
     result.kv_bytes_per_cell =
-        static_cast<double>(ctx->state_size()) / static_cast<double>(prefix.size());
-    log_info("prefill: {} tokens in {:.1f} ms into a shared context (n_ctx {}, n_seq_max {})",
-             prefix.size(), result.prefill_ms, result.n_ctx, result.n_seq_max);
+        static_cast<double>(state.bytes.size()) / static_cast<double>(prefix.size());
+    result.snapshot = std::move(state.use);
+    log_info(
+        "prefix: {} tokens in a shared context (n_ctx {}, n_seq_max {}), restored in {:.1f} ms",
+        prefix.size(), result.n_ctx, result.n_seq_max, result.restore_ms);
     return ctx;
   }
 
@@ -160,6 +167,7 @@ class SharedFork final : public ForkStrategy {
         AgentTimings& t = result.agents[agent].timings_ms;
         if (!b.generating) {
           t.prompt = ms_between(b.admitted, t1);
+          t.first_token_at = ms_between(in.started, now);
           b.first_token = now;
           b.generating = true;
         }

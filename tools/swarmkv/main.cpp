@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "progress.h"
+#include "snapshot_cmd.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -113,6 +115,9 @@ struct RunArgs {
   std::string guard = "serialized";
   uint32_t n_ctx = 0;
   int32_t threads = -1;
+  std::string snapshot_file;
+  std::string snapshot_cache = "on";
+  std::string cache_dir;
   bool json = false;
 };
 
@@ -126,6 +131,20 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
     std::cout << fmt::format(" | snapshot {:.1f} MiB", r.snapshot_bytes / 1048576.0);
   if (r.n_seq_max > 1) std::cout << fmt::format(" | one context, {} sequences", r.n_seq_max);
   std::cout << "\n";
+  if (r.snapshot) {
+    const swarmkv::SnapshotUse& s = *r.snapshot;
+    std::cout << fmt::format("prefix state: {} tokens from {}{}, {} prefilled", s.reused_tokens,
+                             swarmkv::to_string(s.source),
+                             s.path.empty() || s.source == swarmkv::SnapshotSource::kPrefill
+                                 ? std::string()
+                                 : " (" + s.path + ")",
+                             s.prefilled_tokens);
+    if (s.reused_tokens > 0) std::cout << fmt::format(", loaded in {:.1f} ms", s.load_ms);
+    if (s.published) std::cout << ", published to the snapshot store";
+    for (const swarmkv::ErrorValue& e : s.discarded)
+      std::cout << "\n  skipped a damaged store entry: " << e.to_string();
+    std::cout << "\n";
+  }
   if (r.document_status != swarmkv::NodeStatus::kOk)
     std::cout << "document: FAILED: " << r.document_error->to_string() << "\n";
   for (const auto& a : r.agents) {
@@ -169,14 +188,15 @@ int run_pipeline_cmd(const RunArgs& args) {
   if (args.threads >= 0) spec.n_threads = args.threads;
   swarmkv::RunOptions options;
   options.guard = swarmkv::parse_guard_policy(args.guard);
-  const bool tty = ::isatty(STDERR_FILENO) == 1;
-  if (tty) {
-    options.on_prefill_progress = [](size_t done, size_t total) {
-      std::cerr << fmt::format("\rprefill: {}/{} tokens ({:.0f}%)", done, total,
-                               100.0 * done / total)
-                << (done == total ? "\n" : "") << std::flush;
-    };
+  options.snapshot.cache = swarmkv::parse_snapshot_cache_mode(args.snapshot_cache);
+  options.snapshot.cache_dir = args.cache_dir;
+  options.snapshot.file = args.snapshot_file;
+  if (!args.snapshot_file.empty() && spec.fork == swarmkv::ForkMode::kNone) {
+    throw swarmkv::Error(swarmkv::ErrorCode::kInvalidArgument,
+                         "--snapshot restores the document's state, and --fork none re-prefills it "
+                         "in every agent by definition; use --fork shared or host");
   }
+  options.on_prefill_progress = swarmkv::cli::prefill_progress();
   const std::string model_path = swarmkv::resolve_model_path(spec.model);
   const swarmkv::Stopwatch load;
   auto model = swarmkv::Model::load(model_path);
@@ -341,11 +361,26 @@ int main(int argc, char** argv) {
                   "agent's prompt + max_tokens; host/none: the document + the longest agent)");
   run->add_option("-t,--threads", run_args.threads,
                   "CPU threads per context (0 = all cores); overrides the file");
+  run->add_option("--snapshot-cache", run_args.snapshot_cache,
+                  "the snapshot store (shared/host; none never uses it):\n"
+                  "on: restore the longest stored prefix of this document (same model, engine, "
+                  "n_batch), prefill only the rest, publish the result;\n"
+                  "read-only: restore, never write;  off: always prefill.\n"
+                  "A damaged entry is a warning: skipped (removed when on) and prefilled instead")
+      ->check(CLI::IsMember({"on", "off", "read-only"}))
+      ->capture_default_str();
+  run->add_option("--snapshot", run_args.snapshot_file,
+                  "restore the document's state from this snapshot file (swarmkv prefill --out); "
+                  "a wrong model, engine, layout or document, or a damaged file, is an error")
+      ->check(CLI::ExistingFile);
+  run->add_option("--cache-dir", run_args.cache_dir, "snapshot store (default <cache>/snapshots)");
   run->add_flag("--json", run_args.json,
                 "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
                 "prefill_ms, total_ms, memory, document {status, error} and per agent name, "
                 "status, error {code, message} or null, answer, n_tokens, stop_reason, "
-                "timings_ms {wait, fork, restore, prompt, first_token, generate, total, ...}");
+                "timings_ms {wait, fork, restore, prompt, first_token, generate, total, ...}, "
+                "first_token_at_ms; snapshot {source, key, reused_tokens, prefilled_tokens, "
+                "bytes, load_ms, verify_ms, ...} or null under --fork none");
 
   swarmkv::cli::BenchArgs bench_args;
   CLI::App* bench =
@@ -410,6 +445,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
 
+  swarmkv::cli::SnapshotCommands snapshot_commands(app);
+
   std::string info_model;
   CLI::App* info =
       app.add_subcommand("info", "Print the model's metadata and the llama.cpp build as JSON");
@@ -428,6 +465,7 @@ int main(int argc, char** argv) {
     if (*info) return run_info(info_model);
     if (*run) return run_pipeline_cmd(run_args);
     if (*bench) return swarmkv::cli::run_bench(bench_args);
+    if (const std::optional<int> status = snapshot_commands.run()) return *status;
   } catch (const swarmkv::Error& e) {
     std::cerr << "swarmkv: error: " << e.what() << "\n";
     return 1;

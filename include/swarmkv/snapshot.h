@@ -1,0 +1,186 @@
+// Snapshots: a document prefix's KV state as a file that outlives the run,
+// bound to the exact weights, engine and KV layout that produced it.
+//
+// A snapshot holds the whole-context state (Context::state_get) of a context
+// that holds only the prefix, on sequence 0: it puts every cell back at its
+// index, which keeps restored answers bit-identical to a prefill on
+// sliding-window models too (NOTES.md). The file format is documented in
+// docs/snapshot-format.md; every section carries an XXH3-64 checksum and the
+// header carries one over itself, so a truncated or damaged file is refused
+// (kCorruption) before any KV cell is touched.
+//
+// Thread rules: the free functions are thread-safe (they share no state);
+// a SnapshotStore is thread-compatible, and several processes may use one
+// store directory at once (publication is an atomic rename).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/error.h"
+
+namespace swarmkv {
+
+inline constexpr uint32_t kSnapshotFormatVersion = 1;
+// KV payload section size: a damaged byte names a 16 MiB section, and the
+// network bus (later) can move sections as its chunks.
+inline constexpr uint64_t kSnapshotSectionBytes = 16ull << 20;
+
+// What a snapshot's bytes are bound to. A snapshot is restored only into a
+// context whose binding is equal, field by field.
+struct SnapshotBinding {
+  std::string engine;          // engine_id(): llama.cpp commit + our patches
+  uint32_t state_version = 0;  // engine_state_version()
+  std::string model_sha256;    // model_fingerprint() of the GGUF
+  KvLayout layout;
+  bool operator==(const SnapshotBinding&) const = default;
+};
+
+struct SnapshotMeta {
+  uint32_t format_version = kSnapshotFormatVersion;
+  SnapshotBinding binding;
+  std::vector<Token> tokens;  // the prefix, in order; its KV state is the payload
+  uint64_t payload_bytes = 0;
+  int64_t created_unix = 0;  // seconds since the epoch
+  std::string producer;      // "swarmkv <version>"
+  std::string model_file;    // the GGUF's file name, for people (the binding uses the hash)
+};
+
+struct SnapshotSection {
+  std::string name;  // "tokens", "kv.0", "kv.1", ...
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint64_t xxh3 = 0;  // XXH3-64 of the section's bytes
+};
+
+struct SnapshotHeader {
+  SnapshotMeta meta;
+  std::vector<SnapshotSection> sections;
+  uint64_t file_bytes = 0;  // the file's size when it was read
+};
+
+// What reading a snapshot cost, in milliseconds.
+struct SnapshotReadTimes {
+  double read_ms = 0;    // bytes from the file into memory
+  double verify_ms = 0;  // checksums
+};
+
+// The binding of a prefix state made by a context with `options` on
+// `model`: engine, state version, the model's fingerprint and kv_layout().
+SnapshotBinding binding_of(const Model& model, const ContextOptions& options);
+
+// The store key of a prefix: 32 hex digits of XXH3-128 over the binding and
+// the tokens. Equal keys mean equal bindings and equal tokens.
+std::string snapshot_key(const SnapshotBinding& binding, std::span<const Token> tokens);
+
+// Writes `meta` and `payload` to `path` atomically: a temporary file in the
+// same folder, fsync, rename over `path`, fsync the folder. Readers see the
+// old file or the new one, never a part. Throws Error(kIo) naming the path;
+// no temporary file is left behind.
+void write_snapshot(const std::string& path, const SnapshotMeta& meta,
+                    std::span<const uint8_t> payload);
+
+// Reads and verifies the header and the tokens section. Throws
+// Error(kNotFound) for a missing file, Error(kIo) when it cannot be read,
+// Error(kCorruption) naming the file and what is wrong (empty, not a
+// snapshot, truncated in the header or at a section, a checksum, the
+// metadata), Error(kIncompatible) for another format version.
+SnapshotHeader read_snapshot_header(const std::string& path);
+
+// Reads every KV section into one buffer, verifying each checksum. Throws
+// Error(kCorruption) naming the file and the section (truncated or checksum
+// mismatch), Error(kIo) when reading fails.
+std::vector<uint8_t> read_snapshot_payload(const std::string& path, const SnapshotHeader& header,
+                                           SnapshotReadTimes* times = nullptr);
+
+// Throws Error(kIncompatible) naming the first field that differs, with the
+// value the snapshot was made for and the value this context has.
+void check_binding(const std::string& path, const SnapshotBinding& snapshot,
+                   const SnapshotBinding& context);
+
+// The SHA-256 of a GGUF, in hex. Cached under <cache_dir()>/fingerprints per
+// absolute path, size and modification time, so a model is hashed once.
+// Throws Error(kNotFound) / Error(kIo).
+std::string model_fingerprint(const std::string& gguf_path);
+
+// How a run uses the automatic snapshot store.
+enum class SnapshotCacheMode {
+  kOff,       // never look, never publish
+  kOn,        // look the prefix up; on a miss prefill and publish
+  kReadOnly,  // look up, never write or remove
+};
+std::string_view to_string(SnapshotCacheMode mode) noexcept;
+// Parses "on", "off" or "read-only"; throws Error(kInvalidArgument).
+SnapshotCacheMode parse_snapshot_cache_mode(std::string_view name);
+
+// The default cap of the store: $SWARMKV_SNAPSHOT_CACHE_MAX (bytes, with an
+// optional K, M, G or T suffix, powers of 1024), else 4 GiB. Throws
+// Error(kInvalidArgument) for a malformed value.
+uint64_t default_snapshot_cache_max();
+// Parses "4G", "512M", "1048576"; throws Error(kInvalidArgument).
+uint64_t parse_byte_size(std::string_view text);
+
+// A content-addressed folder of snapshots: <dir>/<key>.swkv. Last use is the
+// file's modification time (lookups touch it); publishing evicts the least
+// recently used entries above the cap.
+class SnapshotStore {
+ public:
+  // `dir` is created on first publish. `max_bytes` 0: default_snapshot_cache_max().
+  explicit SnapshotStore(std::string dir, uint64_t max_bytes = 0);
+  // <cache_dir()>/snapshots with the default cap.
+  static SnapshotStore open_default();
+
+  const std::string& dir() const noexcept { return dir_; }
+  uint64_t max_bytes() const noexcept { return max_bytes_; }
+  std::string path_of(const std::string& key) const;
+
+  struct Entry {
+    std::string key;
+    std::string path;
+    uint64_t bytes = 0;
+    int64_t last_used_unix = 0;
+    std::optional<SnapshotHeader> header;  // unset when the header is unreadable
+    std::optional<ErrorValue> error;       // why, when unset
+  };
+  // Every *.swkv file, most recently used first.
+  std::vector<Entry> list() const;
+
+  struct Match {
+    Entry entry;
+    size_t common_tokens = 0;  // leading tokens the entry shares with the request
+  };
+  // The entry of this binding sharing the longest token prefix with `tokens`
+  // (an exact key first), if it shares at least `min_common` tokens.
+  // Entries with an unreadable header are skipped and appended to `bad`.
+  std::optional<Match> best_match(const SnapshotBinding& binding, std::span<const Token> tokens,
+                                  size_t min_common, std::vector<Entry>* bad = nullptr) const;
+
+  // Publishes under snapshot_key(meta) atomically, then evicts least
+  // recently used entries (never the new one) until the store fits the cap.
+  // Returns the entry's path. Throws Error(kIo).
+  std::string publish(const SnapshotMeta& meta, std::span<const uint8_t> payload);
+  // Marks an entry as just used.
+  void touch(const std::string& path) const;
+  // Removes an entry's file; false when it did not exist.
+  bool remove_path(const std::string& path) const;
+
+  struct GcReport {
+    int entries_removed = 0;
+    int temporaries_removed = 0;  // left by writers that died mid-write
+    uint64_t bytes_freed = 0;
+    uint64_t bytes_kept = 0;
+  };
+  // Evicts least recently used entries until the store fits `max_bytes`, and
+  // removes temporary files older than an hour.
+  GcReport gc(uint64_t max_bytes) const;
+
+ private:
+  std::string dir_;
+  uint64_t max_bytes_;
+};
+
+}  // namespace swarmkv

@@ -1,0 +1,189 @@
+#include "pipeline/prefix_source.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "swarmkv/log.h"
+#include "swarmkv/measure.h"
+#include "swarmkv/paths.h"
+
+namespace swarmkv::detail {
+namespace {
+
+size_t common_prefix(const std::vector<Token>& a, const std::vector<Token>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  return static_cast<size_t>(
+      std::mismatch(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n), b.begin()).first -
+      a.begin());
+}
+
+}  // namespace
+
+ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens) {
+  ContextOptions o;
+  o.n_ctx = static_cast<uint32_t>((n_tokens + 1 + 255) / 256 * 256);
+  o.n_batch = spec.n_batch;
+  o.n_ubatch = spec.n_batch;
+  o.n_seq_max = 1;
+  o.n_threads = spec.n_threads;
+  return o;
+}
+
+size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_tokens,
+                       const KvLayout& layout) {
+  if (common == snapshot_tokens && common == prefix_tokens) return common;
+  if (layout.n_swa > 0 || layout.n_ubatch == 0) return 0;
+  return common / layout.n_ubatch * layout.n_ubatch;
+}
+
+PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Token>& prefix,
+                                const RunOptions& options,
+                                const std::shared_ptr<const Model>& model) {
+  PrefixState out;
+  SnapshotUse& use = out.use;
+  const Stopwatch load;
+  const SnapshotBinding binding = binding_of(*model, prefill_context_options(spec, prefix.size()));
+  use.key = snapshot_key(binding, prefix);
+  const SnapshotOptions& so = options.snapshot;
+  std::optional<SnapshotStore> store;
+  if (so.cache != SnapshotCacheMode::kOff) {
+    store.emplace(so.cache_dir.empty() ? (std::filesystem::path(cache_dir()) / "snapshots").string()
+                                       : so.cache_dir,
+                  so.cache_max_bytes);
+  }
+  const auto discard = [&](const std::string& path, const ErrorValue& error) {
+    const bool remove = so.cache == SnapshotCacheMode::kOn;
+    log_warn("snapshot cache: skipping a damaged entry ({}){}", error.to_string(),
+             remove ? "; removed it" : "; left it (read-only)");
+    if (remove) store->remove_path(path);
+    use.discarded.push_back(error);
+  };
+
+  std::vector<uint8_t> payload;
+  size_t reuse = 0;
+  size_t snapshot_tokens = 0;
+  SnapshotReadTimes times;
+  if (!so.file.empty()) {
+    const SnapshotHeader h = read_snapshot_header(so.file);
+    check_binding(so.file, h.meta.binding, binding);
+    const size_t common = common_prefix(h.meta.tokens, prefix);
+    reuse = reusable_tokens(common, h.meta.tokens.size(), prefix.size(), binding.layout);
+    if (reuse == 0) {
+      throw Error(
+          ErrorCode::kIncompatible,
+          fmt::format("snapshot '{}' does not fit this document: it holds {} tokens, shares "
+                      "the first {} with this prefix of {} tokens, and {}",
+                      so.file, h.meta.tokens.size(), common, prefix.size(),
+                      binding.layout.n_swa > 0
+                          ? "a sliding-window model can reuse only an exact match"
+                          : fmt::format("reuse needs at least one whole prefill chunk "
+                                        "({} tokens)",
+                                        binding.layout.n_ubatch)));
+    }
+    payload = read_snapshot_payload(so.file, h, &times);
+    use.source = SnapshotSource::kFile;
+    use.path = so.file;
+    snapshot_tokens = h.meta.tokens.size();
+  } else if (store) {
+    std::vector<SnapshotStore::Entry> bad;
+    std::optional<SnapshotStore::Match> match = store->best_match(binding, prefix, 1, &bad);
+    for (const SnapshotStore::Entry& e : bad) discard(e.path, *e.error);
+    if (match) {
+      const size_t have = match->entry.header->meta.tokens.size();
+      reuse = reusable_tokens(match->common_tokens, have, prefix.size(), binding.layout);
+      if (reuse == 0) {
+        log_info(
+            "snapshot cache: {} shares {} of this prefix's {} tokens, not enough to reuse ({}); "
+            "prefilling",
+            match->entry.key, match->common_tokens, prefix.size(),
+            binding.layout.n_swa > 0 ? "a sliding-window model reuses only an exact match"
+                                     : "less than one prefill chunk");
+      } else {
+        try {
+          payload = read_snapshot_payload(match->entry.path, *match->entry.header, &times);
+          use.source = SnapshotSource::kCache;
+          use.path = match->entry.path;
+          snapshot_tokens = have;
+          if (so.cache == SnapshotCacheMode::kOn) store->touch(match->entry.path);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kCorruption && e.code() != ErrorCode::kIo &&
+              e.code() != ErrorCode::kNotFound) {
+            throw;
+          }
+          discard(match->entry.path, e.value());
+          reuse = 0;
+        }
+      }
+    }
+  }
+  use.verify_ms = times.verify_ms;
+
+  if (reuse == prefix.size() && snapshot_tokens == prefix.size()) {  // an exact match
+    out.bytes = std::move(payload);
+    use.reused_tokens = static_cast<int32_t>(reuse);
+    use.bytes = out.bytes.size();
+    use.load_ms = load.ms();
+    log_info("prefix: {} tokens restored from {} ({} bytes, {:.1f} ms)", reuse, use.path, use.bytes,
+             use.load_ms);
+    return out;
+  }
+
+  Context ctx(model,
+              prefill_context_options(
+                  spec, reuse > 0 ? std::max(prefix.size(), snapshot_tokens) : prefix.size()));
+  if (reuse > 0) {
+    // Keep the first `reuse` tokens, then re-pack them: a whole-context
+    // export skips the freed cells and a restore puts the rest at 0.., with
+    // the head after them, as a prefill of those tokens leaves them.
+    ctx.state_set(payload);
+    ctx.seq_rm(0, static_cast<Pos>(reuse), -1);
+    std::vector<uint8_t> trimmed(ctx.state_size());
+    trimmed.resize(ctx.state_get(trimmed));
+    ctx.state_set(trimmed);
+  } else {
+    use.source = SnapshotSource::kPrefill;
+    use.path.clear();
+  }
+  payload = {};
+  use.reused_tokens = static_cast<int32_t>(reuse);
+  use.prefilled_tokens = static_cast<int32_t>(prefix.size() - reuse);
+  use.load_ms = reuse > 0 ? load.ms() : 0;
+
+  const std::span<const Token> rest = std::span(prefix).subspan(reuse);
+  std::function<void(size_t, size_t)> progress;
+  if (options.on_prefill_progress) {
+    progress = [&](size_t done, size_t) {
+      options.on_prefill_progress(reuse + done, prefix.size());
+    };
+  }
+  const Stopwatch p;
+  ctx.decode_prompt(rest, static_cast<Pos>(reuse), 0, /*logits_last=*/false, progress);
+  out.prefill_ms = p.ms();
+  const Stopwatch e;
+  out.bytes.resize(ctx.state_size());  // the size comes from the live engine
+  out.bytes.resize(ctx.state_get(out.bytes));
+  out.export_ms = e.ms();
+  use.bytes = out.bytes.size();
+  log_info("prefix: {} tokens reused, {} prefilled in {:.1f} ms, state {} bytes", reuse,
+           rest.size(), out.prefill_ms, use.bytes);
+
+  if (store && so.cache == SnapshotCacheMode::kOn) {
+    SnapshotMeta meta;
+    meta.binding = binding;
+    meta.tokens = prefix;
+    meta.model_file = std::filesystem::path(model->path()).filename().string();
+    try {
+      const std::string path = store->publish(meta, out.bytes);
+      use.published = true;
+      if (use.source == SnapshotSource::kPrefill) use.path = path;
+    } catch (const Error& err) {
+      log_warn("snapshot cache: could not publish the prefix ({}); the run goes on", err.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace swarmkv::detail

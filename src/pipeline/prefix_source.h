@@ -1,0 +1,45 @@
+// Where kShared and kHost get the document's KV state: a named snapshot
+// file, the automatic store, or a prefill — in every case as the
+// whole-context state of a "prefill context" (one sequence, not unified,
+// n_batch = n_ubatch = the pipeline's n_batch), so that a snapshot made by
+// one fork, one run or one machine means the same to every other.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv::detail {
+
+struct PrefixState {
+  std::vector<uint8_t> bytes;  // Context::state_get of the prefill context
+  SnapshotUse use;
+  double prefill_ms = 0;  // decoding the tokens not restored
+  double export_ms = 0;   // state_get after that decode
+};
+
+// The options of the prefill context for a prefix of `n_tokens` tokens.
+ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens);
+
+// How many leading tokens of a snapshot of `snapshot_tokens` tokens that
+// shares `common` tokens with a prefix of `prefix_tokens` can be reused so
+// that the result equals a prefill of the prefix bit for bit: all of them on
+// an exact match; else `common` rounded down to a whole number of prefill
+// chunks (n_ubatch), so that the rest is decoded in the chunks a prefill
+// would use; 0 on sliding-window models (their state keeps only the last
+// window, so a cut is not possible; see docs/snapshot-format.md).
+size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_tokens,
+                       const KvLayout& layout);
+
+// Obtains the state of `prefix` as options.snapshot says (see SnapshotOptions).
+// Throws: for a named file what its reading throws (kNotFound, kCorruption,
+// kIncompatible), kIncompatible when it shares no reusable tokens with the
+// prefix; decode errors of the prefill. A damaged store entry is only a
+// warning (use.discarded); failing to publish is only a warning.
+PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Token>& prefix,
+                                const RunOptions& options,
+                                const std::shared_ptr<const Model>& model);
+
+}  // namespace swarmkv::detail

@@ -1,0 +1,468 @@
+// The snapshot file format (docs/snapshot-format.md), its binding and key.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/measure.h"
+#include "swarmkv/snapshot.h"
+
+#ifndef SWARMKV_VERSION
+#define SWARMKV_VERSION "unknown"
+#endif
+
+namespace swarmkv {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'W', 'K', 'V', 'S', 'N', 'A', 'P'};
+constexpr size_t kNameBytes = 16;
+constexpr size_t kTableRow = kNameBytes + 4 + 3 * 8;  // name, codec, offset, size, xxh3
+constexpr uint32_t kMaxMetaBytes = 1u << 20;
+constexpr uint32_t kMaxSections = 1u << 16;
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint32_t get_u32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+nlohmann::json layout_json(const KvLayout& l) {
+  return {{"architecture", l.architecture}, {"n_layer", l.n_layer},       {"n_embd_k", l.n_embd_k},
+          {"n_embd_v", l.n_embd_v},         {"type_k", l.type_k},         {"type_v", l.type_v},
+          {"flash_attn", l.flash_attn},     {"kv_unified", l.kv_unified}, {"n_swa", l.n_swa},
+          {"n_ubatch", l.n_ubatch}};
+}
+
+KvLayout layout_from(const nlohmann::json& j) {
+  KvLayout l;
+  l.architecture = j.at("architecture").get<std::string>();
+  l.n_layer = j.at("n_layer").get<int32_t>();
+  l.n_embd_k = j.at("n_embd_k").get<int32_t>();
+  l.n_embd_v = j.at("n_embd_v").get<int32_t>();
+  l.type_k = j.at("type_k").get<std::string>();
+  l.type_v = j.at("type_v").get<std::string>();
+  l.flash_attn = j.at("flash_attn").get<bool>();
+  l.kv_unified = j.at("kv_unified").get<bool>();
+  l.n_swa = j.at("n_swa").get<int32_t>();
+  l.n_ubatch = j.at("n_ubatch").get<uint32_t>();
+  return l;
+}
+
+std::string meta_json(const SnapshotMeta& m) {
+  const nlohmann::json j = {
+      {"engine", m.binding.engine},
+      {"state_version", m.binding.state_version},
+      {"model_sha256", m.binding.model_sha256},
+      {"layout", layout_json(m.binding.layout)},
+      {"n_tokens", m.tokens.size()},
+      {"payload_bytes", m.payload_bytes},
+      {"created_unix", m.created_unix},
+      {"producer", m.producer},
+      {"model_file", m.model_file},
+  };
+  return j.dump();
+}
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& what) {
+  throw Error(ErrorCode::kCorruption, fmt::format("snapshot '{}': {}", path, what));
+}
+
+// Reads exactly `n` bytes at `offset`; false when the file ends first.
+bool read_at(int fd, uint64_t offset, uint8_t* dst, size_t n, const std::string& path) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw Error(ErrorCode::kIo,
+                  fmt::format("reading snapshot '{}' failed: {}", path, std::strerror(errno)));
+    }
+    if (got == 0) return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+Fd open_for_reading(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      throw Error(ErrorCode::kNotFound, fmt::format("snapshot '{}' does not exist", path));
+    }
+    throw Error(ErrorCode::kIo,
+                fmt::format("cannot open snapshot '{}': {}", path, std::strerror(errno)));
+  }
+  return Fd(fd);
+}
+
+// Reads a section's bytes and checks them against the table.
+void read_section(int fd, const std::string& path, const SnapshotSection& s, uint64_t file_bytes,
+                  uint8_t* dst, SnapshotReadTimes* times) {
+  if (s.offset + s.size > file_bytes) {
+    corrupt(path, fmt::format("truncated: section '{}' needs bytes [{}, {}), the file has {}",
+                              s.name, s.offset, s.offset + s.size, file_bytes));
+  }
+  const Stopwatch r;
+  if (!read_at(fd, s.offset, dst, s.size, path)) {
+    corrupt(path, fmt::format("truncated while reading section '{}'", s.name));
+  }
+  const Stopwatch v;
+  const uint64_t sum = XXH3_64bits(dst, s.size);
+  if (times != nullptr) {
+    times->read_ms += r.ms() - v.ms();
+    times->verify_ms += v.ms();
+  }
+  if (sum != s.xxh3) {
+    corrupt(path,
+            fmt::format("checksum mismatch in section '{}' (stored {:016x}, computed {:016x})",
+                        s.name, s.xxh3, sum));
+  }
+}
+
+void fsync_dir(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort: the rename itself is atomic
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+SnapshotBinding binding_of(const Model& model, const ContextOptions& options) {
+  SnapshotBinding b;
+  b.engine = engine_id();
+  b.state_version = engine_state_version();
+  b.model_sha256 = model_fingerprint(model.path());
+  b.layout = kv_layout(model, options);
+  return b;
+}
+
+std::string snapshot_key(const SnapshotBinding& binding, std::span<const Token> tokens) {
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_128bits_reset(state);
+  const std::string head =
+      fmt::format("swarmkv-snapshot-v{}\n{}\n{}\n{}\n{}\n", kSnapshotFormatVersion, binding.engine,
+                  binding.state_version, binding.model_sha256, layout_json(binding.layout).dump());
+  XXH3_128bits_update(state, head.data(), head.size());
+  for (const Token t : tokens) {
+    const uint32_t v = static_cast<uint32_t>(t);
+    const uint8_t le[4] = {static_cast<uint8_t>(v), static_cast<uint8_t>(v >> 8),
+                           static_cast<uint8_t>(v >> 16), static_cast<uint8_t>(v >> 24)};
+    XXH3_128bits_update(state, le, sizeof(le));
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+void write_snapshot(const std::string& path, const SnapshotMeta& meta_in,
+                    std::span<const uint8_t> payload) {
+  SnapshotMeta meta = meta_in;
+  meta.payload_bytes = payload.size();
+  if (meta.producer.empty()) meta.producer = std::string("swarmkv ") + SWARMKV_VERSION;
+  if (meta.created_unix == 0) {
+    meta.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  }
+  // Sections: the tokens, then the payload in kSnapshotSectionBytes pieces.
+  std::string tokens;
+  tokens.reserve(meta.tokens.size() * 4);
+  for (const Token t : meta.tokens) put_u32(tokens, static_cast<uint32_t>(t));
+  struct Piece {
+    std::string name;
+    const uint8_t* data;
+    uint64_t size;
+  };
+  std::vector<Piece> pieces{
+      {"tokens", reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size()}};
+  for (uint64_t at = 0, i = 0; at < payload.size(); at += kSnapshotSectionBytes, ++i) {
+    pieces.push_back({fmt::format("kv.{}", i), payload.data() + at,
+                      std::min<uint64_t>(kSnapshotSectionBytes, payload.size() - at)});
+  }
+
+  const std::string json = meta_json(meta);
+  std::string header(kMagic, sizeof(kMagic));
+  put_u32(header, meta.format_version);
+  put_u32(header, static_cast<uint32_t>(json.size()));
+  header += json;
+  put_u32(header, static_cast<uint32_t>(pieces.size()));
+  uint64_t offset = header.size() + pieces.size() * kTableRow + 8;
+  for (const Piece& p : pieces) {
+    std::string name = p.name;
+    name.resize(kNameBytes, '\0');
+    header += name;
+    put_u32(header, 0);  // codec: 0 = stored as is (NOTES.md: compression did not pay)
+    put_u64(header, offset);
+    put_u64(header, p.size);
+    put_u64(header, XXH3_64bits(p.data, p.size));
+    offset += p.size;
+  }
+  put_u64(header, XXH3_64bits(header.data(), header.size()));
+
+  const std::filesystem::path target(path);
+  const std::filesystem::path dir =
+      target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  std::random_device rd;
+  const std::string tmp =
+      (dir / fmt::format(".tmp-{}-{}-{:08x}", target.filename().string(), ::getpid(), rd()))
+          .string();
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw Error(ErrorCode::kIo, fmt::format("cannot create '{}' to write snapshot '{}': {}", tmp,
+                                            path, std::strerror(errno)));
+  }
+  const auto fail = [&](const std::string& what) {
+    const int saved = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo, fmt::format("writing snapshot '{}' failed ({}): {}", path, what,
+                                            std::strerror(saved)));
+  };
+  const auto write_all = [&](const uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      const ssize_t put = ::write(fd, p, n);
+      if (put < 0) {
+        if (errno == EINTR) continue;
+        fail("write");
+      }
+      p += put;
+      n -= static_cast<uint64_t>(put);
+    }
+  };
+  write_all(reinterpret_cast<const uint8_t*>(header.data()), header.size());
+  for (const Piece& p : pieces) write_all(p.data, p.size);
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo, fmt::format("writing snapshot '{}' failed (close): {}", path,
+                                            std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int saved = errno;
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo,
+                fmt::format("cannot publish snapshot '{}': {}", path, std::strerror(saved)));
+  }
+  fsync_dir(dir);
+}
+
+SnapshotHeader read_snapshot_header(const std::string& path) {
+  const Fd fd = open_for_reading(path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw Error(ErrorCode::kIo,
+                fmt::format("cannot stat snapshot '{}': {}", path, std::strerror(errno)));
+  }
+  SnapshotHeader h;
+  h.file_bytes = static_cast<uint64_t>(st.st_size);
+  if (h.file_bytes == 0) corrupt(path, "the file is empty (0 bytes)");
+
+  uint8_t fixed[16];
+  if (!read_at(fd.get(), 0, fixed, sizeof(fixed), path) ||
+      std::memcmp(fixed, kMagic, sizeof(kMagic)) != 0) {
+    if (std::memcmp(fixed, kMagic, std::min<uint64_t>(h.file_bytes, sizeof(kMagic))) == 0) {
+      corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
+    }
+    corrupt(path, "not a SwarmKV snapshot (no SWKVSNAP magic)");
+  }
+  const uint32_t version = get_u32(fixed + 8);
+  const uint32_t meta_len = get_u32(fixed + 12);
+  if (meta_len > kMaxMetaBytes) {
+    corrupt(path,
+            fmt::format("metadata length {} is beyond the limit {}", meta_len, kMaxMetaBytes));
+  }
+  std::vector<uint8_t> head(sizeof(fixed) + meta_len + 4);
+  std::memcpy(head.data(), fixed, sizeof(fixed));
+  if (!read_at(fd.get(), sizeof(fixed), head.data() + sizeof(fixed), meta_len + 4, path)) {
+    corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
+  }
+  const uint32_t n_sections = get_u32(head.data() + sizeof(fixed) + meta_len);
+  if (n_sections > kMaxSections) {
+    corrupt(path, fmt::format("section count {} is beyond the limit {}", n_sections, kMaxSections));
+  }
+  const size_t table_at = head.size();
+  head.resize(table_at + n_sections * kTableRow + 8);
+  if (!read_at(fd.get(), table_at, head.data() + table_at, head.size() - table_at, path)) {
+    corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
+  }
+  const uint64_t stored = get_u64(head.data() + head.size() - 8);
+  const uint64_t computed = XXH3_64bits(head.data(), head.size() - 8);
+  if (stored != computed) {
+    corrupt(path, fmt::format("header checksum mismatch (stored {:016x}, computed {:016x})", stored,
+                              computed));
+  }
+  // The checksum holds: a version we do not know is a newer writer, not damage.
+  if (version != kSnapshotFormatVersion) {
+    throw Error(ErrorCode::kIncompatible,
+                fmt::format("snapshot '{}' has format version {}, this build reads version {}",
+                            path, version, kSnapshotFormatVersion));
+  }
+
+  uint64_t n_tokens = 0;
+  try {
+    const auto j = nlohmann::json::parse(head.begin() + sizeof(fixed),
+                                         head.begin() + sizeof(fixed) + meta_len);
+    h.meta.format_version = version;
+    h.meta.binding.engine = j.at("engine").get<std::string>();
+    h.meta.binding.state_version = j.at("state_version").get<uint32_t>();
+    h.meta.binding.model_sha256 = j.at("model_sha256").get<std::string>();
+    h.meta.binding.layout = layout_from(j.at("layout"));
+    n_tokens = j.at("n_tokens").get<uint64_t>();
+    h.meta.payload_bytes = j.at("payload_bytes").get<uint64_t>();
+    h.meta.created_unix = j.at("created_unix").get<int64_t>();
+    h.meta.producer = j.at("producer").get<std::string>();
+    h.meta.model_file = j.at("model_file").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    corrupt(path, fmt::format("unreadable metadata: {}", e.what()));
+  }
+
+  uint64_t expected_offset = head.size();
+  uint64_t payload = 0;
+  for (uint32_t i = 0; i < n_sections; ++i) {
+    const uint8_t* row = head.data() + table_at + i * kTableRow;
+    SnapshotSection s;
+    s.name.assign(reinterpret_cast<const char*>(row), kNameBytes);
+    s.name.resize(std::strlen(s.name.c_str()));
+    const uint32_t codec = get_u32(row + kNameBytes);
+    s.offset = get_u64(row + kNameBytes + 4);
+    s.size = get_u64(row + kNameBytes + 12);
+    s.xxh3 = get_u64(row + kNameBytes + 20);
+    const std::string expected_name = i == 0 ? "tokens" : fmt::format("kv.{}", i - 1);
+    if (s.name != expected_name || codec != 0 || s.offset != expected_offset) {
+      corrupt(path, fmt::format("section table row {} is malformed ('{}', codec {}, offset {})", i,
+                                s.name, codec, s.offset));
+    }
+    expected_offset += s.size;
+    if (i > 0) payload += s.size;
+    h.sections.push_back(std::move(s));
+  }
+  if (h.sections.empty() || h.sections[0].size != n_tokens * 4 || payload != h.meta.payload_bytes) {
+    corrupt(path,
+            fmt::format("the section table does not match the metadata ({} tokens, {} payload "
+                        "bytes)",
+                        n_tokens, h.meta.payload_bytes));
+  }
+
+  std::vector<uint8_t> tokens(h.sections[0].size);
+  read_section(fd.get(), path, h.sections[0], h.file_bytes, tokens.data(), nullptr);
+  h.meta.tokens.resize(n_tokens);
+  for (uint64_t i = 0; i < n_tokens; ++i) {
+    h.meta.tokens[i] = static_cast<Token>(get_u32(tokens.data() + 4 * i));
+  }
+  const SnapshotSection& last = h.sections.back();
+  if (last.offset + last.size != h.file_bytes) {
+    if (last.offset + last.size > h.file_bytes) {
+      // Report the first section the file ends in.
+      for (const SnapshotSection& s : h.sections) {
+        if (s.offset + s.size > h.file_bytes) {
+          corrupt(path, fmt::format("truncated: section '{}' needs bytes [{}, {}), the file has {}",
+                                    s.name, s.offset, s.offset + s.size, h.file_bytes));
+        }
+      }
+    }
+    corrupt(path,
+            fmt::format("{} bytes after the last section", h.file_bytes - last.offset - last.size));
+  }
+  return h;
+}
+
+std::vector<uint8_t> read_snapshot_payload(const std::string& path, const SnapshotHeader& header,
+                                           SnapshotReadTimes* times) {
+  const Fd fd = open_for_reading(path);
+  std::vector<uint8_t> out(header.meta.payload_bytes);
+  uint64_t at = 0;
+  for (size_t i = 1; i < header.sections.size(); ++i) {
+    read_section(fd.get(), path, header.sections[i], header.file_bytes, out.data() + at, times);
+    at += header.sections[i].size;
+  }
+  return out;
+}
+
+void check_binding(const std::string& path, const SnapshotBinding& snapshot,
+                   const SnapshotBinding& context) {
+  const auto refuse = [&](std::string_view field, const auto& made_for, const auto& here) {
+    throw Error(ErrorCode::kIncompatible,
+                fmt::format("snapshot '{}' was made for {} {}, this run has {}", path, field,
+                            made_for, here));
+  };
+  if (snapshot.model_sha256 != context.model_sha256) {
+    refuse("the model with sha256", snapshot.model_sha256, context.model_sha256);
+  }
+  if (snapshot.engine != context.engine) refuse("engine", snapshot.engine, context.engine);
+  if (snapshot.state_version != context.state_version) {
+    refuse("state format version", snapshot.state_version, context.state_version);
+  }
+  const KvLayout& a = snapshot.layout;
+  const KvLayout& b = context.layout;
+  if (a.architecture != b.architecture) refuse("architecture", a.architecture, b.architecture);
+  if (a.n_layer != b.n_layer) refuse("n_layer", a.n_layer, b.n_layer);
+  if (a.n_embd_k != b.n_embd_k) refuse("n_embd_k", a.n_embd_k, b.n_embd_k);
+  if (a.n_embd_v != b.n_embd_v) refuse("n_embd_v", a.n_embd_v, b.n_embd_v);
+  if (a.type_k != b.type_k) refuse("type_k", a.type_k, b.type_k);
+  if (a.type_v != b.type_v) refuse("type_v", a.type_v, b.type_v);
+  if (a.flash_attn != b.flash_attn) refuse("flash_attn", a.flash_attn, b.flash_attn);
+  if (a.kv_unified != b.kv_unified) refuse("kv_unified", a.kv_unified, b.kv_unified);
+  if (a.n_swa != b.n_swa) refuse("n_swa", a.n_swa, b.n_swa);
+  if (a.n_ubatch != b.n_ubatch) refuse("n_ubatch", a.n_ubatch, b.n_ubatch);
+}
+
+std::string_view to_string(SnapshotCacheMode mode) noexcept {
+  switch (mode) {
+    case SnapshotCacheMode::kOff:
+      return "off";
+    case SnapshotCacheMode::kOn:
+      return "on";
+    case SnapshotCacheMode::kReadOnly:
+      return "read-only";
+  }
+  return "unknown";
+}
+
+SnapshotCacheMode parse_snapshot_cache_mode(std::string_view name) {
+  if (name == "on") return SnapshotCacheMode::kOn;
+  if (name == "off") return SnapshotCacheMode::kOff;
+  if (name == "read-only") return SnapshotCacheMode::kReadOnly;
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      fmt::format("unknown snapshot cache mode '{}' (expected on, off or read-only)", name));
+}
+
+}  // namespace swarmkv

@@ -1,0 +1,444 @@
+// The snapshot format, its validation and the disk store, without a model:
+// the payload is synthetic bytes (the engine's restore is covered by
+// snapshot_model_test.cpp).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <gtest/gtest.h>
+
+#include "pipeline/prefix_source.h"
+#include "swarmkv/error.h"
+#include "swarmkv/snapshot.h"
+
+namespace swarmkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+SnapshotBinding test_binding() {
+  SnapshotBinding b;
+  b.engine = "0c1e57098+pe3f6dd2ca631";
+  b.state_version = 10;
+  b.model_sha256 = std::string(64, 'a');
+  b.layout = {"llama", 30, 192, 192, "f16", "f16", false, false, 0, 512};
+  return b;
+}
+
+SnapshotMeta test_meta(size_t n_tokens, Token first = 1) {
+  SnapshotMeta m;
+  m.binding = test_binding();
+  for (size_t i = 0; i < n_tokens; ++i) m.tokens.push_back(first + static_cast<Token>(i));
+  m.model_file = "test.gguf";
+  return m;
+}
+
+std::vector<uint8_t> payload_of(size_t n, uint32_t seed = 7) {
+  std::vector<uint8_t> p(n);
+  std::mt19937 rng(seed);
+  for (auto& b : p) b = static_cast<uint8_t>(rng());
+  return p;
+}
+
+class SnapshotFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("swarmkv-snapshot-test-{}-{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // The error of reading `file` whole (header, then payload); "" when none.
+  static std::string read_error(const std::string& file, ErrorCode* code = nullptr) {
+    try {
+      const SnapshotHeader h = read_snapshot_header(file);
+      read_snapshot_payload(file, h);
+    } catch (const Error& e) {
+      if (code != nullptr) *code = e.code();
+      return e.what();
+    }
+    return "";
+  }
+
+  static std::string bytes_of(const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+  static void write_bytes(const std::string& file, const std::string& bytes) {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(SnapshotFileTest, RoundTripKeepsMetadataTokensAndEveryPayloadByte) {
+  const SnapshotMeta meta = test_meta(1000);
+  // Three sections: 16 MiB, 16 MiB and the rest.
+  const std::vector<uint8_t> payload = payload_of(2 * kSnapshotSectionBytes + 12345);
+  write_snapshot(path("a.swkv"), meta, payload);
+
+  const SnapshotHeader h = read_snapshot_header(path("a.swkv"));
+  EXPECT_EQ(h.meta.binding, meta.binding);
+  EXPECT_EQ(h.meta.tokens, meta.tokens);
+  EXPECT_EQ(h.meta.payload_bytes, payload.size());
+  EXPECT_EQ(h.meta.model_file, "test.gguf");
+  EXPECT_EQ(h.meta.producer.rfind("swarmkv ", 0), 0u) << h.meta.producer;
+  EXPECT_GT(h.meta.created_unix, 1700000000);
+  ASSERT_EQ(h.sections.size(), 4u);
+  EXPECT_EQ(h.sections[0].name, "tokens");
+  EXPECT_EQ(h.sections[0].size, 4000u);
+  EXPECT_EQ(h.sections[3].name, "kv.2");
+  EXPECT_EQ(h.sections[3].size, 12345u);
+  SnapshotReadTimes times;
+  EXPECT_EQ(read_snapshot_payload(path("a.swkv"), h, &times), payload);
+  EXPECT_GT(times.verify_ms, 0);
+  // Nothing but the file is left in the folder.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+TEST_F(SnapshotFileTest, TruncationAtEverySectionBoundaryNamesTheSection) {
+  const std::vector<uint8_t> payload = payload_of(kSnapshotSectionBytes + 100);
+  write_snapshot(path("full.swkv"), test_meta(300), payload);
+  const std::string full = bytes_of(path("full.swkv"));
+  const SnapshotHeader h = read_snapshot_header(path("full.swkv"));
+  ASSERT_EQ(h.sections.size(), 3u);
+  const uint64_t size = full.size();
+
+  // Cut exactly where each section starts, one byte into it, and one byte
+  // before the end of the file.
+  for (const SnapshotSection& s : h.sections) {
+    for (const uint64_t cut : {s.offset, s.offset + 1}) {
+      write_bytes(path("cut.swkv"), full.substr(0, cut));
+      ErrorCode code{};
+      const std::string error = read_error(path("cut.swkv"), &code);
+      EXPECT_EQ(code, ErrorCode::kCorruption) << error;
+      EXPECT_EQ(error, fmt::format("corruption: snapshot '{}': truncated: section '{}' needs bytes "
+                                   "[{}, {}), the file has {}",
+                                   path("cut.swkv"), s.name, s.offset, s.offset + s.size, cut));
+    }
+  }
+  write_bytes(path("cut.swkv"), full.substr(0, size - 1));
+  EXPECT_EQ(
+      read_error(path("cut.swkv")),
+      fmt::format("corruption: snapshot '{}': truncated: section 'kv.1' needs bytes [{}, {}), "
+                  "the file has {}",
+                  path("cut.swkv"), h.sections[2].offset, size, size - 1));
+  // Inside the header.
+  write_bytes(path("cut.swkv"), full.substr(0, 20));
+  EXPECT_EQ(read_error(path("cut.swkv")),
+            fmt::format("corruption: snapshot '{}': truncated in the header (20 bytes)",
+                        path("cut.swkv")));
+}
+
+TEST_F(SnapshotFileTest, AFlippedByteAnywhereIsCorruptionNamingWhere) {
+  write_snapshot(path("full.swkv"), test_meta(300), payload_of(kSnapshotSectionBytes + 100));
+  const std::string full = bytes_of(path("full.swkv"));
+  const SnapshotHeader h = read_snapshot_header(path("full.swkv"));
+  const std::string flipped = path("flipped.swkv");
+  const auto flip_at = [&](uint64_t at) {
+    std::string bytes = full;
+    bytes[at] = static_cast<char>(bytes[at] ^ 0x40);
+    write_bytes(flipped, bytes);
+    return read_error(flipped);
+  };
+  // The magic.
+  EXPECT_EQ(flip_at(2),
+            fmt::format("corruption: snapshot '{}': not a SwarmKV snapshot (no SWKVSNAP magic)",
+                        flipped));
+  // The metadata (JSON) and the section table are under the header checksum.
+  for (const uint64_t at : {uint64_t{20}, h.sections[0].offset - 20}) {
+    const std::string error = flip_at(at);
+    EXPECT_TRUE(error.starts_with(
+        fmt::format("corruption: snapshot '{}': header checksum mismatch (stored ", flipped)))
+        << at << ": " << error;
+  }
+  // The tokens and each KV section have their own checksum.
+  for (const SnapshotSection& s : h.sections) {
+    const std::string error = flip_at(s.offset + s.size / 2);
+    EXPECT_TRUE(error.starts_with(fmt::format(
+        "corruption: snapshot '{}': checksum mismatch in section '{}' (stored ", flipped, s.name)))
+        << error;
+  }
+}
+
+TEST_F(SnapshotFileTest, EmptyFileForeignFileAndMissingFileAreRefusedPrecisely) {
+  write_bytes(path("empty.swkv"), "");
+  EXPECT_EQ(
+      read_error(path("empty.swkv")),
+      fmt::format("corruption: snapshot '{}': the file is empty (0 bytes)", path("empty.swkv")));
+  write_bytes(path("text.swkv"), "hello, this is not a snapshot at all\n");
+  EXPECT_EQ(read_error(path("text.swkv")),
+            fmt::format("corruption: snapshot '{}': not a SwarmKV snapshot (no SWKVSNAP magic)",
+                        path("text.swkv")));
+  ErrorCode code{};
+  EXPECT_EQ(read_error(path("missing.swkv"), &code),
+            fmt::format("not_found: snapshot '{}' does not exist", path("missing.swkv")));
+  EXPECT_EQ(code, ErrorCode::kNotFound);
+}
+
+TEST_F(SnapshotFileTest, ANewerFormatVersionIsIncompatibleNotCorrupt) {
+  write_snapshot(path("v.swkv"), test_meta(10), payload_of(100));
+  std::string bytes = bytes_of(path("v.swkv"));
+  bytes[8] = 2;  // format version 2, then a valid header checksum over it
+  const SnapshotHeader h = read_snapshot_header(path("v.swkv"));
+  const size_t header_end = h.sections[0].offset;
+  const uint64_t sum = [&] {
+    // Recompute with the library's own rule: XXH3-64 of everything before it.
+    write_bytes(path("v2.swkv"), bytes);
+    try {
+      read_snapshot_header(path("v2.swkv"));
+    } catch (const Error& e) {
+      const std::string m = e.message();
+      const size_t at = m.find("computed ");
+      return static_cast<uint64_t>(std::stoull(m.substr(at + 9, 16), nullptr, 16));
+    }
+    return uint64_t{0};
+  }();
+  for (int i = 0; i < 8; ++i)
+    bytes[header_end - 8 + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
+  write_bytes(path("v2.swkv"), bytes);
+  ErrorCode code{};
+  EXPECT_EQ(read_error(path("v2.swkv"), &code),
+            fmt::format("incompatible: snapshot '{}' has format version 2, this build reads "
+                        "version 1",
+                        path("v2.swkv")));
+  EXPECT_EQ(code, ErrorCode::kIncompatible);
+}
+
+std::string binding_error(const SnapshotBinding& snapshot) {
+  try {
+    check_binding("s.swkv", snapshot, test_binding());
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIncompatible);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SnapshotBindingTest, EveryMismatchNamesWhatTheSnapshotWasMadeForAndWhatThisRunHas) {
+  EXPECT_EQ(binding_error(test_binding()), "");
+  SnapshotBinding b = test_binding();
+  b.model_sha256 = std::string(64, 'b');
+  EXPECT_EQ(binding_error(b),
+            fmt::format("incompatible: snapshot 's.swkv' was made for the model with sha256 {}, "
+                        "this run has {}",
+                        std::string(64, 'b'), std::string(64, 'a')));
+  b = test_binding();
+  b.engine = "deadbeef+p0";
+  EXPECT_EQ(binding_error(b),
+            "incompatible: snapshot 's.swkv' was made for engine deadbeef+p0, this run has "
+            "0c1e57098+pe3f6dd2ca631");
+  b = test_binding();
+  b.layout.n_embd_k = 256;
+  EXPECT_EQ(binding_error(b),
+            "incompatible: snapshot 's.swkv' was made for n_embd_k 256, this run has 192");
+  b = test_binding();
+  b.layout.type_v = "q8_0";
+  EXPECT_EQ(binding_error(b),
+            "incompatible: snapshot 's.swkv' was made for type_v q8_0, this run has f16");
+  b = test_binding();
+  b.layout.n_ubatch = 256;
+  EXPECT_EQ(binding_error(b),
+            "incompatible: snapshot 's.swkv' was made for n_ubatch 256, this run has 512");
+}
+
+TEST(SnapshotKeyTest, KeyChangesWithAnyBoundFieldAndAnyToken) {
+  const SnapshotMeta m = test_meta(50);
+  const std::string key = snapshot_key(m.binding, m.tokens);
+  EXPECT_EQ(key.size(), 32u);
+  EXPECT_EQ(key, snapshot_key(m.binding, m.tokens));
+  std::vector<Token> other = m.tokens;
+  other.back() += 1;
+  EXPECT_NE(key, snapshot_key(m.binding, other));
+  other.pop_back();
+  EXPECT_NE(key, snapshot_key(m.binding, other));
+  SnapshotBinding b = m.binding;
+  b.layout.flash_attn = true;
+  EXPECT_NE(key, snapshot_key(b, m.tokens));
+  b = m.binding;
+  b.engine += "x";
+  EXPECT_NE(key, snapshot_key(b, m.tokens));
+}
+
+TEST(SnapshotOptionsTest, SizesAndModesParseOrNameTheBadValue) {
+  EXPECT_EQ(parse_byte_size("4G"), 4ull << 30);
+  EXPECT_EQ(parse_byte_size("512M"), 512ull << 20);
+  EXPECT_EQ(parse_byte_size("512MiB"), 512ull << 20);
+  EXPECT_EQ(parse_byte_size("1048576"), 1048576u);
+  for (const char* bad : {"", "G", "4X", "-1", "4GG", "99999999999999999999"}) {
+    try {
+      parse_byte_size(bad);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.what(), fmt::format("invalid_argument: '{}' is not a size (bytes, or a number "
+                                      "with K, M, G or T)",
+                                      bad));
+    }
+  }
+  EXPECT_EQ(parse_snapshot_cache_mode("read-only"), SnapshotCacheMode::kReadOnly);
+  EXPECT_EQ(to_string(SnapshotCacheMode::kOn), "on");
+  try {
+    parse_snapshot_cache_mode("yes");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "invalid_argument: unknown snapshot cache mode 'yes' (expected on, off or "
+                 "read-only)");
+  }
+}
+
+TEST(PrefixReuseTest, ReuseIsExactMatchOrWholeChunksAndNeverPartialOnSlidingWindowModels) {
+  KvLayout plain = test_binding().layout;  // n_ubatch 512, no sliding window
+  EXPECT_EQ(detail::reusable_tokens(3592, 3592, 3592, plain), 3592u);  // exact
+  EXPECT_EQ(detail::reusable_tokens(3590, 3592, 3700, plain), 3584u);  // appended: 7 chunks
+  EXPECT_EQ(detail::reusable_tokens(3592, 3592, 3700, plain),
+            3584u);  // a prefix, not chunk-aligned
+  EXPECT_EQ(detail::reusable_tokens(1024, 1024, 2000, plain), 1024u);
+  EXPECT_EQ(detail::reusable_tokens(511, 3592, 3700, plain), 0u);      // less than one chunk
+  EXPECT_EQ(detail::reusable_tokens(2000, 3592, 2000, plain), 1536u);  // a shorter document
+  KvLayout swa = plain;
+  swa.n_swa = 512;
+  EXPECT_EQ(detail::reusable_tokens(3592, 3592, 3592, swa), 3592u);
+  EXPECT_EQ(detail::reusable_tokens(3590, 3592, 3700, swa), 0u);
+}
+
+class SnapshotStoreTest : public SnapshotFileTest {};
+
+TEST_F(SnapshotStoreTest, ExactKeyWinsThenTheLongestCommonPrefixOfTheSameBinding) {
+  SnapshotStore store(dir_.string(), 1ull << 30);
+  const SnapshotMeta a = test_meta(600);
+  store.publish(a, payload_of(1000));
+  SnapshotMeta longer = test_meta(700);
+  store.publish(longer, payload_of(1000));
+  SnapshotMeta other_model = test_meta(800);
+  other_model.binding.model_sha256 = std::string(64, 'c');
+  store.publish(other_model, payload_of(1000));
+
+  // Exact.
+  auto m = store.best_match(a.binding, a.tokens, 1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->entry.key, snapshot_key(a.binding, a.tokens));
+  EXPECT_EQ(m->common_tokens, 600u);
+  // 750 tokens extending both: the 700-token entry shares more.
+  std::vector<Token> request = test_meta(750).tokens;
+  m = store.best_match(a.binding, request, 1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->common_tokens, 700u);
+  EXPECT_EQ(m->entry.path, store.path_of(snapshot_key(longer.binding, longer.tokens)));
+  // A different first token: nothing in common.
+  EXPECT_FALSE(store.best_match(a.binding, test_meta(600, 99).tokens, 1));
+  // The other model's entry is never offered.
+  SnapshotBinding c = a.binding;
+  c.model_sha256 = std::string(64, 'd');
+  EXPECT_FALSE(store.best_match(c, request, 1));
+}
+
+TEST_F(SnapshotStoreTest, DamagedEntriesAreReportedNotMatched) {
+  SnapshotStore store(dir_.string(), 1ull << 30);
+  const SnapshotMeta a = test_meta(600);
+  const std::string p = store.publish(a, payload_of(1000));
+  std::string bytes = bytes_of(p);
+  bytes[30] = static_cast<char>(bytes[30] ^ 1);
+  write_bytes(p, bytes);
+  std::vector<SnapshotStore::Entry> bad;
+  EXPECT_FALSE(store.best_match(a.binding, a.tokens, 1, &bad));
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].path, p);
+  ASSERT_TRUE(bad[0].error);
+  EXPECT_EQ(bad[0].error->code, ErrorCode::kCorruption);
+}
+
+TEST_F(SnapshotStoreTest, PublishingEvictsTheLeastRecentlyUsedAboveTheCap) {
+  // Each entry is ~100 KB; the cap holds two.
+  SnapshotStore store(dir_.string(), 250'000);
+  std::vector<std::string> paths;
+  for (int i = 0; i < 3; ++i) {
+    paths.push_back(store.publish(test_meta(100, 1000 * i), payload_of(100'000)));
+    // Distinct last-use times, oldest first; then entry 0 is used again.
+    fs::last_write_time(paths.back(),
+                        fs::file_time_type::clock::now() - std::chrono::hours(10 - i));
+  }
+  // Publishing the third evicted the oldest one (0).
+  EXPECT_FALSE(fs::exists(paths[0]));
+  EXPECT_TRUE(fs::exists(paths[1]));
+  EXPECT_TRUE(fs::exists(paths[2]));
+  store.touch(paths[1]);  // now the most recent
+  paths.push_back(store.publish(test_meta(100, 5000), payload_of(100'000)));
+  EXPECT_TRUE(fs::exists(paths[1]));
+  EXPECT_FALSE(fs::exists(paths[2]));
+  EXPECT_TRUE(fs::exists(paths[3]));
+}
+
+TEST_F(SnapshotStoreTest, GcEvictsToTheCapAndRemovesOnlyStaleTemporaries) {
+  SnapshotStore store(dir_.string(), 1ull << 30);
+  const std::string a = store.publish(test_meta(100, 1), payload_of(100'000));
+  fs::last_write_time(a, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  const std::string b = store.publish(test_meta(100, 500), payload_of(100'000));
+  write_bytes(path(".tmp-stale"), "x");
+  fs::last_write_time(path(".tmp-stale"), fs::file_time_type::clock::now() - std::chrono::hours(2));
+  write_bytes(path(".tmp-live"), "x");  // a writer at work: kept
+  const SnapshotStore::GcReport r = store.gc(150'000);
+  EXPECT_EQ(r.entries_removed, 1);
+  EXPECT_EQ(r.temporaries_removed, 1);
+  EXPECT_FALSE(fs::exists(a));
+  EXPECT_TRUE(fs::exists(b));
+  EXPECT_FALSE(fs::exists(path(".tmp-stale")));
+  EXPECT_TRUE(fs::exists(path(".tmp-live")));
+}
+
+TEST_F(SnapshotStoreTest, TwoProcessesPublishingOneKeyLeaveOneValidFileAndNoTemporaries) {
+  const SnapshotMeta meta = test_meta(2000);
+  const std::vector<uint8_t> payload = payload_of(3 * kSnapshotSectionBytes / 2);
+  // Both children start writing the same key at once, three times each.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  std::vector<pid_t> children;
+  for (int c = 0; c < 2; ++c) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      char go = 0;
+      ::close(ready[1]);
+      if (::read(ready[0], &go, 1) != 1) ::_exit(3);
+      try {
+        SnapshotStore store(dir_.string(), 1ull << 30);
+        for (int i = 0; i < 3; ++i) store.publish(meta, payload);
+      } catch (...) {
+        ::_exit(2);
+      }
+      ::_exit(0);
+    }
+    children.push_back(pid);
+  }
+  ::close(ready[0]);
+  ASSERT_EQ(::write(ready[1], "gg", 2), 2);
+  ::close(ready[1]);
+  for (const pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  std::vector<std::string> files;
+  for (const auto& d : fs::directory_iterator(dir_)) files.push_back(d.path().filename().string());
+  ASSERT_EQ(files.size(), 1u) << fmt::format("{}", fmt::join(files, ", "));
+  EXPECT_EQ(files[0], snapshot_key(meta.binding, meta.tokens) + ".swkv");
+  const SnapshotHeader h = read_snapshot_header((dir_ / files[0]).string());
+  EXPECT_EQ(read_snapshot_payload((dir_ / files[0]).string(), h), payload);
+}
+
+}  // namespace
+}  // namespace swarmkv
