@@ -427,11 +427,30 @@ TEST_F(SnapshotStoreTest, TwoProcessesPublishingOneKeyLeaveOneValidFileAndNoTemp
   ::close(ready[0]);
   ASSERT_EQ(::write(ready[1], "gg", 2), 2);
   ::close(ready[1]);
-  for (const pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  // Meanwhile this process reads the key as a reader would: it may find no
+  // file yet, never a part of one (a writer that wrote in place would be
+  // caught here as a truncated file).
+  const std::string final_path =
+      (dir_ / (snapshot_key(meta.binding, meta.tokens) + ".swkv")).string();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  size_t exited = 0;
+  while (exited < children.size() && std::chrono::steady_clock::now() < deadline) {
+    try {
+      const SnapshotHeader h = read_snapshot_header(final_path);
+      EXPECT_EQ(read_snapshot_payload(final_path, h), payload);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kNotFound) << e.what();
+    }
+    for (pid_t& pid : children) {
+      int status = 0;
+      if (pid > 0 && ::waitpid(pid, &status, WNOHANG) == pid) {
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+        pid = -1;
+        ++exited;
+      }
+    }
   }
+  ASSERT_EQ(exited, children.size()) << "the writers did not finish within 60 s";
   std::vector<std::string> files;
   for (const auto& d : fs::directory_iterator(dir_)) files.push_back(d.path().filename().string());
   ASSERT_EQ(files.size(), 1u) << fmt::format("{}", fmt::join(files, ", "));

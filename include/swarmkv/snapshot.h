@@ -146,7 +146,7 @@ class SnapshotStore {
     std::optional<SnapshotHeader> header;  // unset when the header is unreadable
     std::optional<ErrorValue> error;       // why, when unset
   };
-  // Every *.swkv file, most recently used first.
+  // Every *.swkv file, most recently used first, with its header read.
   std::vector<Entry> list() const;
 
   struct Match {
@@ -179,6 +179,13 @@ class SnapshotStore {
   GcReport gc(uint64_t max_bytes) const;
 
  private:
+  // The entries, most recently used first; headers only when asked (eviction
+  // needs sizes and last-use times, not the headers' token checksums).
+  std::vector<Entry> scan(bool read_headers) const;
+  // Removes least recently used entries except `keep` until the total fits
+  // `max_bytes`; returns {entries removed, bytes freed, bytes kept}.
+  GcReport evict(uint64_t max_bytes, const std::string& keep) const;
+
   std::string dir_;
   uint64_t max_bytes_;
 };

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "swarmkv/measure.h"
+#include "swarmkv/result_json.h"
 #include "swarmkv/snapshot.h"
 
 #ifndef SWARMKV_VERSION
@@ -48,13 +49,6 @@ uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
-nlohmann::json layout_json(const KvLayout& l) {
-  return {{"architecture", l.architecture}, {"n_layer", l.n_layer},       {"n_embd_k", l.n_embd_k},
-          {"n_embd_v", l.n_embd_v},         {"type_k", l.type_k},         {"type_v", l.type_v},
-          {"flash_attn", l.flash_attn},     {"kv_unified", l.kv_unified}, {"n_swa", l.n_swa},
-          {"n_ubatch", l.n_ubatch}};
-}
-
 KvLayout layout_from(const nlohmann::json& j) {
   KvLayout l;
   l.architecture = j.at("architecture").get<std::string>();
@@ -75,7 +69,7 @@ std::string meta_json(const SnapshotMeta& m) {
       {"engine", m.binding.engine},
       {"state_version", m.binding.state_version},
       {"model_sha256", m.binding.model_sha256},
-      {"layout", layout_json(m.binding.layout)},
+      {"layout", kv_layout_json(m.binding.layout)},
       {"n_tokens", m.tokens.size()},
       {"payload_bytes", m.payload_bytes},
       {"created_unix", m.created_unix},
@@ -177,9 +171,9 @@ std::string snapshot_key(const SnapshotBinding& binding, std::span<const Token> 
   XXH3_state_t* state = XXH3_createState();
   if (state == nullptr) throw std::bad_alloc();
   XXH3_128bits_reset(state);
-  const std::string head =
-      fmt::format("swarmkv-snapshot-v{}\n{}\n{}\n{}\n{}\n", kSnapshotFormatVersion, binding.engine,
-                  binding.state_version, binding.model_sha256, layout_json(binding.layout).dump());
+  const std::string head = fmt::format(
+      "swarmkv-snapshot-v{}\n{}\n{}\n{}\n{}\n", kSnapshotFormatVersion, binding.engine,
+      binding.state_version, binding.model_sha256, kv_layout_json(binding.layout).dump());
   XXH3_128bits_update(state, head.data(), head.size());
   for (const Token t : tokens) {
     const uint32_t v = static_cast<uint32_t>(t);

@@ -173,6 +173,10 @@ std::string SnapshotStore::path_of(const std::string& key) const {
 }
 
 std::vector<SnapshotStore::Entry> SnapshotStore::list() const {
+  return scan(/*read_headers=*/true);
+}
+
+std::vector<SnapshotStore::Entry> SnapshotStore::scan(bool read_headers) const {
   std::vector<Entry> out;
   std::error_code ec;
   for (const fs::directory_entry& d : fs::directory_iterator(dir_, ec)) {
@@ -185,11 +189,13 @@ std::vector<SnapshotStore::Entry> SnapshotStore::list() const {
     if (::stat(e.path.c_str(), &st) != 0) continue;  // removed meanwhile
     e.bytes = static_cast<uint64_t>(st.st_size);
     e.last_used_unix = st.st_mtim.tv_sec;
-    try {
-      e.header = read_snapshot_header(e.path);
-    } catch (const Error& err) {
-      if (err.code() == ErrorCode::kNotFound) continue;  // removed meanwhile
-      e.error = err.value();
+    if (read_headers) {
+      try {
+        e.header = read_snapshot_header(e.path);
+      } catch (const Error& err) {
+        if (err.code() == ErrorCode::kNotFound) continue;  // removed meanwhile
+        e.error = err.value();
+      }
     }
     out.push_back(std::move(e));
   }
@@ -235,23 +241,27 @@ std::string SnapshotStore::publish(const SnapshotMeta& meta, std::span<const uin
   }
   const std::string path = path_of(snapshot_key(meta.binding, meta.tokens));
   write_snapshot(path, meta, payload);
-  // Evict the least recently used entries above the cap, never this one.
-  uint64_t total = 0;
-  std::vector<Entry> entries = list();
-  for (const Entry& e : entries) total += e.bytes;
-  for (auto it = entries.rbegin(); it != entries.rend() && total > max_bytes_; ++it) {
-    if (it->path == path) continue;
-    if (remove_path(it->path)) {
-      log_info("snapshot store: evicted {} ({} bytes, least recently used; cap {} bytes)", it->key,
-               it->bytes, max_bytes_);
-      total -= it->bytes;
-    }
-  }
-  if (total > max_bytes_) {
-    log_warn("snapshot store: the new snapshot alone ({} bytes) is above the cap {} bytes", total,
-             max_bytes_);
+  const GcReport r = evict(max_bytes_, path);
+  if (r.bytes_kept > max_bytes_) {
+    log_warn("snapshot store: the new snapshot alone ({} bytes) is above the cap {} bytes",
+             r.bytes_kept, max_bytes_);
   }
   return path;
+}
+
+SnapshotStore::GcReport SnapshotStore::evict(uint64_t max_bytes, const std::string& keep) const {
+  GcReport report;
+  const std::vector<Entry> entries = scan(/*read_headers=*/false);
+  for (const Entry& e : entries) report.bytes_kept += e.bytes;
+  for (auto it = entries.rbegin(); it != entries.rend() && report.bytes_kept > max_bytes; ++it) {
+    if (it->path == keep || !remove_path(it->path)) continue;
+    log_info("snapshot store: evicted {} ({} bytes, least recently used; cap {} bytes)", it->key,
+             it->bytes, max_bytes);
+    ++report.entries_removed;
+    report.bytes_freed += it->bytes;
+    report.bytes_kept -= it->bytes;
+  }
+  return report;
 }
 
 void SnapshotStore::touch(const std::string& path) const {
@@ -279,17 +289,10 @@ SnapshotStore::GcReport SnapshotStore::gc(uint64_t max_bytes) const {
       }
     }
   }
-  std::vector<Entry> entries = list();
-  uint64_t total = 0;
-  for (const Entry& e : entries) total += e.bytes;
-  for (auto it = entries.rbegin(); it != entries.rend() && total > max_bytes; ++it) {
-    if (remove_path(it->path)) {
-      ++report.entries_removed;
-      report.bytes_freed += it->bytes;
-      total -= it->bytes;
-    }
-  }
-  report.bytes_kept = total;
+  const GcReport evicted = evict(max_bytes, /*keep=*/{});
+  report.entries_removed = evicted.entries_removed;
+  report.bytes_freed += evicted.bytes_freed;
+  report.bytes_kept = evicted.bytes_kept;
   return report;
 }
 

@@ -69,7 +69,6 @@ std::string iso_time(int64_t unix) {
 }
 
 nlohmann::json header_json(const SnapshotHeader& h, const std::string& path) {
-  const KvLayout& l = h.meta.binding.layout;
   nlohmann::json sections = nlohmann::json::array();
   for (const SnapshotSection& s : h.sections) {
     sections.push_back({{"name", s.name},
@@ -84,17 +83,7 @@ nlohmann::json header_json(const SnapshotHeader& h, const std::string& path) {
           {"state_version", h.meta.binding.state_version},
           {"model_sha256", h.meta.binding.model_sha256},
           {"model_file", h.meta.model_file},
-          {"layout",
-           {{"architecture", l.architecture},
-            {"n_layer", l.n_layer},
-            {"n_embd_k", l.n_embd_k},
-            {"n_embd_v", l.n_embd_v},
-            {"type_k", l.type_k},
-            {"type_v", l.type_v},
-            {"flash_attn", l.flash_attn},
-            {"kv_unified", l.kv_unified},
-            {"n_swa", l.n_swa},
-            {"n_ubatch", l.n_ubatch}}},
+          {"layout", kv_layout_json(h.meta.binding.layout)},
           {"n_tokens", h.meta.tokens.size()},
           {"payload_bytes", h.meta.payload_bytes},
           {"file_bytes", h.file_bytes},
