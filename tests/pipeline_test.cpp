@@ -1,4 +1,5 @@
 // Pipeline validation and budgets, without a model.
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -7,6 +8,7 @@
 
 #include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
+#include "swarmkv/result_json.h"
 
 namespace swarmkv {
 namespace {
@@ -126,6 +128,73 @@ TEST(PipelineBudgetTest, OneSharedContextHoldsThePrefixOnceAndEveryBranch) {
             "budget: context budget exceeded (fork shared, one context for all): prefix_tokens "
             "1000 + branch_tokens 232 (prompt + max_tokens of 3 agents) = required 1232 > n_ctx "
             "1231");
+}
+
+// Hardening: an agent that never ran has no stop reason, and text that is
+// not UTF-8 does not cost the whole JSON output.
+TEST(ResultJsonTest, AgentsThatDidNotFinishHaveNoStopReason) {
+  AgentResult a;
+  a.name = "verdict";
+  a.status = NodeStatus::kDependencyFailed;
+  a.error = ErrorValue{ErrorCode::kDependencyFailed, "dependency 'risks' failed: aborted: x"};
+  EXPECT_TRUE(agent_json(a)["stop_reason"].is_null());
+  a.status = NodeStatus::kFailed;
+  EXPECT_TRUE(agent_json(a)["stop_reason"].is_null());
+  a.status = NodeStatus::kOk;
+  a.error.reset();
+  EXPECT_EQ(agent_json(a)["stop_reason"], "max_tokens");
+}
+
+TEST(ResultJsonTest, AnswersCutInsideACharacterStayInTheOutput) {
+  AgentResult a;
+  a.name = "rocket";
+  a.answer = "go \xF0\x9F\x9A";  // the first three bytes of U+1F680
+  const std::string text = dump_json(agent_json(a));
+  EXPECT_NE(text.find("\"answer\": \"go \xEF\xBF\xBD"), std::string::npos) << text;
+  EXPECT_EQ(nlohmann::json::parse(text)["name"], "rocket");
+}
+
+TEST(ValidatePipelineTest, ThreadsBatchNamesStopsAndNulBytesAreChecked) {
+  const auto error_of = [](const PipelineSpec& spec) {
+    try {
+      validate_pipeline(spec);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  PipelineSpec spec;
+  spec.document = "doc";
+  spec.agents.emplace_back();
+  spec.agents[0].name = "a";
+  spec.agents[0].prompt = "q";
+  EXPECT_EQ(error_of(spec), "no error");
+  PipelineSpec s = spec;
+  s.n_threads = 100000;
+  EXPECT_NE(error_of(s).find("threads must be 0 (all cores) or 1.."), std::string::npos);
+  s = spec;
+  s.n_threads = -3;
+  EXPECT_NE(error_of(s).find("(got -3)"), std::string::npos);
+  s = spec;
+  s.n_batch = 0;
+  EXPECT_EQ(error_of(s), "invalid_argument: n_batch must be >= 1 (got 0)");
+  s = spec;
+  s.agents[0].stop = {""};
+  EXPECT_EQ(error_of(s),
+            "invalid_argument: agent 'a': a stop string is empty (it would end every answer "
+            "before its first token)");
+  s = spec;
+  s.agents[0].name = "a\xff";
+  EXPECT_EQ(error_of(s),
+            "invalid_argument: the name of agents[0] is not valid UTF-8 text on one line");
+  s = spec;
+  s.agents[0].prompt = std::string("q\0r", 3);
+  EXPECT_EQ(error_of(s),
+            "invalid_argument: agent 'a': the prompt contains a NUL byte at offset 1 (a binary "
+            "file?)");
+  s = spec;
+  s.agents[0].sampling.temperature = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(error_of(s), "invalid_argument: agent 'a': need a finite temperature (got inf)");
 }
 
 }  // namespace

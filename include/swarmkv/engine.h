@@ -72,6 +72,7 @@ class Model {
   int32_t n_vocab() const noexcept;
   int32_t n_ctx_train() const noexcept;
   int32_t n_layer() const noexcept;
+  int32_t n_head() const noexcept;
   uint64_t size_bytes() const noexcept;
 
   // Text -> tokens. `add_special` adds BOS/EOS where the model wants them;
@@ -79,6 +80,29 @@ class Model {
   // control token. Throws Error(kTokenize) on failure.
   std::vector<Token> tokenize(std::string_view text, bool add_special,
                               bool parse_special = true) const;
+  // A text assembled from pieces: a chat template's own markup, where the
+  // texts of special tokens ("<|im_start|>", "<start_of_turn>") become those
+  // tokens, and content (a document, a prompt), which is always plain text,
+  // so that an untrusted document cannot open or close a turn. For content
+  // without special-token texts the result equals tokenize() of the whole
+  // text with parse_special. Control-token texts in markup are matched
+  // longest first at each position; the LSTRIP/RSTRIP whitespace rules of a few tokenizers (Phi-3,
+  // BERT masks) are not applied. Throws Error(kTokenize) on failure.
+  struct TextPiece {
+    std::string_view text;
+    bool markup = false;
+  };
+  std::vector<Token> tokenize(std::span<const TextPiece> pieces, bool add_special) const;
+  // `rendered` (a chat template's output made with placeholder markers in
+  // place of the messages' contents) as pieces: the template's text as
+  // markup, each marker found, in order, replaced by its content. A marker
+  // the template dropped is skipped. The pieces view `rendered` and the
+  // contents.
+  using Placeholder = std::pair<std::string_view, std::string_view>;  // marker, content
+  static std::vector<TextPiece> fill_placeholders(std::string_view rendered,
+                                                  std::span<const Placeholder> placeholders);
+  // True for control tokens (the chat template's markers, BOS, EOS, ...).
+  bool is_control(Token token) const;
   // One token -> its text piece. `special` renders control tokens.
   std::string token_to_piece(Token token, bool special = false) const;
   // Tokens -> text. Throws Error(kTokenize) on an invalid token.
@@ -99,6 +123,9 @@ class Model {
 
   std::string path_;
   std::unique_ptr<llama_model, detail::ModelDeleter> model_;
+  // The control and unknown tokens' texts, longest first (tokenize(pieces)).
+  // Set once by load(); immutable after.
+  std::vector<std::pair<std::string, Token>> control_texts_;
 };
 
 // Options for Context; after construction Context::options() holds the
@@ -133,6 +160,30 @@ struct KvLayout {
 
 // The KV layout a context with `options` on `model` has (no context needed).
 KvLayout kv_layout(const Model& model, const ContextOptions& options);
+
+// Hardware threads of this machine (at least 1): the most `n_threads` a
+// context accepts.
+int32_t hardware_threads() noexcept;
+// Throws Error(kInvalidArgument) unless 0 <= n_threads <= hardware_threads():
+// "threads must be 0 (all cores) or 1..H, this machine's hardware threads
+// (got N)". More threads than cores only slows llama.cpp down.
+void validate_threads(int32_t n_threads);
+// Throws Error(kInvalidArgument) naming the field: n_ctx, n_batch, n_ubatch
+// and n_seq_max >= 1, validate_threads(n_threads).
+void validate_context_options(const ContextOptions& options);
+
+// What a context with `options` allocates, estimated before it exists from
+// the model's shape: the KV cache (n_ctx cells x layers x K and V widths x
+// their type sizes) and, without flash attention, the compute buffer's
+// attention scores and masks (n_ctx x n_ubatch x (heads + masks) x 4 bytes).
+// Within a few percent of the buffer sizes llama.cpp logs for both test
+// models (NOTES.md, "Memory is refused up front").
+struct ContextMemory {
+  uint64_t kv_bytes = 0;
+  uint64_t compute_bytes = 0;
+  uint64_t total() const noexcept { return kv_bytes + compute_bytes; }
+};
+ContextMemory estimate_context_memory(const Model& model, const ContextOptions& options);
 
 // A batch of tokens for Context::decode. Owns its llama_batch.
 // Thread-confined.

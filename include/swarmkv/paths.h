@@ -18,8 +18,23 @@ std::string cache_dir();
 // naming every place it looked and how to fetch the default model.
 std::string resolve_model_path(std::string_view explicit_path);
 
-// The whole content of a file. Throws Error(kNotFound) when it cannot be
-// opened, Error(kIo) when reading fails.
-std::string read_file(const std::string& path);
+// Throws Error(kNotFound) "<what> '<path>' does not exist", or
+// Error(kInvalidArgument) "<what> '<path>' is a directory, not a file" /
+// "... is not a regular file".
+void require_regular_file(const std::string& path, std::string_view what);
+
+// The whole content of a file. Throws what require_regular_file(path, what)
+// throws, Error(kNotFound) when it cannot be opened, Error(kIo) when reading
+// fails.
+std::string read_file(const std::string& path, std::string_view what = "file");
+
+// Writes `text` to `path`, replacing it. Throws Error(kIo) naming the path
+// and the system's reason when it cannot be opened or written in full.
+void write_text_file(const std::string& path, std::string_view text);
+
+// Text SwarmKV hands to the tokenizer or the chat template must not hold a
+// NUL byte (C strings would cut it there). Throws Error(kInvalidArgument)
+// "<what> contains a NUL byte at offset N (a binary file?)".
+void require_text(std::string_view text, std::string_view what);
 
 }  // namespace swarmkv

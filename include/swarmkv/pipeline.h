@@ -60,11 +60,19 @@ struct PipelineSpec {
   ForkMode fork = ForkMode::kShared;
 };
 
-// Loads a pipeline file (YAML, or JSON, which YAML reads too). Relative
-// `document.file` paths are resolved against the file's directory. Throws
-// Error(kNotFound) for a missing file, Error(kInvalidArgument) naming the
-// key for malformed content.
+// Loads a pipeline file (YAML, or JSON, which YAML reads too) and checks it
+// with validate_pipeline. Relative `document.file` and `model` paths are
+// resolved against the file's directory. Throws Error(kNotFound) for a
+// missing file (or document file), Error(kInvalidArgument) for a directory,
+// for malformed content naming the file, the key and its line (unknown or
+// repeated keys, empty values, wrong types, numbers out of range), and what
+// validate_pipeline throws, prefixed with the file's path.
 PipelineSpec load_pipeline_file(const std::string& path);
+
+// The same from text: `origin` names it in messages, `base_dir` resolves
+// relative paths; the pipeline's default name is "pipeline".
+PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
+                            const std::string& base_dir);
 
 }  // namespace swarmkv
 
@@ -230,10 +238,12 @@ struct PreparedPipeline {
 };
 
 // Checks `spec` without a model. Throws Error: kInvalidArgument ("the
-// document is empty (<source>)", "the pipeline has no agents", an agent's
-// empty name or prompt, reserved name, max_tokens < 1, sampling settings as
-// validate_sampling names them), kGraph (duplicate name, unknown dependency,
-// cycle; see the messages in src/pipeline/dag.h).
+// document is empty (<source>)", a NUL byte in the document, system prompt
+// or a prompt (require_text), n_batch < 1, threads (validate_threads), "the
+// pipeline has no agents", an agent's empty name or prompt, a name that is
+// not valid UTF-8 on one line, reserved name, max_tokens < 1, an empty stop
+// string, sampling settings as validate_sampling names them), kGraph (duplicate name, unknown
+// dependency, cycle; see the messages in src/pipeline/dag.h).
 void validate_pipeline(const PipelineSpec& spec);
 
 // The budget of `fork`'s layout for these token counts (one entry per agent
@@ -248,9 +258,25 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
                            const std::vector<int32_t>& max_tokens, uint32_t n_ctx);
 
 // validate_pipeline, tokenisation with the chat template, plan_budget;
-// allocates no context or buffer. Throws what those throw, and
-// Error(kChatTemplate) when the template drops the agent prompt.
+// allocates no context or buffer. The document, the system prompt and the
+// agent prompts are tokenised as plain text (a document holding
+// "<|im_end|>" gets no end-of-turn token from it); only the template's own
+// markers become control tokens. Throws what those throw,
+// Error(kChatTemplate) when the template drops the document or the agent
+// prompt, and Error(kBudget) "agent 'a' needs P positions: prefix_tokens D +
+// prompt_tokens Q + max_tokens M > n_ctx_train T, ..." when one sequence
+// would run past the context the model was trained on.
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model);
+
+// Refuses a run whose contexts and host buffers would not fit in the memory
+// left (available_memory()), estimated before anything is allocated
+// (estimate_context_memory; kShared: the prefill and the shared context;
+// kHost: plus the snapshot and a branch buffer per worker; kHost/kNone with
+// kConcurrent: one context per worker). Throws Error(kBudget) "not enough
+// memory: fork F needs about X GiB (<the parts>) but Y GiB is available
+// (<which limit>); ...". run_pipeline calls it after prepare_pipeline.
+void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBudget& budget,
+                  GuardPolicy guard);
 
 // The document's prefix tokens (system prompt, document, template wrapping)
 // exactly as prepare_pipeline makes them; the agents are not looked at.

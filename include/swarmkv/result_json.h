@@ -27,7 +27,13 @@ nlohmann::json kv_layout_json(const KvLayout& l);
 nlohmann::json timings_json(const AgentTimings& t);
 // {"name", "status", "error", "answer", "n_tokens", "stop_reason",
 //  "prompt_tokens", "first_token_at_ms", "timings_ms"}.
+// "stop_reason" is null unless the agent's status is ok.
 nlohmann::json agent_json(const AgentResult& a);
+
+// `j` as indented text. Bytes that are not valid UTF-8 (an answer that
+// max_tokens cut inside a character, a name read from a Latin-1 file)
+// become U+FFFD instead of failing the whole output.
+std::string dump_json(const nlohmann::json& j);
 // null under kNone, else {"source": "prefill"|"cache"|"file"|"redis", "key",
 //  "path", "reused_tokens", "prefilled_tokens", "bytes", "load_ms",
 //  "verify_ms", "published", "discarded": [error_json...]}.

@@ -6,6 +6,9 @@
 #include <fstream>
 #include <string>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 namespace swarmkv {
 
 double percentile(std::vector<double> values, double p) {
@@ -24,6 +27,40 @@ long peak_rss_kib(pid_t pid) {
     if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
   }
   return 0;
+}
+
+AvailableMemory available_memory() {
+  AvailableMemory best{UINT64_MAX, "unknown"};
+  const auto consider = [&](uint64_t bytes, const char* limit) {
+    if (bytes < best.bytes) best = {bytes, limit};
+  };
+  {
+    std::ifstream in("/proc/meminfo");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("MemAvailable:", 0) == 0) {
+        consider(std::strtoull(line.c_str() + 13, nullptr, 10) * 1024, "MemAvailable");
+      }
+    }
+  }
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    uint64_t pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const uint64_t mapped = pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    consider(as.rlim_cur > mapped ? as.rlim_cur - mapped : 0,
+             "the address-space limit (ulimit -v)");
+  }
+  {
+    std::string max;
+    uint64_t current = 0;
+    std::ifstream("/sys/fs/cgroup/memory.max") >> max;
+    std::ifstream("/sys/fs/cgroup/memory.current") >> current;
+    if (!max.empty() && max != "max") {
+      const uint64_t limit = std::strtoull(max.c_str(), nullptr, 10);
+      consider(limit > current ? limit - current : 0, "the cgroup's memory.max");
+    }
+  }
+  return best;
 }
 
 bool reset_peak_rss() {

@@ -15,6 +15,7 @@
 #include "decode_status.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
+#include "swarmkv/paths.h"
 
 #ifndef SWARMKV_LLAMA_PATCHES
 #define SWARMKV_LLAMA_PATCHES "unknown"
@@ -43,6 +44,12 @@ void SamplerDeleter::operator()(llama_sampler* sampler) const noexcept {
 
 namespace {
 
+// While set on a thread, llama.cpp's error lines there are collected in
+// g_llama_errors instead of being printed: the call that failed puts them
+// into its Error (Model::load), so a user reads the reason once.
+thread_local bool g_collect_errors = false;
+thread_local std::string g_llama_errors;
+
 // llama.cpp's log arrives here. Its INFO chatter (tensor lists, buffer sizes)
 // is debug-level for our users; its warnings and errors stay what they are.
 // GGML_LOG_LEVEL_CONT continues the previous message at its level.
@@ -63,6 +70,16 @@ void route_llama_log(ggml_log_level level, const char* text, void* /*user*/) {
       break;
   }
   last = ours;
+  if (text != nullptr && ours == LogLevel::kError && g_collect_errors) {
+    if (g_llama_errors.size() < 2048) {
+      std::string line(text);
+      std::replace(line.begin(), line.end(), '\n', ' ');
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      if (!g_llama_errors.empty() && !line.empty()) g_llama_errors += "; ";
+      g_llama_errors += line;
+    }
+    ours = LogLevel::kDebug;
+  }
   if (text == nullptr || ours < log_level()) return;
   std::string_view message(text);
   if (message.empty() || message == "\n" || message == ".") return;
@@ -129,24 +146,40 @@ Model::Model(std::string path, llama_model* model) : path_(std::move(path)), mod
 Model::~Model() = default;
 
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOptions& options) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw Error(ErrorCode::kNotFound, fmt::format("model file '{}' does not exist", path));
-  }
+  require_regular_file(path, "model file");
   ensure_backend();
   llama_model_params params = llama_model_default_params();
   params.n_gpu_layers = options.n_gpu_layers;
+  g_llama_errors.clear();
+  g_collect_errors = true;
   llama_model* raw = llama_model_load_from_file(path.c_str(), params);
+  g_collect_errors = false;
   if (raw == nullptr) {
-    throw Error(
-        ErrorCode::kModelLoad,
-        fmt::format(
-            "llama.cpp could not load '{}' ({} bytes): not a GGUF model, truncated, or an "
-            "unsupported architecture (run with SWARMKV_LOG_LEVEL=debug for llama.cpp's reason)",
-            path, std::filesystem::file_size(path, ec)));
+    std::error_code ec;
+    const std::string reason =
+        g_llama_errors.empty()
+            ? std::string("not a GGUF model, truncated, or an unsupported architecture")
+            : "llama.cpp says: " + g_llama_errors;
+    throw Error(ErrorCode::kModelLoad,
+                fmt::format("llama.cpp could not load '{}' ({} bytes): {}", path,
+                            std::filesystem::file_size(path, ec), reason));
   }
   // The constructor is private, so make_shared cannot reach it.
-  std::shared_ptr<const Model> model(new Model(path, raw));
+  std::shared_ptr<Model> loaded(new Model(path, raw));
+  // The tokens llama_tokenize splits out of text only with parse_special:
+  // control and unknown. User-defined tokens (Gemma's whitespace runs) it
+  // splits out of plain text too, so tokenize(pieces) leaves them to it.
+  const llama_vocab* vocab = llama_model_get_vocab(raw);
+  for (Token id = 0; id < llama_vocab_n_tokens(vocab); ++id) {
+    if ((llama_vocab_get_attr(vocab, id) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_UNKNOWN)) ==
+        0)
+      continue;
+    const char* text = llama_vocab_get_text(vocab, id);
+    if (text != nullptr && *text != '\0') loaded->control_texts_.emplace_back(text, id);
+  }
+  std::stable_sort(loaded->control_texts_.begin(), loaded->control_texts_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  std::shared_ptr<const Model> model = std::move(loaded);
   log_info("loaded model '{}' ({}, {} layers, {} MiB)", path, model->description(),
            model->n_layer(), model->size_bytes() >> 20);
   return model;
@@ -162,6 +195,10 @@ std::string Model::description() const {
 int32_t Model::n_vocab() const noexcept {
   return llama_vocab_n_tokens(vocab_of(*this));
 }
+int32_t Model::n_head() const noexcept {
+  return llama_model_n_head(model_.get());
+}
+
 int32_t Model::n_ctx_train() const noexcept {
   return llama_model_n_ctx_train(model_.get());
 }
@@ -241,6 +278,59 @@ std::string Model::detokenize(std::span<const Token> tokens, bool special) const
 
 bool Model::is_eog(Token token) const {
   return llama_vocab_is_eog(vocab_of(*this), token);
+}
+
+bool Model::is_control(Token token) const {
+  return llama_vocab_is_control(vocab_of(*this), token);
+}
+
+std::vector<Model::TextPiece> Model::fill_placeholders(std::string_view rendered,
+                                                       std::span<const Placeholder> placeholders) {
+  std::vector<TextPiece> out;
+  size_t from = 0;
+  for (const auto& [marker, content] : placeholders) {
+    const size_t at = rendered.find(marker, from);
+    if (at == std::string_view::npos) continue;
+    if (at > from) out.push_back({rendered.substr(from, at - from), true});
+    if (!content.empty()) out.push_back({content, false});
+    from = at + marker.size();
+  }
+  if (from < rendered.size()) out.push_back({rendered.substr(from), true});
+  return out;
+}
+
+std::vector<Token> Model::tokenize(std::span<const TextPiece> pieces, bool add_special) const {
+  const llama_vocab* vocab = vocab_of(*this);
+  std::vector<Token> out;
+  if (add_special && llama_vocab_get_add_bos(vocab)) out.push_back(llama_vocab_bos(vocab));
+  std::string text;  // plain text not yet tokenised
+  const auto flush = [&] {
+    if (text.empty()) return;
+    const std::vector<Token> t = tokenize(text, /*add_special=*/false, /*parse_special=*/false);
+    out.insert(out.end(), t.begin(), t.end());
+    text.clear();
+  };
+  for (const TextPiece& piece : pieces) {
+    if (!piece.markup) {
+      text += piece.text;
+      continue;
+    }
+    for (size_t i = 0; i < piece.text.size();) {
+      const auto match = std::find_if(
+          control_texts_.begin(), control_texts_.end(),
+          [&](const auto& s) { return piece.text.compare(i, s.first.size(), s.first) == 0; });
+      if (match == control_texts_.end()) {
+        text += piece.text[i++];
+        continue;
+      }
+      flush();
+      out.push_back(match->second);
+      i += match->first.size();
+    }
+  }
+  flush();
+  if (add_special && llama_vocab_get_add_eos(vocab)) out.push_back(llama_vocab_eos(vocab));
+  return out;
 }
 
 bool Model::has_chat_template() const {
@@ -335,15 +425,7 @@ void Batch::add(Token token, Pos pos, std::span<const SeqId> seqs, bool logits) 
 Context::Context(std::shared_ptr<const Model> model, const ContextOptions& options)
     : model_(std::move(model)), options_(options) {
   if (!model_) throw Error(ErrorCode::kInvalidArgument, "Context needs a model");
-  if (options.n_ctx < 1 || options.n_batch < 1 || options.n_seq_max < 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("n_ctx, n_batch and n_seq_max must be >= 1 (got {}, {}, {})",
-                            options.n_ctx, options.n_batch, options.n_seq_max));
-  }
-  if (options.n_threads < 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("n_threads must be >= 0 (got {})", options.n_threads));
-  }
+  validate_context_options(options);
   llama_context_params params = llama_context_default_params();
   params.n_ctx = options.n_ctx;
   params.n_batch = options.n_batch;
@@ -384,6 +466,49 @@ Context::~Context() = default;
 
 KvLayout Context::kv_layout() const {
   return swarmkv::kv_layout(*model_, options_);
+}
+
+int32_t hardware_threads() noexcept {
+  return static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void validate_threads(int32_t n_threads) {
+  if (n_threads < 0 || n_threads > hardware_threads()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("threads must be 0 (all cores) or 1..{}, this machine's hardware "
+                            "threads (got {})",
+                            hardware_threads(), n_threads));
+  }
+}
+
+void validate_context_options(const ContextOptions& options) {
+  if (options.n_ctx < 1 || options.n_batch < 1 || options.n_ubatch < 1 || options.n_seq_max < 1) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("n_ctx, n_batch, n_ubatch and n_seq_max must be >= 1 (got {}, {}, {}, {})",
+                    options.n_ctx, options.n_batch, options.n_ubatch, options.n_seq_max));
+  }
+  validate_threads(options.n_threads);
+}
+
+ContextMemory estimate_context_memory(const Model& model, const ContextOptions& options) {
+  const KvLayout layout = kv_layout(model, options);
+  const llama_context_params defaults = llama_context_default_params();
+  const auto bytes_of = [](ggml_type type, int64_t values) {
+    return static_cast<uint64_t>(ggml_row_size(type, values));
+  };
+  ContextMemory m;
+  m.kv_bytes =
+      static_cast<uint64_t>(options.n_ctx) * static_cast<uint64_t>(layout.n_layer) *
+      (bytes_of(defaults.type_k, layout.n_embd_k) + bytes_of(defaults.type_v, layout.n_embd_v));
+  if (!options.flash_attn) {
+    // The scores of one micro-batch against every cell, per head, in F32, and
+    // the F32 mask: one, or two with a sliding window (one per cache).
+    const uint64_t planes =
+        static_cast<uint64_t>(std::max(1, model.n_head())) + (layout.n_swa > 0 ? 2 : 1);
+    m.compute_bytes = static_cast<uint64_t>(options.n_ctx) * layout.n_ubatch * planes * 4;
+  }
+  return m;
 }
 
 KvLayout kv_layout(const Model& model_ref, const ContextOptions& options) {
@@ -547,6 +672,19 @@ void Context::state_set(std::span<const std::uint8_t> src) {
 // ---------------------------------------------------------------- Sampler
 
 void validate_sampling(const SamplingOptions& options) {
+  const std::pair<const char*, float> reals[] = {{"temperature", options.temperature},
+                                                 {"top_p", options.top_p},
+                                                 {"repeat_penalty", options.repeat_penalty},
+                                                 {"frequency_penalty", options.frequency_penalty},
+                                                 {"presence_penalty", options.presence_penalty},
+                                                 {"dry_multiplier", options.dry_multiplier},
+                                                 {"dry_base", options.dry_base}};
+  for (const auto& [name, value] : reals) {
+    if (!std::isfinite(value)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("need a finite {} (got {})", name, value));
+    }
+  }
   if (!(options.temperature >= 0.0f) || !(options.top_p > 0.0f && options.top_p <= 1.0f) ||
       options.top_k < 0) {
     throw Error(ErrorCode::kInvalidArgument,

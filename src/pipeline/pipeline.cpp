@@ -13,6 +13,7 @@
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
+#include "swarmkv/paths.h"
 
 namespace swarmkv {
 namespace {
@@ -44,33 +45,78 @@ void validate_document(const PipelineSpec& spec) {
   }
 }
 
+// Where the chat template puts the system prompt, the document and the
+// agent's prompt; chosen so that no real text contains them.
+constexpr std::string_view kSystemMarker = "\x1f<swarmkv-system>\x1f";
+constexpr std::string_view kDocumentMarker = "\x1f<swarmkv-document>\x1f";
+
+// The rendered chat, cut where the agent's prompt goes. Each part is a list
+// of pieces: the template's markup (its control-token texts become control
+// tokens) and content (the system prompt, the document: always plain text).
 struct TemplateSplit {
-  std::string head;  // the shared prefix's text
-  std::string tail;  // what closes every agent prompt
+  std::vector<std::string> texts;      // the rendered head and tail the pieces view
+  std::vector<Model::TextPiece> head;  // the shared prefix
+  std::vector<Model::TextPiece> tail;  // what closes every agent prompt (markup)
 };
 
-// Renders the chat once with a marker where the agent's prompt goes: what
-// comes before it is the shared prefix, what follows closes every branch.
+// Renders the chat once with markers for the system prompt, the document and
+// the agent's prompt: what comes before the prompt is the shared prefix, what
+// follows closes every branch.
 TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
-  TemplateSplit out;
+  std::string rendered;
   if (model.has_chat_template()) {
     std::vector<ChatMessage> chat;
-    if (!spec.system_prompt.empty()) chat.push_back({"system", spec.system_prompt});
-    chat.push_back({"user", spec.document + "\n\n" + std::string(kPromptMarker)});
-    const std::string rendered = model.apply_chat_template(chat, /*add_assistant=*/true);
-    const size_t at = rendered.find(kPromptMarker);
-    if (at == std::string::npos) {
-      throw Error(ErrorCode::kChatTemplate,
-                  "the chat template dropped the agent prompt; cannot split the prefix");
-    }
-    out.head = rendered.substr(0, at);
-    out.tail = rendered.substr(at + kPromptMarker.size());
+    if (!spec.system_prompt.empty()) chat.push_back({"system", std::string(kSystemMarker)});
+    chat.push_back({"user", std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker)});
+    rendered = model.apply_chat_template(chat, /*add_assistant=*/true);
   } else {
-    out.head = (spec.system_prompt.empty() ? std::string() : spec.system_prompt + "\n\n") +
-               spec.document + "\n\n";
-    out.tail = "\nAnswer:";
+    rendered = (spec.system_prompt.empty() ? std::string() : std::string(kSystemMarker) + "\n\n") +
+               std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker) + "\nAnswer:";
   }
+  const size_t at = rendered.find(kPromptMarker);
+  if (at == std::string::npos || rendered.find(kDocumentMarker) > at) {
+    throw Error(ErrorCode::kChatTemplate,
+                "the chat template dropped the document or the agent prompt; cannot split the "
+                "prefix");
+  }
+  TemplateSplit out;
+  out.texts = {rendered.substr(0, at), rendered.substr(at + kPromptMarker.size())};
+  const Model::Placeholder contents[] = {{kSystemMarker, spec.system_prompt},
+                                         {kDocumentMarker, spec.document}};
+  out.head = Model::fill_placeholders(out.texts[0], contents);
+  out.tail = Model::fill_placeholders(out.texts[1], {});
   return out;
+}
+
+// Strict UTF-8: no overlong forms, surrogates or code points past U+10FFFF.
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
 }
 
 }  // namespace
@@ -126,9 +172,23 @@ bool PipelineResult::ok() const noexcept {
 
 void validate_pipeline(const PipelineSpec& spec) {
   validate_document(spec);
+  require_text(spec.document, spec.document_source.empty()
+                                  ? std::string("the document")
+                                  : fmt::format("the document ({})", spec.document_source));
+  require_text(spec.system_prompt, "the system prompt");
+  if (spec.n_batch < 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("n_batch must be >= 1 (got {})", spec.n_batch));
+  validate_threads(spec.n_threads);
   if (spec.agents.empty()) throw Error(ErrorCode::kInvalidArgument, "the pipeline has no agents");
-  for (const AgentSpec& a : spec.agents) {
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    const AgentSpec& a = spec.agents[i];
     if (a.name.empty()) throw Error(ErrorCode::kInvalidArgument, "an agent has an empty name");
+    if (!valid_utf8(a.name) ||
+        a.name.find_first_of(std::string_view("\0\n\r\t", 4)) != std::string::npos) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("the name of agents[{}] is not valid UTF-8 text on one line", i));
+    }
     if (a.name == kDocumentNode) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent name '{}' is reserved for the document node", a.name));
@@ -136,10 +196,19 @@ void validate_pipeline(const PipelineSpec& spec) {
     if (a.prompt.empty())
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent '{}' has an empty prompt", a.name));
+    require_text(a.prompt, fmt::format("agent '{}': the prompt", a.name));
     if (a.max_tokens < 1) {
       throw Error(
           ErrorCode::kInvalidArgument,
           fmt::format("agent '{}': max_tokens must be >= 1 (got {})", a.name, a.max_tokens));
+    }
+    for (const std::string& stop : a.stop) {
+      if (stop.empty()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("agent '{}': a stop string is empty (it would end every answer "
+                                "before its first token)",
+                                a.name));
+      }
     }
     try {
       validate_sampling(a.sampling);
@@ -159,29 +228,91 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
 
 std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model) {
   validate_document(spec);
+  require_text(spec.document, "the document");
+  require_text(spec.system_prompt, "the system prompt");
   return model.tokenize(split_template(spec, model).head, /*add_special=*/true);
 }
 
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) {
   validate_pipeline(spec);
-  const auto [head, tail] = split_template(spec, model);
+  const TemplateSplit split = split_template(spec, model);
 
   PreparedPipeline out;
-  out.prefix = model.tokenize(head, /*add_special=*/true);
+  out.prefix = model.tokenize(split.head, /*add_special=*/true);
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> max_tokens;
   for (const AgentSpec& a : spec.agents) {
-    out.branches.push_back(model.tokenize(a.prompt + tail, /*add_special=*/false));
+    std::vector<Model::TextPiece> pieces{{a.prompt, false}};
+    pieces.insert(pieces.end(), split.tail.begin(), split.tail.end());
+    out.branches.push_back(model.tokenize(pieces, /*add_special=*/false));
     prompt_tokens.push_back(static_cast<int32_t>(out.branches.back().size()));
     max_tokens.push_back(a.max_tokens);
   }
+  // Each sequence's positions against what the model was trained on; the
+  // cells of all sequences together are bounded by memory (check_memory).
+  if (const int32_t train = model.n_ctx_train(); train > 0) {
+    for (size_t i = 0; i < spec.agents.size(); ++i) {
+      const int64_t positions =
+          static_cast<int64_t>(out.prefix.size()) + prompt_tokens[i] + max_tokens[i];
+      if (positions > train) {
+        throw Error(ErrorCode::kBudget,
+                    fmt::format("agent '{}' needs {} positions: prefix_tokens {} + prompt_tokens "
+                                "{} + max_tokens {} > n_ctx_train {}, the context the model was "
+                                "trained on; shorten the document or lower max_tokens",
+                                spec.agents[i].name, positions, out.prefix.size(), prompt_tokens[i],
+                                max_tokens[i], train));
+      }
+    }
+  }
   out.budget = plan_budget(spec.fork, static_cast<int32_t>(out.prefix.size()), prompt_tokens,
                            max_tokens, spec.n_ctx);
-  if (out.budget.n_ctx > static_cast<uint32_t>(model.n_ctx_train()) && model.n_ctx_train() > 0) {
-    log_warn("n_ctx {} is larger than the model was trained for ({}); answers may degrade",
-             out.budget.n_ctx, model.n_ctx_train());
-  }
   return out;
+}
+
+void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBudget& budget,
+                  GuardPolicy guard) {
+  ContextOptions branch;
+  branch.n_ctx = budget.n_ctx;
+  branch.n_seq_max = budget.n_seq_max;
+  branch.n_batch =
+      spec.fork == ForkMode::kShared ? std::max(spec.n_batch, budget.n_seq_max) : spec.n_batch;
+  branch.n_ubatch = branch.n_batch;
+  const ContextMemory per_context = estimate_context_memory(model, branch);
+  const size_t agents = spec.agents.size();
+  const uint64_t contexts =
+      spec.fork == ForkMode::kShared || guard == GuardPolicy::kSerialized
+          ? 1
+          : std::clamp<uint64_t>(static_cast<uint64_t>(hardware_threads()), 1, agents);
+  uint64_t total = contexts * per_context.total();
+  std::string parts = fmt::format(
+      "{} context(s) x n_ctx {}: KV {:.2f} GiB + attention scratch "
+      "{:.2f} GiB each",
+      contexts, budget.n_ctx, per_context.kv_bytes / 1073741824.0,
+      per_context.compute_bytes / 1073741824.0);
+  if (spec.fork != ForkMode::kNone) {
+    const ContextMemory prefill = estimate_context_memory(
+        model, detail::prefill_context_options(spec, static_cast<size_t>(budget.prefix_tokens)));
+    total += prefill.total();
+    parts += fmt::format("; the prefill context {:.2f} GiB", prefill.total() / 1073741824.0);
+    if (spec.fork == ForkMode::kHost) {
+      // The prefix's state in host memory: the snapshot and one branch buffer per worker.
+      ContextOptions cells = branch;
+      cells.n_ctx = static_cast<uint32_t>(budget.prefix_tokens);
+      const uint64_t state = estimate_context_memory(model, cells).kv_bytes;
+      total += state * (1 + contexts);
+      parts += fmt::format("; host buffers {:.2f} GiB", state * (1 + contexts) / 1073741824.0);
+    }
+  }
+  const AvailableMemory available = available_memory();
+  if (with_headroom(total) > available.bytes) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("not enough memory: fork {} needs about {:.2f} GiB ({}; with headroom "
+                            "{:.2f} GiB) but {:.2f} GiB is available ({}); shorten the document, "
+                            "lower max_tokens or run fewer agents",
+                            to_string(spec.fork), total / 1073741824.0, parts,
+                            with_headroom(total) / 1073741824.0, available.bytes / 1073741824.0,
+                            available.limit));
+  }
 }
 
 std::string_view to_string(SnapshotSource source) noexcept {
@@ -233,6 +364,7 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_pipeline needs a model");
   const Stopwatch run;
   const PreparedPipeline prepared = prepare_pipeline(spec, *model);
+  check_memory(spec, *model, prepared.budget, options.guard);
 
   PipelineResult result;
   result.fork = spec.fork;

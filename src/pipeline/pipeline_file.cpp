@@ -1,5 +1,7 @@
 // Pipeline files: YAML (JSON is read as YAML too).
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -12,102 +14,156 @@
 namespace swarmkv {
 namespace {
 
-[[noreturn]] void bad(const std::string& file, const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", file, what));
-}
+class Reader {
+ public:
+  explicit Reader(std::string origin) : origin_(std::move(origin)) {}
 
-// Unknown keys are errors: a typo ("max_token") must not be silently ignored.
-void check_keys(const YAML::Node& node, const std::set<std::string>& allowed,
-                const std::string& file, const std::string& where) {
-  for (const auto& kv : node) {
-    const auto key = kv.first.as<std::string>();
-    if (!allowed.contains(key)) {
-      std::string list;
-      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      bad(file, fmt::format("unknown key '{}' in {} (allowed: {})", key, where, list));
+  [[noreturn]] void bad(const std::string& what) const {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", origin_, what));
+  }
+  static int line(const YAML::Node& node) { return node.Mark().line + 1; }
+
+  // Unknown keys are errors: a typo ("max_token") must not be silently
+  // ignored; so is a key given twice (YAML keeps the first, silently).
+  void check_keys(const YAML::Node& node, const std::set<std::string>& allowed,
+                  const std::string& where) const {
+    std::map<std::string, int> seen;
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar())
+        bad(fmt::format("{} has a key that is not a name (line {})", where, line(kv.first)));
+      const auto key = kv.first.Scalar();
+      if (!allowed.contains(key)) {
+        std::string list;
+        for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        bad(fmt::format("unknown key '{}' in {} (line {}; allowed: {})", key, where, line(kv.first),
+                        list));
+      }
+      if (const auto [it, fresh] = seen.emplace(key, line(kv.first)); !fresh) {
+        bad(fmt::format("key '{}' is given twice in {} (lines {} and {})", key, where, it->second,
+                        line(kv.first)));
+      }
     }
   }
-}
 
-template <typename T>
-T get(const YAML::Node& node, const char* key, T fallback, const std::string& file,
-      const std::string& where) {
-  if (!node[key]) return fallback;
-  try {
-    return node[key].as<T>();
-  } catch (const YAML::Exception&) {
-    bad(file,
-        fmt::format("{}.{} has the wrong type (line {})", where, key, node[key].Mark().line + 1));
+  // A scalar value; an empty one (`prompt:`) is an error, not the text "null".
+  YAML::Node scalar(const YAML::Node& value, const std::string& what) const {
+    if (value.IsNull()) bad(fmt::format("{} has no value (line {})", what, line(value)));
+    if (!value.IsScalar()) {
+      bad(fmt::format("{} must be a single value, not a {} (line {})", what,
+                      value.IsSequence() ? "list" : "mapping", line(value)));
+    }
+    return value;
   }
-}
 
-std::vector<std::string> get_list(const YAML::Node& node, const char* key, const std::string& file,
-                                  const std::string& where) {
-  if (!node[key]) return {};
-  if (node[key].IsScalar()) return {node[key].as<std::string>()};
-  if (!node[key].IsSequence())
-    bad(file, fmt::format("{}.{} must be a string or a list of strings", where, key));
-  return get<std::vector<std::string>>(node, key, {}, file, where);
-}
-
-}  // namespace
-
-PipelineSpec load_pipeline_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw Error(ErrorCode::kNotFound, fmt::format("pipeline file '{}' does not exist", path));
+  std::string text(const YAML::Node& node, const char* key, std::string fallback,
+                   const std::string& where) const {
+    if (!node[key]) return fallback;
+    return scalar(node[key], where + "." + key).Scalar();
   }
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    bad(path, fmt::format("not valid YAML/JSON: {}", e.what()));
+
+  // An integer in [lo, hi], named with its line when it is not.
+  int64_t integer(const YAML::Node& node, const char* key, int64_t fallback, int64_t lo, int64_t hi,
+                  const std::string& where) const {
+    if (!node[key]) return fallback;
+    const YAML::Node v = scalar(node[key], where + "." + key);
+    int64_t out = 0;
+    try {
+      out = v.as<int64_t>();
+    } catch (const YAML::Exception&) {
+      bad(fmt::format("{}.{} must be an integer, got '{}' (line {})", where, key, v.Scalar(),
+                      line(v)));
+    }
+    if (out < lo || out > hi) {
+      bad(fmt::format("{}.{} must be in {}..{}, got {} (line {})", where, key, lo, hi, out,
+                      line(v)));
+    }
+    return out;
   }
-  if (!root.IsMap()) bad(path, "the top level must be a mapping");
-  check_keys(root,
-             {"name", "model", "n_ctx", "n_batch", "threads", "fork", "system", "document",
-              "defaults", "agents"},
-             path, "the pipeline");
+
+  float real(const YAML::Node& node, const char* key, float fallback,
+             const std::string& where) const {
+    if (!node[key]) return fallback;
+    const YAML::Node v = scalar(node[key], where + "." + key);
+    try {
+      return v.as<float>();
+    } catch (const YAML::Exception&) {
+      bad(fmt::format("{}.{} must be a number, got '{}' (line {})", where, key, v.Scalar(),
+                      line(v)));
+    }
+  }
+
+  std::vector<std::string> list(const YAML::Node& node, const char* key,
+                                const std::string& where) const {
+    const YAML::Node v = node[key];
+    if (!v) return {};
+    if (v.IsScalar()) return {v.Scalar()};
+    if (!v.IsSequence()) {
+      bad(fmt::format("{}.{} must be a string or a list of strings (line {})", where, key,
+                      line(v)));
+    }
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v.size(); ++i)
+      out.push_back(scalar(v[i], fmt::format("{}.{}[{}]", where, key, i)).Scalar());
+    return out;
+  }
+
+ private:
+  std::string origin_;
+};
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std::string& base_dir,
+                   const std::string& default_name) {
+  const Reader r(origin);
+  if (!root.IsMap()) r.bad("the top level must be a mapping");
+  r.check_keys(root,
+               {"name", "model", "n_ctx", "n_batch", "threads", "fork", "system", "document",
+                "defaults", "agents"},
+               "the pipeline");
 
   PipelineSpec spec;
   const std::string top = "pipeline";
-  spec.name =
-      get<std::string>(root, "name", std::filesystem::path(path).stem().string(), path, top);
-  spec.model = get<std::string>(root, "model", "", path, top);
-  spec.n_ctx = get<uint32_t>(root, "n_ctx", spec.n_ctx, path, top);
-  spec.n_batch = get<uint32_t>(root, "n_batch", spec.n_batch, path, top);
-  spec.n_threads = get<int32_t>(root, "threads", spec.n_threads, path, top);
-  spec.system_prompt = get<std::string>(root, "system", spec.system_prompt, path, top);
-  spec.fork =
-      parse_fork_mode(get<std::string>(root, "fork", std::string(to_string(spec.fork)), path, top));
-  const auto base = std::filesystem::path(path).parent_path();
+  spec.name = r.text(root, "name", default_name, top);
+  spec.model = r.text(root, "model", "", top);
+  spec.n_ctx = static_cast<uint32_t>(r.integer(root, "n_ctx", spec.n_ctx, 0, 1 << 24, top));
+  spec.n_batch = static_cast<uint32_t>(r.integer(root, "n_batch", spec.n_batch, 1, 1 << 16, top));
+  spec.n_threads =
+      static_cast<int32_t>(r.integer(root, "threads", spec.n_threads, 0, hardware_threads(), top));
+  spec.system_prompt = r.text(root, "system", spec.system_prompt, top);
+  if (root["fork"]) {
+    try {
+      spec.fork = parse_fork_mode(r.text(root, "fork", "", top));
+    } catch (const Error& e) {
+      r.bad(fmt::format("{} (line {})", e.message(), Reader::line(root["fork"])));
+    }
+  }
+  const std::filesystem::path base(base_dir);
   if (!spec.model.empty() && std::filesystem::path(spec.model).is_relative()) {
     spec.model = (base / spec.model).string();
   }
 
   const YAML::Node doc = root["document"];
-  if (!doc) bad(path, "missing 'document' (use document: {file: PATH} or document: {text: ...})");
-  if (doc.IsScalar()) {
-    spec.document = doc.as<std::string>();
+  if (!doc) r.bad("missing 'document' (use document: {file: PATH} or document: {text: ...})");
+  if (doc.IsScalar() || doc.IsNull()) {
+    spec.document = r.scalar(doc, "document").Scalar();
     spec.document_source = "text";
   } else {
-    if (!doc.IsMap()) bad(path, "'document' must be a mapping with 'file' or 'text'");
-    check_keys(doc, {"file", "text"}, path, "document");
-    if (doc["file"] && doc["text"]) bad(path, "document: give either 'file' or 'text', not both");
+    if (!doc.IsMap())
+      r.bad(fmt::format("'document' must be a mapping with 'file' or 'text' (line {})",
+                        Reader::line(doc)));
+    r.check_keys(doc, {"file", "text"}, "document");
+    if (doc["file"] && doc["text"]) r.bad("document: give either 'file' or 'text', not both");
     if (doc["file"]) {
-      auto file = std::filesystem::path(doc["file"].as<std::string>());
+      auto file = std::filesystem::path(r.text(doc, "file", "", "document"));
       if (file.is_relative()) file = base / file;
-      if (!std::filesystem::is_regular_file(file, ec)) {
-        throw Error(ErrorCode::kNotFound,
-                    fmt::format("{}: document file '{}' does not exist", path, file.string()));
-      }
-      spec.document = read_file(file.string());
+      spec.document = read_file(file.string(), fmt::format("{}: document file", origin));
       spec.document_source = "file:" + file.string();
     } else if (doc["text"]) {
-      spec.document = doc["text"].as<std::string>();
+      spec.document = r.text(doc, "text", "", "document");
       spec.document_source = "text";
     } else {
-      bad(path, "document: needs 'file' or 'text'");
+      r.bad("document: needs 'file' or 'text'");
     }
   }
 
@@ -126,49 +182,102 @@ PipelineSpec load_pipeline_file(const std::string& path) {
                                                "dry_penalty_last_n"};
   const auto read_sampling = [&](const YAML::Node& n, SamplingOptions& s,
                                  const std::string& where) {
-    s.temperature = get<float>(n, "temperature", s.temperature, path, where);
-    s.top_p = get<float>(n, "top_p", s.top_p, path, where);
-    s.top_k = get<int32_t>(n, "top_k", s.top_k, path, where);
-    s.seed = get<uint32_t>(n, "seed", s.seed, path, where);
-    s.repeat_penalty = get<float>(n, "repeat_penalty", s.repeat_penalty, path, where);
-    s.repeat_last_n = get<int32_t>(n, "repeat_last_n", s.repeat_last_n, path, where);
-    s.frequency_penalty = get<float>(n, "frequency_penalty", s.frequency_penalty, path, where);
-    s.presence_penalty = get<float>(n, "presence_penalty", s.presence_penalty, path, where);
-    s.dry_multiplier = get<float>(n, "dry_multiplier", s.dry_multiplier, path, where);
-    s.dry_base = get<float>(n, "dry_base", s.dry_base, path, where);
-    s.dry_allowed_length = get<int32_t>(n, "dry_allowed_length", s.dry_allowed_length, path, where);
-    s.dry_penalty_last_n = get<int32_t>(n, "dry_penalty_last_n", s.dry_penalty_last_n, path, where);
+    s.temperature = r.real(n, "temperature", s.temperature, where);
+    s.top_p = r.real(n, "top_p", s.top_p, where);
+    s.top_k = static_cast<int32_t>(r.integer(n, "top_k", s.top_k, 0, kMaxInt32, where));
+    s.seed = static_cast<uint32_t>(r.integer(n, "seed", s.seed, 0, UINT32_MAX, where));
+    s.repeat_penalty = r.real(n, "repeat_penalty", s.repeat_penalty, where);
+    s.repeat_last_n =
+        static_cast<int32_t>(r.integer(n, "repeat_last_n", s.repeat_last_n, 0, kMaxInt32, where));
+    s.frequency_penalty = r.real(n, "frequency_penalty", s.frequency_penalty, where);
+    s.presence_penalty = r.real(n, "presence_penalty", s.presence_penalty, where);
+    s.dry_multiplier = r.real(n, "dry_multiplier", s.dry_multiplier, where);
+    s.dry_base = r.real(n, "dry_base", s.dry_base, where);
+    s.dry_allowed_length = static_cast<int32_t>(
+        r.integer(n, "dry_allowed_length", s.dry_allowed_length, 1, kMaxInt32, where));
+    s.dry_penalty_last_n = static_cast<int32_t>(
+        r.integer(n, "dry_penalty_last_n", s.dry_penalty_last_n, 1, kMaxInt32, where));
+    try {
+      validate_sampling(s);
+    } catch (const Error& e) {
+      r.bad(fmt::format("{} (line {}): {}", where, Reader::line(n), e.message()));
+    }
+  };
+  const auto read_stop = [&](const YAML::Node& n, const std::string& where) {
+    std::vector<std::string> stop = r.list(n, "stop", where);
+    for (const std::string& s : stop) {
+      if (s.empty()) {
+        r.bad(
+            fmt::format("{}.stop holds an empty string, which would end every answer before "
+                        "its first token (line {})",
+                        where, Reader::line(n["stop"])));
+      }
+    }
+    return stop;
   };
   std::set<std::string> agent_keys = {"name", "prompt", "max_tokens", "stop", "depends_on"};
   agent_keys.insert(sampling_keys.begin(), sampling_keys.end());
   AgentSpec defaults;
   if (const YAML::Node d = root["defaults"]) {
+    if (!d.IsMap()) r.bad(fmt::format("'defaults' must be a mapping (line {})", Reader::line(d)));
     std::set<std::string> default_keys = {"max_tokens", "stop"};
     default_keys.insert(sampling_keys.begin(), sampling_keys.end());
-    check_keys(d, default_keys, path, "defaults");
-    defaults.max_tokens = get<int32_t>(d, "max_tokens", defaults.max_tokens, path, "defaults");
+    r.check_keys(d, default_keys, "defaults");
+    defaults.max_tokens = static_cast<int32_t>(
+        r.integer(d, "max_tokens", defaults.max_tokens, 1, kMaxInt32, "defaults"));
     read_sampling(d, defaults.sampling, "defaults");
-    defaults.stop = get_list(d, "stop", path, "defaults");
+    defaults.stop = read_stop(d, "defaults");
   }
   const YAML::Node agents = root["agents"];
   if (!agents || !agents.IsSequence() || agents.size() == 0)
-    bad(path, "'agents' must be a non-empty list");
+    r.bad("'agents' must be a non-empty list");
   for (size_t i = 0; i < agents.size(); ++i) {
     const YAML::Node a = agents[i];
     const std::string where = fmt::format("agents[{}]", i);
-    if (!a.IsMap()) bad(path, where + " must be a mapping");
-    check_keys(a, agent_keys, path, where);
+    if (!a.IsMap()) r.bad(fmt::format("{} must be a mapping (line {})", where, Reader::line(a)));
+    r.check_keys(a, agent_keys, where);
     AgentSpec agent = defaults;
-    agent.name = get<std::string>(a, "name", "", path, where);
-    if (agent.name.empty()) bad(path, where + " needs a 'name'");
-    agent.prompt = get<std::string>(a, "prompt", "", path, where);
-    agent.max_tokens = get<int32_t>(a, "max_tokens", agent.max_tokens, path, where);
+    if (!a["name"]) r.bad(fmt::format("{} needs a 'name' (line {})", where, Reader::line(a)));
+    agent.name = r.text(a, "name", "", where);
+    if (!a["prompt"]) r.bad(fmt::format("{} needs a 'prompt' (line {})", where, Reader::line(a)));
+    agent.prompt = r.text(a, "prompt", "", where);
+    agent.max_tokens =
+        static_cast<int32_t>(r.integer(a, "max_tokens", agent.max_tokens, 1, kMaxInt32, where));
     read_sampling(a, agent.sampling, where);
-    if (a["stop"]) agent.stop = get_list(a, "stop", path, where);
-    agent.depends_on = get_list(a, "depends_on", path, where);
+    if (a["stop"]) agent.stop = read_stop(a, where);
+    agent.depends_on = r.list(a, "depends_on", where);
     spec.agents.push_back(std::move(agent));
   }
+  // What needs no model: names, graph, text; the file named in each message.
+  try {
+    validate_pipeline(spec);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", origin, e.message()));
+  }
   return spec;
+}
+
+}  // namespace
+
+PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
+                            const std::string& base_dir) {
+  try {
+    return parse(YAML::Load(yaml), origin, base_dir, "pipeline");
+  } catch (const YAML::Exception& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: not valid YAML/JSON: {}", origin, e.what()));
+  }
+}
+
+PipelineSpec load_pipeline_file(const std::string& path) {
+  const std::string text = read_file(path, "pipeline file");
+  try {
+    return parse(YAML::Load(text), path, std::filesystem::path(path).parent_path().string(),
+                 std::filesystem::path(path).stem().string());
+  } catch (const YAML::Exception& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: not valid YAML/JSON: {}", path, e.what()));
+  }
 }
 
 }  // namespace swarmkv

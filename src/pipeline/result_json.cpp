@@ -35,7 +35,9 @@ nlohmann::json agent_json(const AgentResult& a) {
           {"error", error_json(a.error)},
           {"answer", a.answer},
           {"n_tokens", a.tokens.size()},
-          {"stop_reason", std::string(to_string(a.stop_reason))},
+          {"stop_reason", a.status == NodeStatus::kOk
+                              ? nlohmann::json(std::string(to_string(a.stop_reason)))
+                              : nlohmann::json(nullptr)},
           {"prompt_tokens", a.prompt_tokens},
           {"first_token_at_ms", a.timings_ms.first_token_at},
           {"timings_ms", timings_json(a.timings_ms)}};
@@ -92,6 +94,10 @@ nlohmann::json result_json(const PipelineResult& r) {
            {{"status", std::string(to_string(r.document_status))},
             {"error", error_json(r.document_error)}}},
           {"agents", agents}};
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace swarmkv

@@ -12,11 +12,14 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "bench_report.h"
+#include "cli.h"
 #include "server_arm.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
@@ -32,8 +35,10 @@ namespace {
 using nlohmann::json;
 
 std::atomic<bool> g_interrupted{false};
+// The first Ctrl-C ends the bench after the arm running now (the finished
+// trials are kept); a second one exits at once.
 extern "C" void on_sigint(int) {
-  g_interrupted.store(true);
+  if (g_interrupted.exchange(true)) _exit(swarmkv::cli::kExitInterrupted);
 }
 
 // Branch i's own question, about `m` tokens long, different for every branch.
@@ -320,8 +325,10 @@ int run_bench(const BenchArgs& requested) {
     points.push_back(point);
     int kvu_choice = -1;  // server-concurrent's KV layout, decided on the first trial
     for (int trial = 1; trial <= args.trials && !g_interrupted; ++trial) {
-      if (trial > 1 && args.pause_ms > 0)
-        std::this_thread::sleep_for(std::chrono::milliseconds(args.pause_ms));
+      // The pause, in short steps so that Ctrl-C ends it.
+      for (const Stopwatch pause; trial > 1 && pause.ms() < args.pause_ms && !g_interrupted;)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (g_interrupted) break;
       std::vector<std::string> order = args.arms;
       if (trial % 2 == 0)
         std::reverse(order.begin(), order.end());  // drift must not favour one arm
@@ -379,7 +386,7 @@ int run_bench(const BenchArgs& requested) {
   std::signal(SIGINT, SIG_DFL);
   if (g_interrupted) {
     std::cerr << "[bench] interrupted: the finished trials are in " << args.out << "\n";
-    return 130;
+    return kExitInterrupted;
   }
   bool ok = true;
   for (const Point& p : points) {

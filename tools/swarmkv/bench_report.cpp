@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "swarmkv/measure.h"
+#include "swarmkv/paths.h"
 #include "swarmkv/result_json.h"
 
 namespace swarmkv::cli {
@@ -198,12 +199,12 @@ void write_outputs(const BenchArgs& args, const json& params, const json& env,
     best["speedup"] = results[0]["speedup"];
     best["arms"] = results[0]["arms"];
   }
-  std::ofstream(fs::path(args.out) / "best_run.json") << best.dump(2) << "\n";
+  write_text_file(fs::path(args.out) / "best_run.json", best.dump(2) + "\n");
 
   size_t max_branches = 0;
   for (const Point& p : points)
     max_branches = std::max(max_branches, static_cast<size_t>(p.branches));
-  std::ofstream csv(fs::path(args.out) / "all_trials.csv");
+  std::string csv;
   const std::string sweep_key =
       args.sweep.empty() ? "" : args.sweep.substr(0, args.sweep.find('='));
   const auto ms = [](double v) { return fmt::format("{:.3f}", v); };
@@ -270,7 +271,7 @@ void write_outputs(const BenchArgs& args, const json& params, const json& env,
   for (const Column& c : columns) header.emplace_back(c.first);
   for (size_t i = 0; i < max_branches; ++i)
     for (const char* k : kBranchTimings) header.push_back(fmt::format("branch{}_{}_ms", i + 1, k));
-  csv << fmt::format("{}\n", fmt::join(header, ","));
+  csv += fmt::format("{}\n", fmt::join(header, ","));
   for (const Point& p : points) {
     for (const ArmRun& r : p.runs) {
       std::vector<std::string> row;
@@ -281,9 +282,10 @@ void write_outputs(const BenchArgs& args, const json& params, const json& env,
         for (const char* k : kBranchTimings)
           row.push_back(t.is_null() ? std::string() : ms(t[k].get<double>()));
       }
-      csv << fmt::format("{}\n", fmt::join(row, ","));
+      csv += fmt::format("{}\n", fmt::join(row, ","));
     }
   }
+  write_text_file(fs::path(args.out) / "all_trials.csv", csv);
 }
 
 }  // namespace swarmkv::cli

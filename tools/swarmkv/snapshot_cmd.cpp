@@ -110,10 +110,13 @@ SnapshotCommands::SnapshotCommands(CLI::App& app) {
   prefill_->add_option("-m,--model", model_, "GGUF model; overrides the pipeline's 'model'");
   prefill_->add_option("--system", system_, "system prompt for a plain document")
       ->each([this](const std::string&) { system_given_ = true; });
-  prefill_->add_option("-b,--n-batch", n_batch_,
-                       "prefill chunk size (default: the pipeline's, else 512); part of the "
-                       "snapshot's binding, so it must match the runs that reuse it");
-  prefill_->add_option("-t,--threads", threads_, "CPU threads (0 = all cores)");
+  prefill_
+      ->add_option("-b,--n-batch", n_batch_,
+                   "prefill chunk size (default: the pipeline's, else 512); part of the "
+                   "snapshot's binding, so it must match the runs that reuse it")
+      ->check(CLI::Range(1u, 1u << 16));
+  prefill_->add_option("-t,--threads", threads_,
+                       "CPU threads (0 = all cores, at most the hardware threads)");
   prefill_
       ->add_option("--snapshot-cache", cache_mode_,
                    "on: look the store up, publish on a miss; read-only; off: neither")
@@ -167,13 +170,16 @@ int SnapshotCommands::run_prefill() {
                   "--system is for a plain document; a pipeline file has its own 'system'");
     }
   } else {
-    spec.document = read_file(input_);
+    spec.document = read_file(input_, "document file");
     spec.document_source = "file:" + input_;
     if (system_given_) spec.system_prompt = system_;
   }
   if (!model_.empty()) spec.model = model_;
   if (n_batch_ > 0) spec.n_batch = n_batch_;
-  if (threads_ >= 0) spec.n_threads = threads_;
+  if (threads_) spec.n_threads = *threads_;
+  validate_threads(spec.n_threads);
+  require_text(spec.document, "the document");
+  require_text(spec.system_prompt, "the system prompt");
   RunOptions options;
   options.snapshot.cache = parse_snapshot_cache_mode(cache_mode_);
   options.snapshot.cache_dir = dir_;
@@ -194,7 +200,7 @@ int SnapshotCommands::run_prefill() {
         {"write_ms", r.write_ms},
         {"out", r.out_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.out_path)},
         {"snapshot", snapshot_json(r.snapshot)}};
-    std::cout << out.dump(2) << "\n";
+    std::cout << swarmkv::dump_json(out) << "\n";
   } else {
     const SnapshotUse& s = r.snapshot;
     std::cout << fmt::format("prefix {} tokens: {} reused ({}), {} prefilled in {:.1f} ms\n",
@@ -243,7 +249,7 @@ int SnapshotCommands::run_ls() {
     }
   }
   if (json_) {
-    std::cout << out.dump(2) << "\n";
+    std::cout << swarmkv::dump_json(out) << "\n";
   } else {
     std::cout << fmt::format("{} snapshot(s), {:.1f} MiB of a {:.1f} MiB cap, in {}\n",
                              entries.size(), static_cast<double>(total) / 1048576.0,
@@ -260,7 +266,7 @@ int SnapshotCommands::run_info() {
     out.push_back(header_json(read_snapshot_header(path), path));
   }
   if (json_ || out.size() != 1) {
-    std::cout << (out.size() == 1 ? out[0] : out).dump(2) << "\n";
+    std::cout << swarmkv::dump_json(out.size() == 1 ? out[0] : out) << "\n";
   } else {
     const nlohmann::json& j = out[0];
     std::cout << fmt::format(
@@ -310,7 +316,7 @@ int SnapshotCommands::run_verify() {
     }
     out.push_back(j);
   }
-  if (json_) std::cout << out.dump(2) << "\n";
+  if (json_) std::cout << swarmkv::dump_json(out) << "\n";
   return failed == 0 ? 0 : 1;
 }
 

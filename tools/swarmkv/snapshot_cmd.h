@@ -16,6 +16,8 @@ class SnapshotCommands {
   explicit SnapshotCommands(CLI::App& app);
   // The exit status of the command given, or nullopt when neither was.
   std::optional<int> run();
+  // Whether the command given asked for --json (its errors are JSON too).
+  bool json() const noexcept { return json_ && (*prefill_ || *snapshot_); }
 
  private:
   int run_prefill();
@@ -40,7 +42,7 @@ class SnapshotCommands {
   std::string system_;
   bool system_given_ = false;
   uint32_t n_batch_ = 0;
-  int32_t threads_ = -1;
+  std::optional<int32_t> threads_;
   std::string cache_mode_ = "on";
   // snapshot *
   std::string dir_;

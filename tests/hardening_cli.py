@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""The command line under hostile input: one CTest case per hardening item.
+
+    hardening_cli.py CASE SWARMKV_BINARY SOURCE_DIR [MODEL]
+
+Each case runs the real binary in a fresh temporary directory and checks the
+exit status and the exact words a user reads. Cases that need MODEL are
+registered only when the build has a test model. Every child runs with a
+time limit; the memory cases also under an address-space limit, so that a
+regression fails the test instead of the machine.
+"""
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+class Ctx:
+    def __init__(self, cli, source, model, tmp):
+        self.cli, self.source, self.model, self.tmp = cli, source, model, tmp
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def write(self, name, data):
+        mode = "wb" if isinstance(data, bytes) else "w"
+        with open(self.path(name), mode) as f:
+            f.write(data)
+        return self.path(name)
+
+    def run(self, *args, env=None, timeout=120, stdout=None, address_space=None):
+        full_env = dict(os.environ)
+        full_env.pop("SWARMKV_LOG_LEVEL", None)
+        full_env["SWARMKV_CACHE"] = self.path("cache")
+        full_env.update(env or {})
+
+        def limit():
+            if address_space:
+                resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+        p = subprocess.run([self.cli, *args], env=full_env, timeout=timeout,
+                           stdout=stdout if stdout is not None else subprocess.PIPE,
+                           stderr=subprocess.PIPE, preexec_fn=limit, cwd=self.tmp)
+        out = p.stdout.decode("utf-8", "replace") if p.stdout is not None else ""
+        return p.returncode, out, p.stderr.decode("utf-8", "replace")
+
+
+def expect(rc, err, want_rc, want_text):
+    assert rc == want_rc, f"exit {rc}, want {want_rc}; stderr: {err}"
+    assert want_text in err, f"stderr lacks {want_text!r}: {err}"
+
+
+GOOD_AGENTS = "agents:\n  - {name: a, prompt: q}\n"
+
+# ------------------------------------------------------------------ loses results
+
+
+@case
+def json_survives_an_answer_cut_inside_a_character(ctx):
+    rc, out, err = ctx.run("generate", "--model", ctx.model, "--raw", "-p", "🚀🚀🚀🚀🚀🚀🚀🚀",
+                           "-n", "1", "--json")
+    assert rc == 0, err
+    j = json.loads(out)
+    assert j["n_tokens"] == 1 and j["answer"], j
+
+
+@case
+def invalid_utf8_agent_name_is_refused_by_name(ctx):
+    p = ctx.write("p.yaml", b"document: {text: x}\nagents:\n  - {name: \"a\xff\", prompt: q}\n")
+    rc, out, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--json")
+    expect(rc, err, 2, "the name of agents[0] is not valid UTF-8 text on one line")
+    assert json.loads(out)["error"]["code"] == "invalid_argument", out
+
+
+@case
+def run_to_a_full_stdout_fails(ctx):
+    p = ctx.write("p.yaml", "document: {text: The sky is blue.}\n"
+                 "agents:\n  - {name: a, prompt: \"What colour is the sky?\", max_tokens: 2}\n")
+    with open("/dev/full", "wb") as full:
+        rc, _, err = ctx.run("run", p, "--model", ctx.model, "--snapshot-cache", "off",
+                             stdout=full)
+    expect(rc, err, 1, "io: writing to stdout failed; the output is lost")
+
+
+@case
+def listing_to_a_full_stdout_fails(ctx):
+    with open("/dev/full", "wb") as full:
+        rc, _, err = ctx.run("snapshot", "--cache-dir", ctx.path("store"), "ls", stdout=full)
+    expect(rc, err, 1, "io: writing to stdout failed")
+
+
+@case
+def bench_unwritable_results_fail(ctx):
+    os.makedirs(ctx.path("out/best_run.json"))
+    rc, _, err = ctx.run("bench", "--model", ctx.model, "--doc-tokens", "16", "--branches", "1",
+                         "--branch-tokens", "4", "--n-predict", "1", "--trials", "1", "--arms",
+                         "none", "--out", ctx.path("out"))
+    expect(rc, err, 1, f"io: cannot write '{ctx.path('out/best_run.json')}'")
+    assert "results in" not in err, err
+
+# ------------------------------------------------------------------ can take the machine down
+
+
+@case
+def huge_document_is_refused_before_allocating(ctx):
+    doc = ctx.write("big.txt", "The parties agree to the terms below. " * 140000)  # 5.3 MB
+    p = ctx.write("p.yaml", "document: {file: big.txt}\n" + GOOD_AGENTS)
+    start = time.monotonic()
+    rc, _, err = ctx.run("run", p, "--model", ctx.model, "--snapshot-cache", "off",
+                         address_space=8 << 30, timeout=300)
+    expect(rc, err, 2, "needs")
+    assert re.search(r"prefix_tokens \d{6,} \+ prompt_tokens \d+ \+ max_tokens 128 > "
+                     r"n_ctx_train 8192, the context the model was trained on", err), err
+    assert os.path.getsize(doc) > 5_000_000
+    print(f"refused in {time.monotonic() - start:.1f} s")
+
+
+@case
+def threads_out_of_range_on_the_command_line(ctx):
+    p = ctx.write("p.yaml", "document: {text: x}\n" + GOOD_AGENTS)
+    for value in ("1000", "-1"):
+        rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--threads", value)
+        expect(rc, err, 2, "threads must be 0 (all cores) or 1..")
+        assert f"(got {value})" in err, err
+    rc, _, err = ctx.run("generate", "--model", "/nonexistent.gguf", "-p", "hi", "--threads",
+                         "1000")
+    expect(rc, err, 2, "(got 1000)")
+
+
+@case
+def threads_and_n_batch_in_the_file(ctx):
+    p = ctx.write("t.yaml", "threads: -3\ndocument: {text: x}\n" + GOOD_AGENTS)
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf")
+    expect(rc, err, 2, "pipeline.threads must be in 0..")
+    assert "got -3 (line 1)" in err, err
+    p = ctx.write("b.yaml", "n_batch: 0\ndocument: {text: x}\n" + GOOD_AGENTS)
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--fork", "shared")
+    expect(rc, err, 2, "pipeline.n_batch must be in 1..65536, got 0 (line 1)")
+
+
+@case
+def many_agents_are_refused_by_memory(ctx):
+    agents = "".join(f"  - {{name: a{i}, prompt: \"Question {i}?\"}}\n" for i in range(300))
+    p = ctx.write("p.yaml", "document: {file: %s/examples/documents/apache-2.0.txt}\n"
+                 "agents:\n%s" % (ctx.source, agents))
+    rc, _, err = ctx.run("run", p, "--model", ctx.model, "--snapshot-cache", "off",
+                         address_space=1800 << 20, timeout=120)
+    expect(rc, err, 2, "budget: not enough memory: fork shared needs about")
+    assert "the address-space limit (ulimit -v)" in err, err
+    assert "GGML_ASSERT" not in err, err
+
+# ------------------------------------------------------------------ accepts nonsense silently
+
+
+@case
+def empty_yaml_values_are_errors(ctx):
+    for body, want in (
+        ("document: {text: x}\nagents:\n  - {name: a, prompt: }\n",
+         "agents[0].prompt has no value (line 3)"),
+        ("document: {text: x}\nagents:\n  - {name: , prompt: q}\n",
+         "agents[0].name has no value (line 3)"),
+        ("document: {text: }\n" + GOOD_AGENTS, "document.text has no value (line 1)"),
+    ):
+        rc, _, err = ctx.run("run", ctx.write("p.yaml", body), "--check")
+        expect(rc, err, 2, want)
+
+
+@case
+def non_finite_temperature_is_refused(ctx):
+    for value in (".nan", ".inf", "-.inf"):
+        p = ctx.write("p.yaml", "document: {text: x}\nagents:\n"
+                     f"  - {{name: a, prompt: q, temperature: {value}}}\n")
+        rc, _, err = ctx.run("run", p, "--check")
+        expect(rc, err, 2, "need a finite temperature")
+    rc, _, err = ctx.run("generate", "--model", "/nonexistent.gguf", "-p", "hi", "--temp", "nan")
+    expect(rc, err, 2, "need a finite temperature (got nan)")
+    rc, _, err = ctx.run("generate", "--model", "/nonexistent.gguf", "-p", "hi", "--temp", "inf")
+    expect(rc, err, 2, "--temp: Value inf not in range")
+
+
+@case
+def duplicate_yaml_keys_are_errors(ctx):
+    p = ctx.write("p.yaml", "document: {text: x}\nagents:\n"
+                 "  - name: a\n    prompt: first\n    prompt: second\n")
+    rc, _, err = ctx.run("run", p, "--check")
+    expect(rc, err, 2, "key 'prompt' is given twice in agents[0] (lines 4 and 5)")
+
+
+@case
+def empty_stop_string_is_refused(ctx):
+    p = ctx.write("p.yaml", "document: {text: x}\nagents:\n"
+                 "  - {name: a, prompt: q, stop: [\"\"]}\n")
+    rc, _, err = ctx.run("run", p, "--check")
+    expect(rc, err, 2, "agents[0].stop holds an empty string")
+    rc, _, err = ctx.run("generate", "--model", "/nonexistent.gguf", "-p", "hi", "--stop", "")
+    expect(rc, err, 2, "--stop is empty")
+
+
+@case
+def bad_log_level_in_the_environment_is_refused(ctx):
+    rc, _, err = ctx.run("snapshot", "--cache-dir", ctx.path("s"), "ls",
+                         env={"SWARMKV_LOG_LEVEL": "loud"})
+    expect(rc, err, 2, "$SWARMKV_LOG_LEVEL: unknown log level 'loud'")
+
+
+@case
+def readme_pipeline_example_parses(ctx):
+    with open(os.path.join(ctx.source, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("## Pipeline files"):]
+    block = section[section.index("```yaml\n") + 8:section.index("```", section.index("```yaml\n") + 8)]
+    ctx.write("contract.txt", "The contract.")
+    rc, out, err = ctx.run("run", ctx.write("readme.yaml", block), "--check")
+    assert rc == 0, f"the README's example does not load: {err}"
+    assert "is valid: 3 agents" in out, out
+
+# ------------------------------------------------------------------ a document is data
+
+
+@case
+def nul_bytes_in_document_and_prompt_file(ctx):
+    ctx.write("doc.txt", b"clause one\x00clause two")
+    p = ctx.write("p.yaml", "document: {file: doc.txt}\n" + GOOD_AGENTS)
+    rc, _, err = ctx.run("run", p, "--check")
+    expect(rc, err, 2, f"the document (file:{ctx.path('doc.txt')}) contains a NUL byte at offset 10")
+    prompt = ctx.write("prompt.txt", b"hello\x00world")
+    rc, _, err = ctx.run("generate", "--model", "/nonexistent.gguf", "--prompt-file", prompt)
+    expect(rc, err, 2, f"--prompt-file '{prompt}' contains a NUL byte at offset 5")
+
+# ------------------------------------------------------------------ messages that mislead
+
+
+@case
+def directories_are_not_files(ctx):
+    os.makedirs(ctx.path("d"))
+    rc, _, err = ctx.run("generate", "--model", ctx.path("d"), "-p", "hi")
+    expect(rc, err, 2, f"model file (from --model) '{ctx.path('d')}' is a directory, not a file")
+    rc, _, err = ctx.run("run", ctx.path("d"))
+    expect(rc, err, 2, f"pipeline file '{ctx.path('d')}' is a directory, not a file")
+    p = ctx.write("p.yaml", "document: {file: d}\n" + GOOD_AGENTS)
+    rc, _, err = ctx.run("run", p, "--check")
+    expect(rc, err, 2, f"document file '{ctx.path('d')}' is a directory, not a file")
+
+
+@case
+def document_file_must_be_a_path(ctx):
+    p = ctx.write("p.yaml", "document: {file: {x: 1}}\n" + GOOD_AGENTS)
+    rc, _, err = ctx.run("run", p, "--check")
+    expect(rc, err, 2, f"{p}: document.file must be a single value, not a mapping (line 1)")
+
+
+@case
+def range_errors_name_file_and_line(ctx):
+    p = ctx.write("p.yaml", "document: {text: x}\nagents:\n"
+                 "  - {name: a, prompt: q, max_tokens: -1}\n")
+    rc, _, err = ctx.run("run", p, "--check")
+    expect(rc, err, 2, f"{p}: agents[0].max_tokens must be in 1..2147483647, got -1 (line 3)")
+
+
+@case
+def model_load_error_gives_llama_reason_once(ctx):
+    not_gguf = ctx.write("notes.gguf", "# just text\n" * 10)
+    rc, _, err = ctx.run("generate", "--model", not_gguf, "-p", "hi")
+    expect(rc, err, 2, "llama.cpp says: gguf_init_from_reader: invalid magic characters")
+    assert err.count("invalid magic characters") == 1, err
+    assert "SWARMKV_LOG_LEVEL=debug" not in err, err
+
+
+@case
+def unknown_subcommand_is_named(ctx):
+    rc, _, err = ctx.run("frobnicate")
+    expect(rc, err, 2, "unknown command 'frobnicate' (commands: generate, run, bench")
+
+
+@case
+def exit_codes_follow_the_convention(ctx):
+    rc, out, _ = ctx.run("--help")
+    assert rc == 0 and "Exit status: 0 success; 1 the run failed" in out and "130 interrupted" in out, out
+    rc, _, err = ctx.run("run")  # a required argument missing
+    expect(rc, err, 2, "pipeline is required")
+    rc, _, err = ctx.run("generate", "--bogus")
+    expect(rc, err, 2, "--bogus")
+    rc, _, err = ctx.run("run", ctx.path("missing.yaml"))
+    expect(rc, err, 2, "does not exist")
+
+
+@case
+def json_error_on_early_failure(ctx):
+    rc, out, err = ctx.run("run", "--json", ctx.path("missing.yaml"))
+    expect(rc, err, 2, "does not exist")
+    j = json.loads(out)
+    assert j["ok"] is False and j["error"]["code"] == "not_found", j
+    rc, out, err = ctx.run("generate", "--json", "--model", ctx.path("missing.gguf"), "-p", "x")
+    assert rc == 2 and json.loads(out)["error"]["code"] == "not_found", (rc, out, err)
+
+
+@case
+def bench_pause_ms_must_not_be_negative(ctx):
+    rc, _, err = ctx.run("bench", "--pause-ms", "-5", "--model", "/nonexistent.gguf")
+    expect(rc, err, 2, "--pause-ms")
+
+
+def bench_process(ctx, doc_tokens, *extra):
+    env = dict(os.environ, SWARMKV_CACHE=ctx.path("cache"))
+    return subprocess.Popen([ctx.cli, "bench", "--model", ctx.model, "--doc-tokens", doc_tokens,
+                             "--branches", "2", "--branch-tokens", "4", "--n-predict", "2",
+                             "--arms", "none,shared", "--out", ctx.path("out"), *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@case
+def bench_ctrl_c_ends_the_pause(ctx):
+    p = bench_process(ctx, "64", "--trials", "3", "--pause-ms", "600000")
+    try:
+        for line in p.stderr:
+            if "trial 1/3 arm shared" in line:  # the last arm of trial 1: the pause follows
+                break
+        time.sleep(0.5)  # inside the 10-minute pause now
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=10)
+    finally:
+        p.kill()
+    assert rc == 130, f"exit {rc}"
+    with open(ctx.path("out/best_run.json")) as f:
+        assert json.load(f)["results"], "the finished trial is kept"
+
+
+@case
+def bench_second_ctrl_c_exits_at_once(ctx):
+    p = bench_process(ctx, "512", "--trials", "50")
+    try:
+        for line in p.stderr:
+            if "trial 1/50" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        start = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=10)
+        waited = time.monotonic() - start
+    finally:
+        p.kill()
+    assert rc == 130, f"exit {rc}"
+    assert waited < 2, f"took {waited:.1f} s after the second Ctrl-C"
+
+
+def main():
+    name, cli, source = sys.argv[1:4]
+    model = sys.argv[4] if len(sys.argv) > 4 else None
+    with tempfile.TemporaryDirectory(prefix=f"swarmkv-{name}-") as tmp:
+        CASES[name](Ctx(cli, source, model, tmp))
+    print(f"{name}: ok")
+
+
+if __name__ == "__main__":
+    main()
