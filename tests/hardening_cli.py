@@ -255,6 +255,14 @@ def directories_are_not_files(ctx):
 
 
 @case
+def snapshot_store_that_is_a_file_is_named(ctx):
+    f = ctx.write("store", "not a directory")
+    for command in ("ls", "gc"):
+        rc, _, err = ctx.run("snapshot", "--cache-dir", f, command)
+        expect(rc, err, 2, f"snapshot store '{f}' is not a directory")
+
+
+@case
 def document_file_must_be_a_path(ctx):
     p = ctx.write("p.yaml", "document: {file: {x: 1}}\n" + GOOD_AGENTS)
     rc, _, err = ctx.run("run", p, "--check")

@@ -35,14 +35,19 @@ std::vector<detail::DagNode> dag_nodes(const PipelineSpec& spec) {
   return nodes;
 }
 
+// The document is text with something in it; so is the system prompt.
 void validate_document(const PipelineSpec& spec) {
+  const std::string what = spec.document_source.empty()
+                               ? std::string("the document")
+                               : fmt::format("the document ({})", spec.document_source);
   if (spec.document.find_first_not_of(" \t\r\n") == std::string::npos) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("the document is empty{}", spec.document_source.empty()
-                                                   ? std::string()
-                                                   : fmt::format(" ({})", spec.document_source)));
+    throw Error(ErrorCode::kInvalidArgument,
+                spec.document_source.empty()
+                    ? std::string("the document is empty")
+                    : fmt::format("the document is empty ({})", spec.document_source));
   }
+  require_text(spec.document, what);
+  require_text(spec.system_prompt, "the system prompt");
 }
 
 // Where the chat template puts the system prompt, the document and the
@@ -172,10 +177,6 @@ bool PipelineResult::ok() const noexcept {
 
 void validate_pipeline(const PipelineSpec& spec) {
   validate_document(spec);
-  require_text(spec.document, spec.document_source.empty()
-                                  ? std::string("the document")
-                                  : fmt::format("the document ({})", spec.document_source));
-  require_text(spec.system_prompt, "the system prompt");
   if (spec.n_batch < 1)
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("n_batch must be >= 1 (got {})", spec.n_batch));
@@ -228,8 +229,6 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
 
 std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model) {
   validate_document(spec);
-  require_text(spec.document, "the document");
-  require_text(spec.system_prompt, "the system prompt");
   return model.tokenize(split_template(spec, model).head, /*add_special=*/true);
 }
 

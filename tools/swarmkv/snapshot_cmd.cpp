@@ -29,8 +29,20 @@ bool is_pipeline_file(const std::string& path) {
   return ext == ".yaml" || ext == ".yml" || ext == ".json";
 }
 
+// The store the commands read; a path that cannot be a directory is an
+// error here (an empty listing would hide it), while a missing one is an
+// empty store.
 SnapshotStore store_at(const std::string& dir) {
-  return dir.empty() ? SnapshotStore::open_default() : SnapshotStore(dir);
+  SnapshotStore store = dir.empty() ? SnapshotStore::open_default() : SnapshotStore(dir);
+  std::error_code ec;
+  const auto status = std::filesystem::status(store.dir(), ec);
+  if ((ec && ec != std::errc::no_such_file_or_directory) ||
+      (std::filesystem::exists(status) && !std::filesystem::is_directory(status))) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("snapshot store '{}' is not a directory{}", store.dir(),
+                            ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  return store;
 }
 
 // A file path, a store key, or a unique prefix (at least 6 digits) of one.
