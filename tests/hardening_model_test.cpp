@@ -134,8 +134,8 @@ TEST_P(TokenisationTest, MemoryEstimateMatchesLlamaCpp) {
   EXPECT_NEAR(compute_mib, logged_mib, 0.05 * logged_mib);
 }
 
-INSTANTIATE_TEST_SUITE_P(BothArchitectures, TokenisationTest,
-                         ::testing::Values(test::kSmolLM2, test::kGemma3), test::test_model_name);
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, TokenisationTest, SWARMKV_FORK_TEST_MODELS,
+                         test::test_model_name);
 
 }  // namespace
 }  // namespace swarmkv
