@@ -36,6 +36,9 @@ opts=(
   -DGGML_NATIVE="$([ "$native" = 1 ] && echo ON || echo OFF)"
   -DGGML_CUDA="$([ "$cuda" = 1 ] && echo ON || echo OFF)"
   "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../lib"
+  # The tools are copied from the build tree into the prefix: link them with
+  # the prefix's rpath from the start.
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
 )
 if [ "$native" = 1 ]; then
   # Virtual machines often advertise AMX in CPUID without enabling its tile
@@ -48,7 +51,11 @@ cpu_key=portable
 if [ "$native" = 1 ]; then
   cpu_key=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
 fi
-opt_key=$(printf '%s\n' "${opts[@]}" | sha256sum | cut -c1-12)
+# What is built is part of the key: a cache stamped complete before a tool
+# joined this list would otherwise silently lack it.
+targets=(llama llama-server llama-bench llama-quantize llama-perplexity)
+tools=(llama-bench llama-quantize llama-perplexity)
+opt_key=$(printf '%s\n' "${opts[@]}" "targets:${targets[*]}" | sha256sum | cut -c1-12)
 patches=("$SWARMKV_ROOT"/scripts/patches/*.patch)
 patch_key=$(cat "${patches[@]}" | sha256sum | cut -c1-12)
 key="${LLAMA_CPP_PYTHON_VERSION}-${opt_key}-p${patch_key}-cpu${cpu_key}"
@@ -94,15 +101,26 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S "$src" -B "$base/build" "${generator[@]}" "${opts[@]}" \
   -DCMAKE_INSTALL_PREFIX="$prefix" >"$base/configure.log" 2>&1 ||
   { tail -n 40 "$base/configure.log" >&2; die "llama.cpp configure failed (log: $base/configure.log)"; }
-cmake --build "$base/build" --target llama llama-server -j "$jobs" >&2 ||
+cmake --build "$base/build" --target "${targets[@]}" -j "$jobs" >&2 ||
   die "llama.cpp build failed"
 cmake --install "$base/build" >"$base/install.log" 2>&1 ||
   { tail -n 40 "$base/install.log" >&2; die "llama.cpp install failed (log: $base/install.log)"; }
-# llama-server's implementation library is installed only with
-# LLAMA_TOOLS_INSTALL, which would also install tools we do not build.
-cp -P "$base"/build/bin/libllama-server-impl.so* "$prefix/lib/"
+# The tools' implementation libraries (libllama-server-impl.so, ...) and
+# the measuring tools (llama-bench, llama-quantize, llama-perplexity) are
+# installed only with LLAMA_TOOLS_INSTALL, which would also install tools we
+# do not build; they find libllama through the install rpath.
+cp -P "$base"/build/bin/libllama-*-impl.so* "$prefix/lib/"
+for t in "${tools[@]}"; do
+  install -m 755 "$base/build/bin/$t" "$prefix/bin/$t"
+done
 "$prefix/bin/llama-server" --version >/dev/null 2>&1 ||
   die "the installed llama-server does not start: $prefix/bin/llama-server --version"
+for t in "${tools[@]}"; do
+  # --help exits 0 or 1 depending on the tool; 127 is a missing library.
+  rc=0
+  "$prefix/bin/$t" --help >/dev/null 2>&1 || rc=$?
+  [ "$rc" -le 1 ] || die "the installed $t does not start (exit $rc): $prefix/bin/$t --help"
+done
 cat >"$prefix/swarmkv-llama.txt" <<INFO
 llama_cpp_python_version=${LLAMA_CPP_PYTHON_VERSION}
 llama_cpp_commit=${LLAMA_CPP_COMMIT}
