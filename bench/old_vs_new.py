@@ -2,6 +2,7 @@
 """Two swarmkv binaries alternated back to back on the same pipelines.
 
   bench/old_vs_new.py OLD_BIN NEW_BIN MODEL OUT_DIR [--trials 3] [--branches 8,16] [--forks host,shared]
+  bench/old_vs_new.py --plot-only OUT_DIR   (redraws branch_phase.png from OUT_DIR/rows.json; runs nothing)
 
 Writes OUT_DIR/pipeline-<n>.json (the runs' input: the first 17,080
 characters of the Apache 2.0 and MPL 2.0 licences, ~3,500 tokens with the
@@ -13,13 +14,57 @@ document prefill), compared by medians.
 """
 import argparse, csv, json, os, statistics, subprocess, sys
 
+
+def plot_branch_phase(rows, out):
+    """branch_phase.png: old vs new per fork (trials as dots), and new / old in its own panel."""
+    sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
+    try:
+        import plot_style as ps
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    med = statistics.median
+    ns = sorted({r["branches"] for r in rows})
+    forks = list(dict.fromkeys(r["fork"] for r in rows))
+    phase = lambda n, fork, b: [r["branch_phase_ms"] / 1000 for r in rows  # noqa: E731
+                                if r["branches"] == n and r["fork"] == fork and r["binary"] == b]
+    trials = len({r["trial"] for r in rows})
+    fig, axes = ps.figure(1, len(forks) + 1, width=4.0 * (len(forks) + 1), height_per_row=3.6)
+    drawn = []
+    for ax, fork in zip(axes[0], forks):
+        drawn += ps.grouped_bars(ax, ns, ["old", "new"], lambda n, b: med(phase(n, fork, b)),
+                                 lambda n, b: phase(n, fork, b), labels=[f"{n} branches" for n in ns])
+        ax.set_ylabel("branch phase s")
+        ps.panel_title(ax, f"{fork} fork: branch phase (total − prefill; bar: median of {trials} trials)")
+    for ax in axes[0][:-1]:  # one scale for the forks' panels, so they compare too
+        ps.value_scale(ax, drawn)
+    ax = axes[0][-1]
+    drawn = ps.grouped_bars(ax, ns, forks, lambda n, fork: med(phase(n, fork, "new")) / med(phase(n, fork, "old")),
+                            labels=[f"{n} branches" for n in ns], value_fmt=lambda v: f"{v:.3f}", base=1.0)
+    ps.value_scale(ax, drawn, base=1.0)
+    reference = ps.reference_line(ax, label="1 = as fast as old", legend=False)
+    ax.set_ylabel("new / old")
+    ps.panel_title(ax, "new / old branch phase, ratio of medians (below 1 = new faster)")
+    ps.arm_legend(ax, ["old", "new"] + forks, dots="one trial", extra=[reference])
+    ps.title(fig, f"Old vs new binary, alternated back to back: document of {rows[0]['prefix_tokens']} tokens, "
+                  "32 generated tokens per branch")
+    ps.save(fig, os.path.join(out, "branch_phase.png"))
+
+
 ap = argparse.ArgumentParser()
-ap.add_argument("old"); ap.add_argument("new"); ap.add_argument("model"); ap.add_argument("out")
+ap.add_argument("old", nargs="?"); ap.add_argument("new", nargs="?"); ap.add_argument("model", nargs="?")
+ap.add_argument("out", nargs="?")
 ap.add_argument("--trials", type=int, default=3)
 ap.add_argument("--branches", default="8,16")
 ap.add_argument("--forks", default="host,shared")
 ap.add_argument("--rows", help="rows.json of an earlier run: write the outputs from it, run nothing")
+ap.add_argument("--plot-only", metavar="OUT_DIR", help="redraw OUT_DIR/branch_phase.png from OUT_DIR/rows.json")
 args = ap.parse_args()
+if args.plot_only:
+    plot_branch_phase(json.load(open(os.path.join(args.plot_only, "rows.json"))), args.plot_only)
+    sys.exit(0)
+if not args.out:
+    ap.error("OLD_BIN NEW_BIN MODEL OUT_DIR are required (or --plot-only OUT_DIR)")
 os.makedirs(args.out, exist_ok=True)
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 docs = os.path.join(root, "examples", "documents")
@@ -80,16 +125,4 @@ lines += ["", "Reproduce:", "", "```sh",
           f"bench/old_vs_new.py OLD_BIN NEW_BIN MODEL {args.out} --trials {args.trials} --branches {args.branches} --forks {args.forks}",
           "```", "", "![branch phase](branch_phase.png)"]
 open(os.path.join(args.out, "report.md"), "w").write("\n".join(lines) + "\n")
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{s['fork']} {s['branches']}" for s in summary]
-    x = range(len(summary))
-    ax.bar([i - 0.2 for i in x], [med(s["old_branch_phase_ms"]) / 1000 for s in summary], 0.4, label="old")
-    ax.bar([i + 0.2 for i in x], [med(s["new_branch_phase_ms"]) / 1000 for s in summary], 0.4, label="new")
-    ax.set_xticks(list(x), labels); ax.set_ylabel("branch phase, median s"); ax.legend()
-    fig.tight_layout(); fig.savefig(os.path.join(args.out, "branch_phase.png"), dpi=110)
-except ImportError:
-    print("matplotlib missing: no plot", file=sys.stderr)
+plot_branch_phase(rows, args.out)

@@ -7,6 +7,7 @@ usage: bench/snapshot_bench.py --swarmkv build/release/swarmkv --out DIR
            [--model GGUF]... [--trials 3] [--agents 1,4,16]
        bench/snapshot_bench.py --report-only --out DIR   (tables and plot from DIR/results.json;
            run it with Debian's /usr/bin/python3 for python3-matplotlib)
+       bench/snapshot_bench.py --plot-only --out DIR     (only DIR/cold_vs_warm.png, from DIR/results.json)
 Writes DIR/results.json, io.csv, e2e.csv, readme.csv, report.md and plots
 (python3-matplotlib). The first --model is used for the end-to-end runs.
 """
@@ -66,17 +67,22 @@ def main():
     ap.add_argument("--swarmkv")
     ap.add_argument("--model", action="append")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--agents", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.report_only:
+    if args.report_only or args.plot_only:
         with open(os.path.join(args.out, "results.json")) as f:
-            write_tables(json.load(f), args.out)
+            results = json.load(f)
+        if args.plot_only:
+            plot_cold_vs_warm(results, args.out)
+        else:
+            write_tables(results, args.out)
         return
     if not args.swarmkv or not args.model:
-        ap.error("--swarmkv and --model are required (or --report-only)")
+        ap.error("--swarmkv and --model are required (or --report-only, --plot-only)")
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="swarmkv-snapshot-bench-")
     binary = args.swarmkv
@@ -172,6 +178,46 @@ def med(rows, key, **match):
     return statistics.median(vals) if vals else float("nan")
 
 
+def plot_cold_vs_warm(results, out):
+    """cold_vs_warm.png: total and first-token time, cold vs warm, per fork and agent count (trials as
+    dots), and cold / warm in its own panel. False when matplotlib is missing."""
+    sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
+    try:
+        import plot_style as ps
+    except ImportError:
+        return False
+    e2e = results["e2e"]
+    ns = sorted({r["agents"] for r in e2e})
+    forks = ("shared", "host")
+    labels = [f"{n} agent{'' if n == 1 else 's'}" for n in ns]
+    pick = lambda key, n, fork, arm: [r[key] / 1000 for r in e2e  # noqa: E731
+                                      if r["agents"] == n and r["fork"] == fork and r["arm"] == arm]
+    fig, axes = ps.figure(2, len(forks) + 1, width=13.0, height_per_row=3.4)
+    for row, (key, what, span) in zip(axes, [("total_ms", "whole run", ""),
+                                             ("first_token_at_ms", "first token", ", from the run's start")]):
+        drawn = []
+        for ax, fork in zip(row, forks):
+            drawn += ps.grouped_bars(ax, ns, ["cold", "warm"], lambda n, arm: statistics.median(pick(key, n, fork, arm)),
+                                     lambda n, arm: pick(key, n, fork, arm), labels=labels)
+            ax.set_ylabel(f"{what} s")
+            ps.panel_title(ax, f"{fork} fork: {what}{span} (bar: median of {results['trials']} trials)")
+        for ax in row[:-1]:  # one scale for both forks' panels, so they compare too
+            ps.value_scale(ax, drawn)
+        ax = row[-1]
+        ratio = lambda n, fork: (statistics.median(pick(key, n, fork, "cold")) /  # noqa: E731
+                                 statistics.median(pick(key, n, fork, "warm")))
+        ps.value_scale(ax, ps.grouped_bars(ax, ns, forks, ratio, labels=labels, value_fmt=lambda v: f"{v:.1f}×",
+                                           base=1.0), suffix="×", base=1.0)
+        reference = ps.reference_line(ax, label="1× = no gain", legend=False)
+        ax.set_ylabel("cold / warm")
+        ps.panel_title(ax, f"Warm speed-up, {what}: median cold / median warm")
+    ps.arm_legend(axes[0][-1], ["cold", "warm", *forks], dots="one trial", extra=[reference])
+    ps.title(fig, f"The README's document (the Apache 2.0 licence), {', '.join(map(str, ns))} agents: cold = "
+                  "prefilled, warm = restored from the primed snapshot store; model load excluded")
+    ps.save(fig, os.path.join(out, "cold_vs_warm.png"))
+    return True
+
+
 def write_tables(results, out):
     io = results["io"]
     if io:
@@ -225,25 +271,9 @@ def write_tables(results, out):
                 c, w = med(e2e, "total_ms", agents=n, fork=fork, arm="cold"), med(e2e, "total_ms", agents=n, fork=fork, arm="warm")
                 cf, wf = (med(e2e, "first_token_at_ms", agents=n, fork=fork, arm=a) for a in ("cold", "warm"))
                 lines.append(f"| {n} | {fork} | {c:.0f} | {w:.0f} | {c / w:.2f}x | {cf:.0f} | {wf:.0f} |")
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            ns = sorted({r["agents"] for r in e2e})
-            fig, ax = plt.subplots(figsize=(7, 4))
-            width = 0.2
-            for i, (fork, arm) in enumerate([(f, a) for f in ("shared", "host") for a in ("cold", "warm")]):
-                ax.bar([x + i * width for x in range(len(ns))],
-                       [med(e2e, "total_ms", agents=n, fork=fork, arm=arm) / 1000 for n in ns], width,
-                       label=f"{fork} {arm}")
-            ax.set_xticks([x + 1.5 * width for x in range(len(ns))], [f"{n} agents" for n in ns])
-            ax.set_ylabel("end-to-end seconds (median)")
-            ax.set_title("README document: cold prefill vs warm snapshot store")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(os.path.join(out, "cold_vs_warm.png"), dpi=120)
+        if plot_cold_vs_warm(results, out):
             lines += ["", "![cold vs warm](cold_vs_warm.png)"]
-        except ImportError:
+        else:
             lines += ["", "(matplotlib missing: no plot)"]
     lines += ["", "## Peer: llama-server's slot save/restore of the same prefix", "",
               "[peer/llama_server_slots.md](peer/llama_server_slots.md) (`bench/llama_server_slots.py`): "
