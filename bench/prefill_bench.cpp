@@ -1,11 +1,15 @@
-// swarmkv_prefill_bench: prefill time of one document against n_batch.
+// swarmkv_prefill_bench: prefill time of one document against n_batch, at
+// given engine settings (flash attention, KV type, micro-batch, threads).
 //
 // All n_batch values are measured in one run; their order alternates between
-// trials so drift does not favour one. Prints (or writes) one JSON object.
+// trials so drift does not favour one. One untimed warm-up decode comes
+// first, as llama-bench does its own. Prints (or writes) one JSON object.
+// bench/prefill_settings.py runs it next to llama-bench at equal settings.
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +44,9 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> n_batches = {64, 256, 512, 1024};
   int trials = 3;
   int threads = 0;
+  std::string flash_attn = "off";
+  std::string kv_type = "f16";
+  uint32_t n_ubatch = 0;
   app.add_option("-m,--model", model_arg,
                  "GGUF model (default: $SWARMKV_MODEL or the cached default)");
   auto* doc_opt = app.add_option("--doc", doc_file, "document file (default: synthetic)")
@@ -55,6 +62,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   app.add_option("-t,--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app.add_option("--flash-attn", flash_attn, "flash attention")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--kv-type", kv_type, "K and V cache type")
+      ->check(CLI::IsMember({"f16", "q8_0"}))
+      ->capture_default_str();
+  app.add_option("--n-ubatch", n_ubatch, "micro-batch (0 = each n_batch)")->capture_default_str();
   app.add_option("-o,--out", out_file, "write the JSON here instead of stdout");
   CLI11_PARSE(app, argc, argv);
 
@@ -67,17 +81,27 @@ int main(int argc, char** argv) {
     } else {
       tokens = model->tokenize(swarmkv::read_file(doc_file), true);
     }
+    const auto options_for = [&](uint32_t n_batch) {
+      swarmkv::ContextOptions o;
+      o.n_ctx = static_cast<uint32_t>(tokens.size() + 16);
+      o.n_batch = n_batch;
+      o.n_ubatch = n_ubatch > 0 ? std::min(n_ubatch, n_batch) : n_batch;
+      o.n_threads = threads;
+      o.flash_attn = flash_attn == "on";
+      o.type_k = o.type_v = swarmkv::parse_kv_type(kv_type);
+      return o;
+    };
+    {
+      swarmkv::Context warm(model, options_for(n_batches[0]));
+      const size_t n = std::min<size_t>(tokens.size(), warm.options().n_ubatch);
+      warm.decode_prompt(std::span(tokens).first(n), 0, 0);
+    }
     std::vector<std::vector<double>> ms(n_batches.size());
     std::vector<swarmkv::Token> top1(n_batches.size(), -1);
     for (int t = 0; t < trials; ++t) {
       for (size_t k = 0; k < n_batches.size(); ++k) {
         const size_t i = (t % 2 == 0) ? k : n_batches.size() - 1 - k;
-        swarmkv::ContextOptions o;
-        o.n_ctx = static_cast<uint32_t>(tokens.size() + 16);
-        o.n_batch = n_batches[i];
-        o.n_ubatch = n_batches[i];
-        o.n_threads = threads;
-        swarmkv::Context ctx(model, o);
+        swarmkv::Context ctx(model, options_for(n_batches[i]));
         const auto start = std::chrono::steady_clock::now();
         ctx.decode_prompt(tokens, 0, 0);
         ms[i].push_back(
@@ -106,7 +130,10 @@ int main(int argc, char** argv) {
           {"doc_tokens", tokens.size()},
           {"n_batch", n_batches},
           {"trials", trials},
-          {"threads", threads}}},
+          {"threads", threads},
+          {"flash_attn", flash_attn == "on"},
+          {"kv_type", kv_type},
+          {"n_ubatch", n_ubatch}}},
         {"environment", {{"engine", swarmkv::engine_build_info()}}},
         {"results", results},
     };

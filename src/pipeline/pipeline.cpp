@@ -177,10 +177,7 @@ bool PipelineResult::ok() const noexcept {
 
 void validate_pipeline(const PipelineSpec& spec) {
   validate_document(spec);
-  if (spec.n_batch < 1)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("n_batch must be >= 1 (got {})", spec.n_batch));
-  validate_threads(spec.n_threads);
+  validate_engine_settings(spec);
   if (spec.agents.empty()) throw Error(ErrorCode::kInvalidArgument, "the pipeline has no agents");
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     const AgentSpec& a = spec.agents[i];
@@ -218,6 +215,35 @@ void validate_pipeline(const PipelineSpec& spec) {
     }
   }
   detail::resolve_dag(dag_nodes(spec));
+}
+
+void validate_engine_settings(const PipelineSpec& spec) {
+  if (spec.n_batch < 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("n_batch must be >= 1 (got {})", spec.n_batch));
+  if (spec.n_ubatch > 0 && spec.n_batch % spec.n_ubatch != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("n_ubatch must be 0 (automatic) or divide n_batch {} (got {})",
+                            spec.n_batch, spec.n_ubatch));
+  }
+  validate_threads(spec.n_threads);
+  validate_threads(spec.n_threads_batch);
+  validate_kv_types(spec.kv_type, spec.kv_type, spec.flash_attn);
+}
+
+ContextOptions engine_options(const PipelineSpec& spec) {
+  ContextOptions o;
+  o.n_batch = spec.n_batch;
+  constexpr uint32_t kAutoUbatch = 256;
+  o.n_ubatch = spec.n_ubatch > 0                 ? spec.n_ubatch
+               : spec.n_batch % kAutoUbatch == 0 ? kAutoUbatch
+                                                 : spec.n_batch;
+  o.n_threads = spec.n_threads;
+  o.n_threads_batch = spec.n_threads_batch;
+  o.flash_attn = spec.flash_attn;
+  o.type_k = spec.kv_type;
+  o.type_v = spec.kv_type;
+  return o;
 }
 
 PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
@@ -270,12 +296,13 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
 
 void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBudget& budget,
                   GuardPolicy guard) {
-  ContextOptions branch;
+  ContextOptions branch = engine_options(spec);
   branch.n_ctx = budget.n_ctx;
   branch.n_seq_max = budget.n_seq_max;
-  branch.n_batch =
-      spec.fork == ForkMode::kShared ? std::max(spec.n_batch, budget.n_seq_max) : spec.n_batch;
-  branch.n_ubatch = branch.n_batch;
+  if (spec.fork == ForkMode::kShared) {
+    branch.n_batch = std::max(spec.n_batch, budget.n_seq_max);
+    branch.n_ubatch = branch.n_batch;
+  }
   const ContextMemory per_context = estimate_context_memory(model, branch);
   const size_t agents = spec.agents.size();
   const uint64_t contexts =
@@ -367,6 +394,10 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
 
   PipelineResult result;
   result.fork = spec.fork;
+  result.engine = engine_options(spec);
+  result.engine.n_threads = effective_threads(spec.n_threads);
+  result.engine.n_threads_batch =
+      spec.n_threads_batch > 0 ? effective_threads(spec.n_threads_batch) : result.engine.n_threads;
   result.prefix_tokens = prepared.budget.prefix_tokens;
   result.n_ctx = prepared.budget.n_ctx;  // the strategy replaces it with llama.cpp's padded value
   result.prepare_ms = run.ms();

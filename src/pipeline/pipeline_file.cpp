@@ -80,6 +80,18 @@ class Reader {
     return out;
   }
 
+  bool boolean(const YAML::Node& node, const char* key, bool fallback,
+               const std::string& where) const {
+    if (!node[key]) return fallback;
+    const YAML::Node v = scalar(node[key], where + "." + key);
+    try {
+      return v.as<bool>();
+    } catch (const YAML::Exception&) {
+      bad(fmt::format("{}.{} must be true or false, got '{}' (line {})", where, key, v.Scalar(),
+                      line(v)));
+    }
+  }
+
   float real(const YAML::Node& node, const char* key, float fallback,
              const std::string& where) const {
     if (!node[key]) return fallback;
@@ -118,8 +130,8 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   const Reader r(origin);
   if (!root.IsMap()) r.bad("the top level must be a mapping");
   r.check_keys(root,
-               {"name", "model", "n_ctx", "n_batch", "threads", "fork", "system", "document",
-                "defaults", "agents"},
+               {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch",
+                "flash_attn", "kv_type", "fork", "system", "document", "defaults", "agents"},
                "the pipeline");
 
   PipelineSpec spec;
@@ -128,8 +140,20 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   spec.model = r.text(root, "model", "", top);
   spec.n_ctx = static_cast<uint32_t>(r.integer(root, "n_ctx", spec.n_ctx, 0, 1 << 24, top));
   spec.n_batch = static_cast<uint32_t>(r.integer(root, "n_batch", spec.n_batch, 1, 1 << 16, top));
+  spec.n_ubatch =
+      static_cast<uint32_t>(r.integer(root, "n_ubatch", spec.n_ubatch, 0, spec.n_batch, top));
   spec.n_threads =
       static_cast<int32_t>(r.integer(root, "threads", spec.n_threads, 0, hardware_threads(), top));
+  spec.n_threads_batch = static_cast<int32_t>(
+      r.integer(root, "threads_batch", spec.n_threads_batch, 0, hardware_threads(), top));
+  spec.flash_attn = r.boolean(root, "flash_attn", spec.flash_attn, top);
+  if (root["kv_type"]) {
+    try {
+      spec.kv_type = parse_kv_type(r.text(root, "kv_type", "", top));
+    } catch (const Error& e) {
+      r.bad(fmt::format("{} (line {})", e.message(), Reader::line(root["kv_type"])));
+    }
+  }
   spec.system_prompt = r.text(root, "system", spec.system_prompt, top);
   if (root["fork"]) {
     try {

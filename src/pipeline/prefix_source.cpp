@@ -23,12 +23,9 @@ size_t common_prefix(const std::vector<Token>& a, const std::vector<Token>& b) {
 }  // namespace
 
 ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens) {
-  ContextOptions o;
+  ContextOptions o = engine_options(spec);
   o.n_ctx = static_cast<uint32_t>((n_tokens + 1 + 255) / 256 * 256);
-  o.n_batch = spec.n_batch;
-  o.n_ubatch = spec.n_batch;
   o.n_seq_max = 1;
-  o.n_threads = spec.n_threads;
   return o;
 }
 

@@ -68,6 +68,12 @@ nlohmann::json memory_json(const PipelineResult& r) {
           {"host_buffer_bytes", r.host_buffer_bytes}};
 }
 
+nlohmann::json engine_json(const ContextOptions& o) {
+  return {{"flash_attn", o.flash_attn}, {"kv_type", std::string(to_string(o.type_k))},
+          {"n_batch", o.n_batch},       {"n_ubatch", o.n_ubatch},
+          {"threads", o.n_threads},     {"threads_batch", o.n_threads_batch}};
+}
+
 nlohmann::json result_json(const PipelineResult& r) {
   nlohmann::json agents = nlohmann::json::array();
   for (const AgentResult& a : r.agents) agents.push_back(agent_json(a));
@@ -76,6 +82,7 @@ nlohmann::json result_json(const PipelineResult& r) {
           {"guard",
            r.guard ? nlohmann::json(std::string(to_string(*r.guard))) : nlohmann::json(nullptr)},
           {"ok", r.ok()},
+          {"engine", engine_json(r.engine)},
           {"n_ctx", r.n_ctx},
           {"n_seq_max", r.n_seq_max},
           {"prefix_tokens", r.prefix_tokens},

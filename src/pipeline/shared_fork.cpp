@@ -53,9 +53,8 @@ class SharedFork final : public ForkStrategy {
   static std::unique_ptr<Context> prefill(const RunInputs& in, PipelineResult& result) {
     const std::vector<Token>& prefix = in.prepared.prefix;
     PrefixState state = obtain_prefix_state(in.spec, prefix, in.options, in.model);
-    ContextOptions options;
+    ContextOptions options = engine_options(in.spec);
     options.n_ctx = in.prepared.budget.n_ctx;
-    options.n_threads = in.spec.n_threads;
     options.kv_unified = true;
     options.n_seq_max = in.prepared.budget.n_seq_max;
     options.n_batch = std::max(in.spec.n_batch, options.n_seq_max);  // room for every live branch

@@ -82,7 +82,7 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
   ServerConfig cfg;
   cfg.binary = args.server_bin;  // resolved once by run_bench
   cfg.model = model_path;
-  cfg.threads = args.threads;
+  cfg.engine = engine_options(spec);
   cfg.n_parallel = concurrent ? static_cast<int32_t>(n) : 1;
   cfg.n_ctx = per_slot * static_cast<uint32_t>(cfg.n_parallel);
   cfg.kv_unified = kv_unified;
@@ -291,8 +291,7 @@ int run_bench(const BenchArgs& requested) {
                  {"pause_ms", args.pause_ms},
                  {"arms", args.arms},
                  {"sweep", args.sweep},
-                 {"flash_attn", false},
-                 {"kv_type", "f16"}};
+                 {"engine", nullptr}};
   json env = {{"cpu", cpu_model()},
               {"cores", std::thread::hardware_concurrency()},
               {"engine", engine_build_info()},
@@ -313,6 +312,9 @@ int run_bench(const BenchArgs& requested) {
     spec.document = args.doc_file.empty() ? synthetic_document(*model, point.doc_tokens) : file_doc;
     spec.document_source = args.doc_file.empty() ? "synthetic" : "file:" + args.doc_file;
     spec.n_threads = args.threads;
+    args.engine.apply(spec);
+    validate_engine_settings(spec);
+    params["engine"] = engine_json(engine_options(spec));
     spec.system_prompt.clear();
     for (int32_t i = 0; i < point.branches; ++i) {
       AgentSpec a;

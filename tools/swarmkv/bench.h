@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "engine_flags.h"
+
 namespace swarmkv::cli {
 
 struct BenchArgs {
@@ -17,6 +19,7 @@ struct BenchArgs {
   int32_t n_predict = 1;      // greedy tokens generated per branch
   uint32_t n_ctx = 0;         // 0: smallest multiple of 256 that fits
   int32_t threads = 0;
+  EngineFlags engine;  // every arm, the server arms too
   int32_t trials = 3;
   int32_t pause_ms = 1000;
   std::vector<std::string> arms = {"none", "host"};

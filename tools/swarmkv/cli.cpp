@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "engine_flags.h"
 #include "progress.h"
 #include "snapshot_cmd.h"
 #include "swarmkv/engine.h"
@@ -163,6 +164,7 @@ struct RunArgs {
   std::string guard = "serialized";
   uint32_t n_ctx = 0;
   std::optional<int32_t> threads;
+  swarmkv::cli::EngineFlags engine;
   std::string snapshot_file;
   std::string snapshot_cache = "on";
   std::string cache_dir;
@@ -235,6 +237,7 @@ int run_pipeline_cmd(const RunArgs& args) {
   if (!args.fork.empty()) spec.fork = swarmkv::parse_fork_mode(args.fork);
   if (args.n_ctx > 0) spec.n_ctx = args.n_ctx;
   if (args.threads) spec.n_threads = *args.threads;
+  args.engine.apply(spec);
   swarmkv::validate_pipeline(spec);  // the command line's values too, before the model loads
   if (args.check) {
     std::cout << fmt::format("{}: pipeline '{}' is valid: {} agents, fork {}, document {} bytes\n",
@@ -294,7 +297,19 @@ int run_info(const std::string& model_arg) {
       {"engine", swarmkv::engine_build_info()},
       {"cache_dir", swarmkv::cache_dir()},
   };
+  const std::vector<swarmkv::WeightType> weights = swarmkv::weight_types(*model);
+  nlohmann::json types = nlohmann::json::array();
+  for (const swarmkv::WeightType& w : weights) {
+    types.push_back({{"type", w.type},
+                     {"tensors", w.tensors},
+                     {"bytes", w.bytes},
+                     {"fast_prefill", w.fast_prefill}});
+  }
+  const std::string hint = swarmkv::slow_weights_hint(weights);
+  out["weights"] = {{"types", types},
+                    {"hint", hint.empty() ? nlohmann::json(nullptr) : nlohmann::json(hint)}};
   std::cout << swarmkv::dump_json(out) << "\n";
+  if (!hint.empty()) std::cerr << "hint: " << hint << "\n";
   return 0;
 }
 
@@ -404,7 +419,8 @@ int run(int argc, char** argv) {
       "run",
       "Run a pipeline file: prefill the document once, fork every agent from its KV state, "
       "print each answer, a timing table and the KV memory used.\n"
-      "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, threads, fork, system, document "
+      "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, n_ubatch, threads, "
+      "threads_batch, flash_attn, kv_type, fork, system, document "
       "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
       "prompt, max_tokens, "
       "temperature, top_p, top_k, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
@@ -438,6 +454,7 @@ int run(int argc, char** argv) {
   run->add_option("-t,--threads", run_args.threads,
                   "CPU threads per context (0 = all cores, at most the hardware threads); "
                   "overrides the file");
+  run_args.engine.add_to(run);
   run->add_flag("--check", run_args.check,
                 "check the pipeline file and the options, load no model, run nothing");
   run->add_option("--snapshot-cache", run_args.snapshot_cache,
@@ -499,6 +516,7 @@ int run(int argc, char** argv) {
                     "256 that fits its layout)");
   bench->add_option("-t,--threads", bench_args.threads, "CPU threads per context (0 = all cores)")
       ->capture_default_str();
+  bench_args.engine.add_to(bench);
   bench->add_option("--trials", bench_args.trials, "trials")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));

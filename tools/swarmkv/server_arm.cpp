@@ -85,9 +85,10 @@ std::string find_llama_server(const std::string& explicit_path) {
 
 LlamaServer::LlamaServer(const ServerConfig& config, std::chrono::seconds ready_timeout)
     : config_(config), port_(pick_port()) {
-  const int threads = config.threads > 0
-                          ? config.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const ContextOptions& e = config.engine;
+  const int32_t threads = effective_threads(e.n_threads);
+  const int32_t threads_batch =
+      e.n_threads_batch > 0 ? effective_threads(e.n_threads_batch) : threads;
   std::vector<std::string> args = {config.binary,
                                    "--model",
                                    config.model,
@@ -103,17 +104,17 @@ LlamaServer::LlamaServer(const ServerConfig& config, std::chrono::seconds ready_
                                    "--threads",
                                    std::to_string(threads),
                                    "--threads-batch",
-                                   std::to_string(threads),
+                                   std::to_string(threads_batch),
                                    "--batch-size",
-                                   "512",
+                                   std::to_string(e.n_batch),
                                    "--ubatch-size",
-                                   "512",
+                                   std::to_string(std::min(e.n_ubatch, e.n_batch)),
                                    "--flash-attn",
-                                   "off",
-                                   "--cache-type-k",  // our contexts' K/V types
-                                   "f16",
+                                   e.flash_attn ? "on" : "off",
+                                   "--cache-type-k",
+                                   std::string(to_string(e.type_k)),
                                    "--cache-type-v",
-                                   "f16",
+                                   std::string(to_string(e.type_v)),
                                    "--cache-prompt",
                                    "--no-webui",
                                    "--no-warmup"};

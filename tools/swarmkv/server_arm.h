@@ -23,7 +23,9 @@ std::string find_llama_server(const std::string& explicit_path);
 struct ServerConfig {
   std::string binary;
   std::string model;
-  int32_t threads = 0;      // 0: all cores
+  // threads (0: all cores), threads for batches, n_batch, n_ubatch, flash
+  // attention, K/V types: the same as our arms'.
+  ContextOptions engine;
   uint32_t n_ctx = 0;       // -c: KV cells in total (split per slot unless kv_unified)
   int32_t n_parallel = 1;   // -np: slots
   bool kv_unified = false;  // -kvu / -no-kvu

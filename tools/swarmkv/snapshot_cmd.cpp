@@ -122,13 +122,11 @@ SnapshotCommands::SnapshotCommands(CLI::App& app) {
   prefill_->add_option("-m,--model", model_, "GGUF model; overrides the pipeline's 'model'");
   prefill_->add_option("--system", system_, "system prompt for a plain document")
       ->each([this](const std::string&) { system_given_ = true; });
-  prefill_
-      ->add_option("-b,--n-batch", n_batch_,
-                   "prefill chunk size (default: the pipeline's, else 512); part of the "
-                   "snapshot's binding, so it must match the runs that reuse it")
-      ->check(CLI::Range(1u, 1u << 16));
   prefill_->add_option("-t,--threads", threads_,
                        "CPU threads (0 = all cores, at most the hardware threads)");
+  // n_batch, n_ubatch, flash attention and the KV type are part of the
+  // snapshot's binding: they must match the runs that reuse it.
+  engine_.add_to(prefill_);
   prefill_
       ->add_option("--snapshot-cache", cache_mode_,
                    "on: look the store up, publish on a miss; read-only; off: neither")
@@ -187,9 +185,9 @@ int SnapshotCommands::run_prefill() {
     if (system_given_) spec.system_prompt = system_;
   }
   if (!model_.empty()) spec.model = model_;
-  if (n_batch_ > 0) spec.n_batch = n_batch_;
   if (threads_) spec.n_threads = *threads_;
-  validate_threads(spec.n_threads);
+  engine_.apply(spec);
+  validate_engine_settings(spec);
   require_text(spec.document, "the document");
   require_text(spec.system_prompt, "the system prompt");
   RunOptions options;

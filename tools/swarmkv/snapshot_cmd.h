@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine_flags.h"
+
 namespace swarmkv::cli {
 
 // Adds the `prefill` and `snapshot` subcommands to `app`; run() after
@@ -41,7 +43,7 @@ class SnapshotCommands {
   std::string model_;
   std::string system_;
   bool system_given_ = false;
-  uint32_t n_batch_ = 0;
+  EngineFlags engine_;
   std::optional<int32_t> threads_;
   std::string cache_mode_ = "on";
   // snapshot *

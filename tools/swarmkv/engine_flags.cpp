@@ -1,0 +1,35 @@
+#include "engine_flags.h"
+
+namespace swarmkv::cli {
+
+void EngineFlags::add_to(CLI::App* app) {
+  app->add_option("-b,--n-batch", n_batch,
+                  "most tokens per llama_decode call, the prefill's chunk (file key n_batch; "
+                  "default 512)")
+      ->check(CLI::Range(1u, 65536u));
+  app->add_option("--n-ubatch", n_ubatch,
+                  "the prefill's micro-batch, a divisor of n_batch (file key n_ubatch; 0 = "
+                  "automatic: 256 when it divides n_batch, else n_batch)");
+  app->add_option("--threads-batch", threads_batch,
+                  "threads for the prefill and batched steps (file key threads_batch; 0 = "
+                  "--threads)");
+  app->add_option("--flash-attn", flash_attn,
+                  "flash attention (file key flash_attn; default off: on makes the prefill "
+                  "1.2-1.4x faster and the agents' decoding 2.2-4x slower here, README)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app->add_option("--kv-type", kv_type,
+                  "K and V cache type (file key kv_type; default f16). q8_0 halves the KV "
+                  "memory and every snapshot, cuts the prefill to a third to a half of its "
+                  "speed here, needs flash attention")
+      ->check(CLI::IsMember({"f16", "q8_0"}));
+}
+
+void EngineFlags::apply(PipelineSpec& spec) const {
+  if (n_batch) spec.n_batch = *n_batch;
+  if (n_ubatch) spec.n_ubatch = *n_ubatch;
+  if (threads_batch) spec.n_threads_batch = *threads_batch;
+  if (!flash_attn.empty()) spec.flash_attn = flash_attn == "on";
+  if (!kv_type.empty()) spec.kv_type = parse_kv_type(kv_type);
+}
+
+}  // namespace swarmkv::cli

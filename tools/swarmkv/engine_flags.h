@@ -1,0 +1,29 @@
+// The engine settings on the command line: one set of flags for `run`,
+// `prefill` and `bench`, each overriding the pipeline file's key of the
+// same meaning (README, "Engine settings").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv::cli {
+
+struct EngineFlags {
+  std::optional<uint32_t> n_batch;
+  std::optional<uint32_t> n_ubatch;
+  std::optional<int32_t> threads_batch;
+  std::string flash_attn;  // "on" | "off" | "" (keep)
+  std::string kv_type;     // "f16" | "q8_0" | "" (keep)
+
+  // Adds -b/--n-batch, --n-ubatch, --threads-batch, --flash-attn, --kv-type.
+  void add_to(CLI::App* app);
+  // Sets the given flags in `spec`; validate_pipeline checks the result.
+  void apply(PipelineSpec& spec) const;
+};
+
+}  // namespace swarmkv::cli
