@@ -124,8 +124,8 @@ SnapshotCommands::SnapshotCommands(CLI::App& app) {
       ->each([this](const std::string&) { system_given_ = true; });
   prefill_->add_option("-t,--threads", threads_,
                        "CPU threads (0 = all cores, at most the hardware threads)");
-  // n_batch, n_ubatch, flash attention and the KV type are part of the
-  // snapshot's binding: they must match the runs that reuse it.
+  // n_ubatch, flash attention and the KV type are part of the snapshot's
+  // binding (its KV layout): they must match the runs that reuse it.
   engine_.add_to(prefill_);
   prefill_
       ->add_option("--snapshot-cache", cache_mode_,
