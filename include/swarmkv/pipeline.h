@@ -185,6 +185,7 @@ struct AgentResult {
   StopReason stop_reason = StopReason::kMaxTokens;
   int32_t prompt_tokens = 0;  // the agent's prompt, template wrapping included
   AgentTimings timings_ms;
+  std::string worker;  // run_distributed: the worker that ran it; "" in a local run
 };
 
 // One batched llama_decode of the shared fork (ForkMode::kShared).
@@ -193,6 +194,14 @@ struct DecodeStep {
   int32_t prompt_tokens = 0;    // agent-prompt tokens in the batch
   int32_t generate_tokens = 0;  // one per generating branch
   double ms = 0;
+};
+
+// How run_distributed moved the document's snapshot (swarmkv/cluster.h).
+struct TransferFigures {
+  uint64_t bytes = 0;     // the snapshot file
+  double publish_ms = 0;  // the coordinator's upload to Redis (0: it was there already)
+  double fetch_ms = 0;    // the slowest worker's download (0: every worker had it locally)
+  int fetches = 0;        // workers that downloaded it
 };
 
 struct PipelineResult {
@@ -235,6 +244,7 @@ struct PipelineResult {
   NodeStatus document_status = NodeStatus::kOk;
   std::optional<ErrorValue> document_error;  // set unless ok
   std::vector<AgentResult> agents;           // in the order of PipelineSpec::agents
+  std::optional<TransferFigures> transfer;   // run_distributed only
 
   bool ok() const noexcept;
 };

@@ -26,7 +26,8 @@ nlohmann::json kv_layout_json(const KvLayout& l);
 //  "generate", "total", "done_at"}, milliseconds (AgentTimings).
 nlohmann::json timings_json(const AgentTimings& t);
 // {"name", "status", "error", "answer", "n_tokens", "stop_reason",
-//  "prompt_tokens", "first_token_at_ms", "timings_ms"}.
+//  "prompt_tokens", "first_token_at_ms", "timings_ms", "worker"} ("worker":
+//  the swarmkv worker that ran it under run --redis, else null).
 // "stop_reason" is null unless the agent's status is ok.
 nlohmann::json agent_json(const AgentResult& a);
 
@@ -47,7 +48,8 @@ nlohmann::json engine_json(const ContextOptions& options);
 // "ok", "engine" (engine_json), "n_ctx", "n_seq_max", "prefix_tokens", "document_prefills",
 // "snapshot_bytes", "snapshot" (snapshot_json), "prepare_ms", "prefill_ms",
 // "export_ms", "restore_ms", "branch_buffer_ms", "total_ms", "memory", "decode_steps" (count),
-// "document" {"status", "error"}, "agents" [agent_json...].
+// "document" {"status", "error"}, "agents" [agent_json...], "transfer" (run
+// --redis: {"bytes", "publish_ms", "fetch_ms", "fetches"}, else null).
 nlohmann::json result_json(const PipelineResult& r);
 
 }  // namespace swarmkv

@@ -84,6 +84,11 @@ std::string snapshot_key(const SnapshotBinding& binding, std::span<const Token> 
 void write_snapshot(const std::string& path, const SnapshotMeta& meta,
                     std::span<const uint8_t> payload);
 
+// Writes a whole snapshot file's bytes (received from elsewhere: the Redis
+// bus) to `path` atomically, as write_snapshot does. Checks nothing; read
+// the file back to verify it. Throws Error(kIo) naming the path.
+void write_snapshot_bytes(const std::string& path, std::span<const uint8_t> file);
+
 // Reads and verifies the header and the tokens section. Throws
 // Error(kNotFound) for a missing file, Error(kIo) when it cannot be read,
 // Error(kCorruption) naming the file and what is wrong (empty, not a
@@ -163,6 +168,12 @@ class SnapshotStore {
   // recently used entries (never the new one) until the store fits the cap.
   // Returns the entry's path. Throws Error(kIo).
   std::string publish(const SnapshotMeta& meta, std::span<const uint8_t> payload);
+  // Stores a whole snapshot file received from elsewhere under `key`
+  // atomically, verifies it (header, tokens and every KV section; a file
+  // whose bytes do not hash to `key` is removed again) and evicts as publish
+  // does. Returns the entry's path. Throws Error(kIo), and Error(kCorruption)
+  // naming the key for bytes that are not a valid snapshot of that key.
+  std::string adopt(const std::string& key, std::span<const uint8_t> file);
   // Marks an entry as just used.
   void touch(const std::string& path) const;
   // Removes an entry's file; false when it did not exist.

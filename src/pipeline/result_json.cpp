@@ -40,7 +40,8 @@ nlohmann::json agent_json(const AgentResult& a) {
                               : nlohmann::json(nullptr)},
           {"prompt_tokens", a.prompt_tokens},
           {"first_token_at_ms", a.timings_ms.first_token_at},
-          {"timings_ms", timings_json(a.timings_ms)}};
+          {"timings_ms", timings_json(a.timings_ms)},
+          {"worker", a.worker.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.worker)}};
 }
 
 nlohmann::json snapshot_json(const std::optional<SnapshotUse>& s) {
@@ -100,7 +101,12 @@ nlohmann::json result_json(const PipelineResult& r) {
           {"document",
            {{"status", std::string(to_string(r.document_status))},
             {"error", error_json(r.document_error)}}},
-          {"agents", agents}};
+          {"agents", agents},
+          {"transfer", r.transfer ? nlohmann::json{{"bytes", r.transfer->bytes},
+                                                   {"publish_ms", r.transfer->publish_ms},
+                                                   {"fetch_ms", r.transfer->fetch_ms},
+                                                   {"fetches", r.transfer->fetches}}
+                                  : nlohmann::json(nullptr)}};
 }
 
 std::string dump_json(const nlohmann::json& j) {

@@ -156,6 +156,55 @@ void fsync_dir(const std::filesystem::path& dir) {
   ::close(fd);
 }
 
+// Writes `parts` one after another to `path` atomically: a temporary file in
+// the same folder, fsync, rename over `path`, fsync the folder.
+void write_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts) {
+  const std::filesystem::path target(path);
+  const std::filesystem::path dir =
+      target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  std::random_device rd;
+  const std::string tmp =
+      (dir / fmt::format(".tmp-{}-{}-{:08x}", target.filename().string(), ::getpid(), rd()))
+          .string();
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw Error(ErrorCode::kIo, fmt::format("cannot create '{}' to write snapshot '{}': {}", tmp,
+                                            path, std::strerror(errno)));
+  }
+  const auto fail = [&](const std::string& what) {
+    const int saved = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo, fmt::format("writing snapshot '{}' failed ({}): {}", path, what,
+                                            std::strerror(saved)));
+  };
+  const auto write_all = [&](const uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      const ssize_t put = ::write(fd, p, n);
+      if (put < 0) {
+        if (errno == EINTR) continue;
+        fail("write");
+      }
+      p += put;
+      n -= static_cast<uint64_t>(put);
+    }
+  };
+  for (const std::span<const uint8_t> part : parts) write_all(part.data(), part.size());
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo, fmt::format("writing snapshot '{}' failed (close): {}", path,
+                                            std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int saved = errno;
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo,
+                fmt::format("cannot publish snapshot '{}': {}", path, std::strerror(saved)));
+  }
+  fsync_dir(dir);
+}
+
 }  // namespace
 
 SnapshotBinding binding_of(const Model& model, const ContextOptions& options) {
@@ -231,51 +280,15 @@ void write_snapshot(const std::string& path, const SnapshotMeta& meta_in,
   }
   put_u64(header, XXH3_64bits(header.data(), header.size()));
 
-  const std::filesystem::path target(path);
-  const std::filesystem::path dir =
-      target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  std::random_device rd;
-  const std::string tmp =
-      (dir / fmt::format(".tmp-{}-{}-{:08x}", target.filename().string(), ::getpid(), rd()))
-          .string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw Error(ErrorCode::kIo, fmt::format("cannot create '{}' to write snapshot '{}': {}", tmp,
-                                            path, std::strerror(errno)));
-  }
-  const auto fail = [&](const std::string& what) {
-    const int saved = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(ErrorCode::kIo, fmt::format("writing snapshot '{}' failed ({}): {}", path, what,
-                                            std::strerror(saved)));
-  };
-  const auto write_all = [&](const uint8_t* p, uint64_t n) {
-    while (n > 0) {
-      const ssize_t put = ::write(fd, p, n);
-      if (put < 0) {
-        if (errno == EINTR) continue;
-        fail("write");
-      }
-      p += put;
-      n -= static_cast<uint64_t>(put);
-    }
-  };
-  write_all(reinterpret_cast<const uint8_t*>(header.data()), header.size());
-  for (const Piece& p : pieces) write_all(p.data, p.size);
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw Error(ErrorCode::kIo, fmt::format("writing snapshot '{}' failed (close): {}", path,
-                                            std::strerror(errno)));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int saved = errno;
-    ::unlink(tmp.c_str());
-    throw Error(ErrorCode::kIo,
-                fmt::format("cannot publish snapshot '{}': {}", path, std::strerror(saved)));
-  }
-  fsync_dir(dir);
+  std::vector<std::span<const uint8_t>> parts{
+      {reinterpret_cast<const uint8_t*>(header.data()), header.size()}};
+  for (const Piece& p : pieces) parts.emplace_back(p.data, p.size);
+  write_atomically(path, parts);
+}
+
+void write_snapshot_bytes(const std::string& path, std::span<const uint8_t> file) {
+  const std::span<const uint8_t> parts[] = {file};
+  write_atomically(path, parts);
 }
 
 SnapshotHeader read_snapshot_header(const std::string& path) {

@@ -249,6 +249,32 @@ std::string SnapshotStore::publish(const SnapshotMeta& meta, std::span<const uin
   return path;
 }
 
+std::string SnapshotStore::adopt(const std::string& key, std::span<const uint8_t> file) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) {
+    throw Error(ErrorCode::kIo,
+                fmt::format("cannot create the snapshot store '{}': {}", dir_, ec.message()));
+  }
+  const std::string path = path_of(key);
+  write_snapshot_bytes(path, file);
+  try {
+    const SnapshotHeader header = read_snapshot_header(path);
+    read_snapshot_payload(path, header);
+    if (snapshot_key(header.meta.binding, header.meta.tokens) != key) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("the snapshot received for key {} is the snapshot of key {}", key,
+                              snapshot_key(header.meta.binding, header.meta.tokens)));
+    }
+  } catch (const Error& e) {
+    remove_path(path);
+    throw Error(e.code() == ErrorCode::kIo ? ErrorCode::kIo : ErrorCode::kCorruption,
+                fmt::format("snapshot {}: {}", key, e.message()));
+  }
+  evict(max_bytes_, path);
+  return path;
+}
+
 SnapshotStore::GcReport SnapshotStore::evict(uint64_t max_bytes, const std::string& keep) const {
   GcReport report;
   const std::vector<Entry> entries = scan(/*read_headers=*/false);

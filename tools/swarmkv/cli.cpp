@@ -15,6 +15,7 @@
 #include "engine_flags.h"
 #include "progress.h"
 #include "snapshot_cmd.h"
+#include "swarmkv/cluster.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -22,6 +23,7 @@
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/result_json.h"
+#include "worker_cmd.h"
 
 namespace {
 
@@ -170,6 +172,9 @@ struct RunArgs {
   std::string cache_dir;
   bool json = false;
   bool check = false;
+  std::optional<std::string> redis;  // set: coordinator; "" = $SWARMKV_REDIS
+  double timeout_s = 600;
+  int agents_per_job = 0;
 };
 
 void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
@@ -201,7 +206,8 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
   if (r.document_status != swarmkv::NodeStatus::kOk)
     std::cout << "document: FAILED: " << r.document_error->to_string() << "\n";
   for (const auto& a : r.agents) {
-    std::cout << "\n== " << a.name << " (" << swarmkv::to_string(a.status) << ") ==\n";
+    std::cout << "\n== " << a.name << " (" << swarmkv::to_string(a.status)
+              << (a.worker.empty() ? std::string() : ", worker " + a.worker) << ") ==\n";
     std::cout << (a.error ? a.error->to_string() : a.answer) << "\n";
   }
   std::cout << fmt::format("\n{:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
@@ -223,6 +229,14 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
   std::cout << fmt::format(
       "load {:.0f} ms | prefill {:.1f} ms{} | total {:.1f} ms (model load excluded)\n", load_ms,
       r.prefill_ms, prefill_note, r.total_ms);
+  if (r.transfer) {
+    std::cout << fmt::format(
+        "transfer: snapshot {:.1f} MiB | publish {:.1f} ms | fetch {:.1f} ms (slowest of {} "
+        "worker(s) that fetched it)\n",
+        r.transfer->bytes / 1048576.0, r.transfer->publish_ms, r.transfer->fetch_ms,
+        r.transfer->fetches);
+  }
+  if (!r.agents.empty() && !r.agents.front().worker.empty()) return;  // the KV is the workers'
   std::cout << fmt::format(
       "KV: {} context(s) x n_ctx {} | peak {} cells = {:.1f} MiB in use of {:.1f} MiB "
       "allocated{}\n",
@@ -258,11 +272,22 @@ int run_pipeline_cmd(const RunArgs& args) {
                          "in every agent by definition; use --fork shared or host");
   }
   options.on_prefill_progress = swarmkv::cli::prefill_progress();
+  if (args.redis) swarmkv::redis::resolve_url(*args.redis);  // a bad URL before the model loads
   const std::string model_path = swarmkv::resolve_model_path(spec.model);
   const swarmkv::Stopwatch load;
   auto model = swarmkv::Model::load(model_path);
   const double load_ms = load.ms();
-  const swarmkv::PipelineResult result = swarmkv::run_pipeline(spec, model, options);
+  swarmkv::PipelineResult result;
+  if (args.redis) {
+    swarmkv::cluster::CoordinatorOptions coordinator;
+    coordinator.timeout_s = args.timeout_s;
+    coordinator.agents_per_job = args.agents_per_job;
+    coordinator.run = options;
+    result = swarmkv::cluster::run_distributed(
+        spec, model, swarmkv::redis::resolve_url(*args.redis), coordinator);
+  } else {
+    result = swarmkv::run_pipeline(spec, model, options);
+  }
   if (args.json) {
     nlohmann::json out = swarmkv::result_json(result);
     out["pipeline"] = spec.name;
@@ -472,6 +497,24 @@ int run(int argc, char** argv) {
                   "a wrong model, engine, layout or document, or a damaged file, is an error")
       ->check(CLI::ExistingFile);
   run->add_option("--cache-dir", run_args.cache_dir, "snapshot store (default <cache>/snapshots)");
+  run->add_option("--redis", run_args.redis,
+                  "coordinate: run the agents on `swarmkv worker`s through Redis "
+                  "(redis://[user:password@]host:port[/db]; given without a URL, after the "
+                  "pipeline file: $SWARMKV_REDIS). The snapshot is taken from Redis, the local "
+                  "store or a prefill, and published; output as a local run's plus each "
+                  "agent's worker and the transfer figures")
+      ->expected(0, 1)
+      ->default_str("");
+  run->add_option("--timeout", run_args.timeout_s,
+                  "--redis: seconds the whole run may take before it fails naming the agents "
+                  "still unanswered")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 7.0 * 86400));
+  run->add_option("--agents-per-job", run_args.agents_per_job,
+                  "--redis: agents per job (0 = the ready agents split evenly over the live "
+                  "workers)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
   run->add_flag("--json", run_args.json,
                 "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
                 "prefill_ms, total_ms, memory, document {status, error} and per agent name, "
@@ -546,6 +589,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
 
   swarmkv::cli::SnapshotCommands snapshot_commands(app);
+  swarmkv::cli::WorkerCommand worker_command(app);
 
   std::string info_model;
   CLI::App* info =
@@ -595,6 +639,9 @@ int run(int argc, char** argv) {
     } else {
       swarmkv::set_log_level(swarmkv::parse_log_level(log_level));
     }
+    // A worker's log is its account of what it claims and refuses.
+    if (worker_command.chosen() && log_level.empty() && std::getenv("SWARMKV_LOG_LEVEL") == nullptr)
+      swarmkv::set_log_level(swarmkv::LogLevel::kInfo);
     gen.context.n_ubatch = gen.context.n_batch;
     if (*generate) {
       status = run_generate(gen);
@@ -604,6 +651,8 @@ int run(int argc, char** argv) {
       status = run_pipeline_cmd(run_args);
     } else if (*bench) {
       status = swarmkv::cli::run_bench(bench_args);
+    } else if (worker_command.chosen()) {
+      status = worker_command.run();
     } else if (const std::optional<int> s = snapshot_commands.run()) {
       status = *s;
     }

@@ -1,0 +1,131 @@
+// Prefill once, run agents on other machines: Redis carries the document's
+// snapshot (the snapshot bus) and the agents (the job queue) to `swarmkv
+// worker` processes; `swarmkv run --redis` is the coordinator.
+//
+// Keys (docs/cluster.md has the whole protocol):
+//   swarmkv:snap:<key>                 the manifest (JSON), written last, SET NX
+//   swarmkv:snap:<key>:<upload>:<i>    chunk i of one publisher's upload
+//   swarmkv:jobs:<model sha256>        the job stream; consumer group "workers"
+//   swarmkv:worker:<model sha256>:<name>  a worker's heartbeat (expires)
+//   swarmkv:run:<run>:spec             the run's pipeline (JSON)
+//   swarmkv:run:<run>:results          the run's result stream
+// Every key expires: snapshots after BusOptions::ttl_s (each run that uses
+// one renews it), a run's keys an hour after its last write.
+//
+// Thread rules: the functions are thread-safe as long as each thread passes
+// its own redis::Client.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/pipeline.h"
+#include "swarmkv/redis.h"
+
+namespace swarmkv::cluster {
+
+struct BusOptions {
+  uint64_t chunk_bytes = 4ull << 20;  // one GET/SET per chunk
+  int64_t ttl_s = 24 * 3600;          // a snapshot no run used for this long expires
+};
+
+// What the bus holds for one snapshot key.
+struct Manifest {
+  std::string key;
+  std::string upload;  // the publisher's upload id: its chunks' key part
+  uint64_t bytes = 0;  // the whole snapshot file
+  uint64_t chunk_bytes = 0;
+  std::vector<uint64_t> chunk_xxh3;  // XXH3-64 of each chunk
+  std::string producer;
+  int64_t created_unix = 0;
+};
+
+struct PublishReport {
+  // false: another publisher's copy was complete first (SET NX lost); its
+  // manifest is what readers see, this upload's chunks were removed.
+  bool published = false;
+  uint64_t bytes = 0;
+  size_t chunks = 0;
+  double ms = 0;
+};
+
+// Publishes a snapshot file's bytes under `key`: chunks first (each with its
+// TTL), the manifest last with SET NX, so readers see the whole snapshot or
+// none, and two publishers of one key do not clash. Throws Error(kIo).
+PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
+                               std::span<const uint8_t> file, const BusOptions& options = {});
+
+// The manifest of `key`, or nullopt. Throws Error(kIo), Error(kCorruption)
+// for a manifest that does not parse.
+std::optional<Manifest> find_snapshot(redis::Client& redis, const std::string& key);
+
+// Renews the TTL of the manifest and its chunks. Throws Error(kIo).
+void touch_snapshot(redis::Client& redis, const Manifest& manifest, int64_t ttl_s);
+
+struct FetchReport {
+  uint64_t bytes = 0;
+  double ms = 0;
+  int refetched_chunks = 0;  // chunks that failed their checksum once and were read again
+};
+
+// The snapshot file of `key`, every chunk checked against the manifest; a
+// chunk that fails is read once more. Throws Error(kNotFound) when the bus
+// has no such key, Error(kCorruption) naming the chunk that failed twice
+// or a chunk that is missing (expired), Error(kIo).
+std::vector<uint8_t> fetch_snapshot(redis::Client& redis, const std::string& key,
+                                    FetchReport* report = nullptr);
+
+struct WorkerOptions {
+  std::string name;  // empty: <hostname>-<pid>
+  // The most agents one local run takes; a larger job runs in slices. 0: all.
+  int max_agents = 0;
+  // A job pending this long on a worker that stopped renewing it is claimed
+  // by another (XAUTOCLAIM); a worker renews its job every heartbeat.
+  double visibility_timeout_s = 30;
+  double heartbeat_s = 1;  // the worker's key lives 5 heartbeats
+  int32_t n_threads = 0;   // its contexts' threads; 0 = all cores
+  std::string cache_dir;   // its local snapshot store (empty: the default)
+  uint64_t cache_max_bytes = 0;
+  // Set (by a signal handler): finish and acknowledge the job in hand, then return.
+  const std::atomic<bool>* stop = nullptr;
+  uint64_t max_jobs = 0;  // return after this many jobs (0: run until stopped)
+};
+
+struct WorkerReport {
+  uint64_t jobs = 0;
+  uint64_t agents = 0;
+  uint64_t claimed_stale = 0;  // jobs taken over from a worker that stopped renewing them
+  uint64_t fetches = 0;        // snapshots fetched from the bus (not found in the local store)
+};
+
+// Serves jobs for `model` until options.stop is set (or max_jobs). Throws
+// Error(kIo) when Redis is gone for longer than its client's reconnects.
+WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model>& model,
+                        const WorkerOptions& options);
+
+struct CoordinatorOptions {
+  double timeout_s = 600;  // the whole run; then Error(kIo) naming the unanswered agents
+  BusOptions bus;
+  // The coordinator's own prefill (on a miss in Redis): its local store.
+  RunOptions run;
+  // Agents per job; 0: the ready agents split evenly over the live workers.
+  int agents_per_job = 0;
+};
+
+// Runs `spec` on the workers holding `model`: the snapshot from Redis, the
+// local store or a prefill (then published), agents enqueued as their
+// dependencies finish, one result kept per agent. The result is a local
+// run's plus AgentResult::worker and PipelineResult::transfer. Throws
+// Error(kNotFound) when no live worker holds the model, Error(kIo) for Redis
+// and for the timeout, and what prepare_pipeline throws; agents' failures
+// are in the result.
+PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                               const redis::Url& url, const CoordinatorOptions& options);
+
+}  // namespace swarmkv::cluster

@@ -1,0 +1,58 @@
+// The cluster's Redis key names and what its messages carry
+// (docs/cluster.md): one place for the coordinator and the worker.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/pipeline.h"
+#include "swarmkv/redis.h"
+
+namespace swarmkv::cluster {
+
+namespace keys {
+inline std::string snapshot(const std::string& key) {
+  return "swarmkv:snap:" + key;
+}
+inline std::string jobs(const std::string& model_sha256) {
+  return "swarmkv:jobs:" + model_sha256;
+}
+inline constexpr const char* kWorkersGroup = "workers";
+inline std::string worker(const std::string& model_sha256, const std::string& name) {
+  return fmt::format("swarmkv:worker:{}:{}", model_sha256, name);
+}
+inline std::string run_spec(const std::string& run) {
+  return "swarmkv:run:" + run + ":spec";
+}
+inline std::string run_results(const std::string& run) {
+  return "swarmkv:run:" + run + ":results";
+}
+inline constexpr int64_t kRunTtlS = 3600;
+}  // namespace keys
+
+inline int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// XGROUP CREATE <stream> workers 0 MKSTREAM, an existing group kept (the
+// coordinator may enqueue before any worker started). Throws Error(kIo).
+void ensure_job_group(redis::Client& redis, const std::string& stream);
+
+// The run's pipeline as the workers need it: the document, the prompts, the
+// engine settings, the fork. Threads and the model path are the worker's own.
+nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard);
+// Throws Error(kCorruption) for a message that does not parse.
+PipelineSpec spec_from_json(const nlohmann::json& j, GuardPolicy* guard);
+
+// One agent's whole result, tokens and timings included.
+nlohmann::json agent_to_json(const AgentResult& a);
+// Throws Error(kCorruption) for a message that does not parse.
+AgentResult agent_from_json(const nlohmann::json& j);
+
+}  // namespace swarmkv::cluster

@@ -1,0 +1,151 @@
+// The snapshot bus: a snapshot file in Redis as fixed-size chunks and a
+// manifest written last (SET NX).
+#include <random>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+#include <nlohmann/json.hpp>
+
+#include "cluster/keys.h"
+#include "swarmkv/cluster.h"
+#include "swarmkv/error.h"
+#include "swarmkv/log.h"
+#include "swarmkv/measure.h"
+
+namespace swarmkv::cluster {
+namespace {
+
+std::string chunk_key(const Manifest& m, size_t i) {
+  return fmt::format("{}:{}:{}", keys::snapshot(m.key), m.upload, i);
+}
+
+std::string manifest_json(const Manifest& m) {
+  return nlohmann::json{{"key", m.key},
+                        {"upload", m.upload},
+                        {"bytes", m.bytes},
+                        {"chunk_bytes", m.chunk_bytes},
+                        {"chunk_xxh3", m.chunk_xxh3},
+                        {"producer", m.producer},
+                        {"created_unix", m.created_unix}}
+      .dump();
+}
+
+}  // namespace
+
+PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
+                               std::span<const uint8_t> file, const BusOptions& options) {
+  if (options.chunk_bytes == 0 || options.ttl_s < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("snapshot bus: chunk_bytes must be >= 1 and ttl_s >= 1 (got {}, {})",
+                            options.chunk_bytes, options.ttl_s));
+  }
+  const Stopwatch w;
+  Manifest m;
+  m.key = key;
+  std::random_device rd;
+  m.upload = fmt::format("{:08x}{:08x}", rd(), rd());
+  m.bytes = file.size();
+  m.chunk_bytes = options.chunk_bytes;
+  m.producer = std::string("swarmkv ") + SWARMKV_VERSION;
+  m.created_unix = unix_now();
+  const std::string ttl = std::to_string(options.ttl_s);
+  for (uint64_t at = 0; at < file.size(); at += options.chunk_bytes) {
+    const std::span<const uint8_t> chunk =
+        file.subspan(at, std::min<uint64_t>(options.chunk_bytes, file.size() - at));
+    m.chunk_xxh3.push_back(XXH3_64bits(chunk.data(), chunk.size()));
+    redis.command({"SET", chunk_key(m, m.chunk_xxh3.size() - 1),
+                   std::string(reinterpret_cast<const char*>(chunk.data()), chunk.size()), "EX",
+                   ttl});
+  }
+  PublishReport report;
+  report.bytes = file.size();
+  report.chunks = m.chunk_xxh3.size();
+  const redis::Reply set =
+      redis.command({"SET", keys::snapshot(key), manifest_json(m), "NX", "EX", ttl});
+  report.published = !set.is_nil();
+  if (!report.published) {
+    // Another publisher's manifest won; its chunks are the ones readers use.
+    for (size_t i = 0; i < m.chunk_xxh3.size(); ++i) redis.command({"DEL", chunk_key(m, i)});
+    log_info("snapshot bus: {} was published by another writer first; this upload was dropped",
+             key);
+  }
+  report.ms = w.ms();
+  return report;
+}
+
+std::optional<Manifest> find_snapshot(redis::Client& redis, const std::string& key) {
+  const redis::Reply r = redis.command({"GET", keys::snapshot(key)});
+  if (r.is_nil()) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(r.str);
+    Manifest m;
+    m.key = j.at("key").get<std::string>();
+    m.upload = j.at("upload").get<std::string>();
+    m.bytes = j.at("bytes").get<uint64_t>();
+    m.chunk_bytes = j.at("chunk_bytes").get<uint64_t>();
+    m.chunk_xxh3 = j.at("chunk_xxh3").get<std::vector<uint64_t>>();
+    m.producer = j.value("producer", "");
+    m.created_unix = j.value("created_unix", int64_t{0});
+    const uint64_t expect = m.chunk_bytes == 0 ? 0 : (m.bytes + m.chunk_bytes - 1) / m.chunk_bytes;
+    if (m.key != key || m.chunk_bytes == 0 || m.chunk_xxh3.size() != expect) {
+      throw Error(ErrorCode::kCorruption, "its key, chunk size or chunk count is inconsistent");
+    }
+    return m;
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: the manifest of snapshot {} is damaged: {}", redis.url().address(),
+                            key, e.what()));
+  }
+}
+
+void touch_snapshot(redis::Client& redis, const Manifest& m, int64_t ttl_s) {
+  const std::string ttl = std::to_string(ttl_s);
+  redis.command({"EXPIRE", keys::snapshot(m.key), ttl});
+  for (size_t i = 0; i < m.chunk_xxh3.size(); ++i) redis.command({"EXPIRE", chunk_key(m, i), ttl});
+}
+
+std::vector<uint8_t> fetch_snapshot(redis::Client& redis, const std::string& key,
+                                    FetchReport* report) {
+  const Stopwatch w;
+  const std::optional<Manifest> m = find_snapshot(redis, key);
+  if (!m) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: the snapshot bus has no snapshot {}", redis.url().address(), key));
+  }
+  std::vector<uint8_t> file;
+  file.reserve(m->bytes);
+  int refetched = 0;
+  for (size_t i = 0; i < m->chunk_xxh3.size(); ++i) {
+    const uint64_t want = std::min<uint64_t>(m->chunk_bytes, m->bytes - i * m->chunk_bytes);
+    for (int attempt = 0;; ++attempt) {
+      const redis::Reply r = redis.command({"GET", chunk_key(*m, i)});
+      if (r.is_nil()) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("{}: snapshot {}: chunk {} of {} is missing (expired or removed); "
+                                "the coordinator publishes it again on its next run",
+                                redis.url().address(), key, i, m->chunk_xxh3.size()));
+      }
+      if (r.str.size() == want && XXH3_64bits(r.str.data(), r.str.size()) == m->chunk_xxh3[i]) {
+        file.insert(file.end(), r.str.begin(), r.str.end());
+        break;
+      }
+      if (attempt == 1) {
+        throw Error(
+            ErrorCode::kCorruption,
+            fmt::format("{}: snapshot {}: chunk {} of {} fails its checksum twice ({} "
+                        "bytes, expected {})",
+                        redis.url().address(), key, i, m->chunk_xxh3.size(), r.str.size(), want));
+      }
+      log_warn("snapshot bus: chunk {} of {} failed its checksum; reading it again", i, key);
+      ++refetched;
+    }
+  }
+  if (report != nullptr) {
+    report->bytes = file.size();
+    report->ms = w.ms();
+    report->refetched_chunks = refetched;
+  }
+  return file;
+}
+
+}  // namespace swarmkv::cluster

@@ -1,0 +1,344 @@
+// `swarmkv worker`: takes jobs for its model from the job stream, runs their
+// agents locally from the document's snapshot (fetched once, then kept in
+// the local store), posts one result per agent and acknowledges the job.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cluster/keys.h"
+#include "swarmkv/cluster.h"
+#include "swarmkv/error.h"
+#include "swarmkv/log.h"
+#include "swarmkv/measure.h"
+#include "swarmkv/paths.h"
+#include "swarmkv/snapshot.h"
+
+namespace swarmkv::cluster {
+namespace {
+
+std::string default_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "worker");
+  return fmt::format("{}-{}", host, ::getpid());
+}
+
+// A stream entry: its id and its fields.
+struct Entry {
+  std::string id;
+  std::map<std::string, std::string> fields;
+};
+
+// The entries of an XREADGROUP / XREAD reply ([[stream, [[id, [f, v...]]...]]])
+// or of XAUTOCLAIM's second element ([[id, [f, v...]]...]).
+std::vector<Entry> entries_of(const redis::Reply& list) {
+  std::vector<Entry> out;
+  for (const redis::Reply& e : list.elements) {
+    if (e.elements.size() < 2) continue;
+    Entry entry;
+    entry.id = e.elements[0].str;
+    const auto& kv = e.elements[1].elements;
+    for (size_t i = 0; i + 1 < kv.size(); i += 2) entry.fields[kv[i].str] = kv[i + 1].str;
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+std::string field(const Entry& e, const std::string& name) {
+  const auto it = e.fields.find(name);
+  if (it == e.fields.end()) {
+    throw Error(ErrorCode::kCorruption, fmt::format("job {} has no '{}' field", e.id, name));
+  }
+  return it->second;
+}
+
+// The worker's heartbeat on its own connection: its key, and the idle time
+// of the job in hand reset so that no other worker claims it.
+class Heartbeat {
+ public:
+  Heartbeat(const redis::Url& url, std::string worker_key, std::string stream, std::string name,
+            std::string info, double period_s)
+      : redis_(url),
+        key_(std::move(worker_key)),
+        stream_(std::move(stream)),
+        name_(std::move(name)),
+        info_(std::move(info)),
+        period_s_(period_s) {
+    beat();
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    try {
+      redis_.command({"DEL", key_});
+    } catch (const Error&) {
+    }
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  void set_job(std::string id) {
+    std::lock_guard lock(mu_);
+    job_ = std::move(id);
+  }
+
+ private:
+  void beat() {
+    std::string job;
+    {
+      std::lock_guard lock(mu_);
+      job = job_;
+    }
+    const auto ttl_ms = static_cast<int64_t>(period_s_ * 5000);
+    redis_.command({"SET", key_, info_, "PX", std::to_string(ttl_ms)});
+    if (!job.empty()) {
+      redis_.try_command({"XCLAIM", stream_, keys::kWorkersGroup, name_, "0", job, "JUSTID"});
+    }
+  }
+  void loop() {
+    std::unique_lock lock(mu_);
+    while (!done_) {
+      cv_.wait_for(lock, std::chrono::duration<double>(period_s_), [this] { return done_; });
+      if (done_) break;
+      lock.unlock();
+      try {
+        beat();
+      } catch (const Error& e) {
+        log_warn("worker heartbeat: {}", e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  redis::Client redis_;  // used only by thread_ after the constructor
+  const std::string key_, stream_, name_, info_;
+  const double period_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // guarded by mu_
+  std::string job_;    // guarded by mu_: the job in hand, "" between jobs
+  std::thread thread_;
+};
+
+void create_group(redis::Client& redis, const std::string& stream) {
+  const redis::Reply r =
+      redis.try_command({"XGROUP", "CREATE", stream, keys::kWorkersGroup, "0", "MKSTREAM"});
+  if (r.is_error() && r.str.rfind("BUSYGROUP", 0) != 0) {
+    throw Error(ErrorCode::kIo,
+                fmt::format("{}: XGROUP CREATE {}: {}", redis.url().address(), stream, r.str));
+  }
+}
+
+}  // namespace
+
+// The group's creation, shared with the coordinator (it may enqueue first).
+void ensure_job_group(redis::Client& redis, const std::string& stream) {
+  create_group(redis, stream);
+}
+
+WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model>& model,
+                        const WorkerOptions& options) {
+  if (!model) throw Error(ErrorCode::kInvalidArgument, "run_worker needs a model");
+  if (options.visibility_timeout_s <= 0 || options.heartbeat_s <= 0 ||
+      options.visibility_timeout_s < 2 * options.heartbeat_s) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("the visibility timeout ({} s) must be at least two heartbeats ({} s)",
+                            options.visibility_timeout_s, options.heartbeat_s));
+  }
+  const std::string name = options.name.empty() ? default_name() : options.name;
+  const std::string fp = model_fingerprint(model->path());
+  const std::string stream = keys::jobs(fp);
+  const std::string model_file = std::filesystem::path(model->path()).filename().string();
+  redis::Client redis(url);
+  create_group(redis, stream);
+  const nlohmann::json info = {{"name", name},
+                               {"model_file", model_file},
+                               {"pid", ::getpid()},
+                               {"started_unix", unix_now()}};
+  Heartbeat heartbeat(url, keys::worker(fp, name), stream, name, info.dump(), options.heartbeat_s);
+  SnapshotStore store(options.cache_dir.empty()
+                          ? (std::filesystem::path(cache_dir()) / "snapshots").string()
+                          : options.cache_dir,
+                      options.cache_max_bytes);
+  log_info("worker {}: serving model {} (sha256 {}) from {}", name, model_file, fp.substr(0, 12),
+           url.address());
+
+  WorkerReport report;
+  std::map<std::string, std::pair<PipelineSpec, GuardPolicy>> runs;  // the last few runs' specs
+  const std::string idle_ms =
+      std::to_string(static_cast<int64_t>(options.visibility_timeout_s * 1000));
+  while (options.stop == nullptr || !options.stop->load()) {
+    // A job a dead worker left pending comes first, then a new one.
+    std::vector<Entry> jobs;
+    bool stale = false;
+    const redis::Reply claimed = redis.try_command(
+        {"XAUTOCLAIM", stream, keys::kWorkersGroup, name, idle_ms, "0-0", "COUNT", "1"});
+    if (claimed.is_error() && claimed.str.rfind("NOGROUP", 0) == 0) {
+      log_warn("worker {}: the job group is gone (Redis restarted?); creating it again", name);
+      create_group(redis, stream);
+      continue;
+    }
+    if (claimed.is_error()) {
+      throw Error(ErrorCode::kIo,
+                  fmt::format("{}: XAUTOCLAIM {}: {}", url.address(), stream, claimed.str));
+    }
+    if (claimed.elements.size() >= 2) jobs = entries_of(claimed.elements[1]);
+    stale = !jobs.empty();
+    if (jobs.empty()) {
+      const redis::Reply r =
+          redis.try_command({"XREADGROUP", "GROUP", keys::kWorkersGroup, name, "COUNT", "1",
+                             "BLOCK", "1000", "STREAMS", stream, ">"});
+      if (r.is_error() && r.str.rfind("NOGROUP", 0) == 0) {
+        create_group(redis, stream);
+        continue;
+      }
+      if (r.is_error())
+        throw Error(ErrorCode::kIo,
+                    fmt::format("{}: XREADGROUP {}: {}", url.address(), stream, r.str));
+      if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
+        jobs = entries_of(r.elements[0].elements[1]);
+    }
+    if (jobs.empty()) continue;
+    const Entry& job = jobs.front();
+    heartbeat.set_job(job.id);
+    const Stopwatch took;
+
+    std::vector<AgentResult> results;
+    std::string run_id;
+    FetchReport fetched;
+    try {
+      run_id = field(job, "run");
+      const nlohmann::json names = nlohmann::json::parse(field(job, "agents"));
+      auto it = runs.find(run_id);
+      if (it == runs.end()) {
+        const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
+        if (s.is_nil()) {
+          log_warn(
+              "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, "
+              "expired or lost in a restart)",
+              name, job.id, run_id);
+          redis.command({"XACK", stream, keys::kWorkersGroup, job.id});
+          heartbeat.set_job("");
+          continue;
+        }
+        if (runs.size() >= 8) runs.erase(runs.begin());
+        GuardPolicy guard = GuardPolicy::kSerialized;
+        PipelineSpec spec = spec_from_json(nlohmann::json::parse(s.str), &guard);
+        it = runs.emplace(run_id, std::make_pair(std::move(spec), guard)).first;
+      }
+      const PipelineSpec& full = it->second.first;
+      PipelineSpec spec = full;
+      spec.agents.clear();
+      spec.n_threads = options.n_threads;
+      std::string listed;
+      for (const nlohmann::json& n : names) {
+        const std::string agent = n.get<std::string>();
+        const auto a = std::find_if(full.agents.begin(), full.agents.end(),
+                                    [&](const AgentSpec& s) { return s.name == agent; });
+        if (a == full.agents.end()) {
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("job {} names agent '{}', which run {} does not have", job.id,
+                                  agent, run_id));
+        }
+        spec.agents.push_back(*a);
+        spec.agents.back().depends_on.clear();  // the coordinator enqueues it once they are done
+        listed += (listed.empty() ? "" : ", ") + agent;
+      }
+      log_info("worker {}: {} job {} of run {}: {} agent(s) ({})", name,
+               stale ? "took over the stalled" : "claimed", job.id, run_id, spec.agents.size(),
+               listed);
+      RunOptions run;
+      run.guard = it->second.second;
+      if (spec.fork != ForkMode::kNone) {
+        const std::string key = field(job, "snapshot");
+        std::string path = store.path_of(key);
+        bool local = false;
+        try {
+          read_snapshot_header(path);
+          local = true;
+          store.touch(path);
+        } catch (const Error&) {
+        }
+        if (!local) {
+          const std::vector<uint8_t> file = fetch_snapshot(redis, key, &fetched);
+          path = store.adopt(key, file);
+          ++report.fetches;
+          log_info("worker {}: fetched snapshot {} ({:.1f} MiB in {:.0f} ms, {:.0f} MB/s)", name,
+                   key, fetched.bytes / 1048576.0, fetched.ms,
+                   fetched.ms > 0 ? fetched.bytes / 1000.0 / fetched.ms : 0.0);
+        }
+        run.snapshot.file = path;
+      }
+      const size_t slice =
+          options.max_agents > 0 ? static_cast<size_t>(options.max_agents) : spec.agents.size();
+      for (size_t at = 0; at < spec.agents.size(); at += slice) {
+        PipelineSpec part = spec;
+        part.agents.assign(spec.agents.begin() + static_cast<std::ptrdiff_t>(at),
+                           spec.agents.begin() + static_cast<std::ptrdiff_t>(
+                                                     std::min(at + slice, spec.agents.size())));
+        try {
+          PipelineResult r = run_pipeline(part, model, run);
+          for (AgentResult& a : r.agents) results.push_back(std::move(a));
+        } catch (const Error& e) {
+          for (const AgentSpec& a : part.agents) {
+            AgentResult failed;
+            failed.name = a.name;
+            failed.status = NodeStatus::kFailed;
+            failed.error = e.value();
+            results.push_back(std::move(failed));
+          }
+        }
+      }
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kIo && run_id.empty()) throw;
+      // The whole job failed (its snapshot, its message): every agent says why.
+      log_warn("worker {}: job {} failed: {}", name, job.id, e.what());
+      results.clear();
+      try {
+        for (const nlohmann::json& n : nlohmann::json::parse(field(job, "agents"))) {
+          AgentResult failed;
+          failed.name = n.get<std::string>();
+          failed.status = NodeStatus::kFailed;
+          failed.error = e.value();
+          results.push_back(std::move(failed));
+        }
+      } catch (const std::exception&) {
+        // A message without agent names: nobody waits for its results.
+      }
+    }
+    if (!run_id.empty()) {
+      const std::string results_key = keys::run_results(run_id);
+      for (AgentResult& a : results) {
+        a.worker = name;
+        redis.command(
+            {"XADD", results_key, "MAXLEN", "~", "100000", "*", "agent", a.name, "worker", name,
+             "job", job.id, "fetch_bytes", std::to_string(fetched.bytes), "fetch_ms",
+             fmt::format("{:.3f}", fetched.ms), "result",
+             agent_to_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
+      }
+      redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
+    }
+    redis.command({"XACK", stream, keys::kWorkersGroup, job.id});
+    heartbeat.set_job("");
+    ++report.jobs;
+    report.agents += results.size();
+    if (stale) ++report.claimed_stale;
+    log_info("worker {}: job {} done: {} result(s) in {:.0f} ms", name, job.id, results.size(),
+             took.ms());
+    if (options.max_jobs > 0 && report.jobs >= options.max_jobs) break;
+  }
+  log_info("worker {}: stopping after {} job(s)", name, report.jobs);
+  return report;
+}
+
+}  // namespace swarmkv::cluster
