@@ -55,11 +55,22 @@ struct PublishReport {
   double ms = 0;
 };
 
+// How publish_snapshot treats a manifest already there.
+enum class Publish {
+  kIfAbsent,  // SET NX: an existing copy wins
+  // Replace it atomically (a damaged copy): readers see the old manifest or
+  // the new one, never none; the old chunks expire a minute later, so a
+  // fetch in progress can finish.
+  kReplace,
+};
+
 // Publishes a snapshot file's bytes under `key`: chunks first (each with its
-// TTL), the manifest last with SET NX, so readers see the whole snapshot or
-// none, and two publishers of one key do not clash. Throws Error(kIo).
+// TTL, under a key part of this upload's own), the manifest last, so readers
+// see the whole snapshot or none, and two publishers of one key do not
+// clash. Throws Error(kIo).
 PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
-                               std::span<const uint8_t> file, const BusOptions& options = {});
+                               std::span<const uint8_t> file, const BusOptions& options = {},
+                               Publish mode = Publish::kIfAbsent);
 
 // The manifest of `key`, or nullopt. Throws Error(kIo), Error(kCorruption)
 // for a manifest that does not parse.
@@ -75,9 +86,11 @@ struct FetchReport {
 };
 
 // The snapshot file of `key`, every chunk checked against the manifest; a
-// chunk that fails is read once more. Throws Error(kNotFound) when the bus
-// has no such key, Error(kCorruption) naming the chunk that failed twice
-// or a chunk that is missing (expired), Error(kIo).
+// chunk that fails is read once more. A missing manifest or chunk (a
+// coordinator publishing it again after a Redis restart) is looked for
+// again after 0.5 s, 1 s and 2 s. Throws Error(kNotFound) when the bus has
+// no such key, Error(kCorruption) naming the chunk that failed twice or a
+// chunk that is missing (expired), Error(kIo).
 std::vector<uint8_t> fetch_snapshot(redis::Client& redis, const std::string& key,
                                     FetchReport* report = nullptr);
 

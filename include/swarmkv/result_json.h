@@ -25,7 +25,7 @@ nlohmann::json kv_layout_json(const KvLayout& l);
 // {"wait", "context", "prefill", "fork", "restore", "prompt", "first_token",
 //  "generate", "total", "done_at"}, milliseconds (AgentTimings).
 nlohmann::json timings_json(const AgentTimings& t);
-// {"name", "status", "error", "answer", "n_tokens", "stop_reason",
+// {"name", "status", "error", "answer", "n_tokens", "tokens", "stop_reason",
 //  "prompt_tokens", "first_token_at_ms", "timings_ms", "worker"} ("worker":
 //  the swarmkv worker that ran it under run --redis, else null).
 // "stop_reason" is null unless the agent's status is ok.

@@ -36,6 +36,9 @@ std::vector<std::string> live_workers(redis::Client& redis, const std::string& f
   return names;
 }
 
+// How long the run goes on without a live worker before it fails.
+constexpr int kNoWorkerGraceS = 10;
+
 std::string random_id() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}", rd(), rd());
@@ -91,8 +94,9 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
   std::string key;
   std::vector<uint8_t> file;  // kept to publish again if Redis loses it
   std::optional<ErrorValue> document_error;
-  const auto put_snapshot_on_bus = [&] {
-    if (std::optional<Manifest> m = find_snapshot(redis, key)) {
+  const auto put_snapshot_on_bus = [&](Publish mode) {
+    if (std::optional<Manifest> m =
+            mode == Publish::kReplace ? std::nullopt : find_snapshot(redis, key)) {
       touch_snapshot(redis, *m, options.bus.ttl_s);
       transfer.bytes = m->bytes;
       return;
@@ -110,7 +114,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
       result.export_ms = made.export_ms;
       result.document_prefills = made.snapshot.prefilled_tokens > 0 ? 1 : 0;
     }
-    const PublishReport p = publish_snapshot(redis, key, file, options.bus);
+    const PublishReport p = publish_snapshot(redis, key, file, options.bus, mode);
     transfer.bytes = p.bytes;
     transfer.publish_ms += p.ms;
     log_info("coordinator: published snapshot {} ({:.1f} MiB, {} chunks) in {:.0f} ms", key,
@@ -126,7 +130,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
     use.reused_tokens = result.prefix_tokens;
     result.snapshot = use;
     try {
-      put_snapshot_on_bus();
+      put_snapshot_on_bus(Publish::kIfAbsent);
       result.snapshot->bytes = transfer.bytes;
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kIo && e.message().rfind(url.address(), 0) == 0) throw;
@@ -182,6 +186,9 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
   std::string last_id = "0-0";
   uint64_t reconnects = redis.reconnects();
   Stopwatch since_check;
+  Stopwatch since_seen;  // a live worker was seen
+  std::vector<bool> retried(spec.agents.size(), false);
+  bool republished = false;
   uint64_t duplicates = 0;
   while (!dag.finished()) {
     std::vector<size_t> ready;
@@ -210,7 +217,8 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
             "coordinator: {} lost this run's state (restarted?); publishing the snapshot "
             "and enqueueing {} agent(s) again",
             url.address(), in_flight.size());
-        if (spec.fork != ForkMode::kNone && !document_error) put_snapshot_on_bus();
+        if (spec.fork != ForkMode::kNone && !document_error)
+          put_snapshot_on_bus(Publish::kIfAbsent);
         put_run();
         last_id = "0-0";
         enqueue(std::vector<size_t>(in_flight.begin(), in_flight.end()));
@@ -239,6 +247,23 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
           ++transfer.fetches;
           transfer.fetch_ms = std::max(transfer.fetch_ms, std::stod(f["fetch_ms"]));
         }
+        // A worker that could not get the snapshot from the bus (damaged
+        // twice, or gone): publish it again, once per run, replacing the
+        // bus's copy, and give the agent one more try.
+        if (a.error && !retried[i] &&
+            (a.error->code == ErrorCode::kCorruption || a.error->code == ErrorCode::kNotFound) &&
+            (a.error->message.rfind(url.address() + ": snapshot ", 0) == 0 ||
+             a.error->message.rfind(url.address() + ": the snapshot bus has no snapshot", 0) ==
+                 0)) {
+          retried[i] = true;
+          if (!republished) {
+            republished = true;
+            log_warn("coordinator: {}; publishing the snapshot again", a.error->message);
+            put_snapshot_on_bus(Publish::kReplace);
+          }
+          enqueue({i});
+          continue;
+        }
         answered[i] = true;
         in_flight.erase(i);
         const bool ok = a.status == NodeStatus::kOk;
@@ -252,9 +277,16 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
       }
     }
     if (since_check.ms() > 1000 && !in_flight.empty()) {
-      live = require_workers(
-          fmt::format(" (any more, with {} agent(s) unanswered)", in_flight.size()));
       since_check.restart();
+      // A worker's key is missing for a moment after a Redis restart: only
+      // a longer absence fails the run.
+      if (std::vector<std::string> now = live_workers(redis, fp); !now.empty()) {
+        live = std::move(now);
+        since_seen.restart();
+      } else if (since_seen.ms() > kNoWorkerGraceS * 1000) {
+        require_workers(fmt::format(" (for {} s, with {} agent(s) unanswered)", kNoWorkerGraceS,
+                                    in_flight.size()));
+      }
     }
   }
   if (duplicates > 0)

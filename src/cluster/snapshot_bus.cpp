@@ -1,6 +1,8 @@
 // The snapshot bus: a snapshot file in Redis as fixed-size chunks and a
 // manifest written last (SET NX).
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -30,10 +32,22 @@ std::string manifest_json(const Manifest& m) {
       .dump();
 }
 
+// find_snapshot, but a manifest that does not parse is nullopt (a publisher
+// replacing it has nothing of it to clean up).
+std::optional<Manifest> find_snapshot_or_damaged(redis::Client& redis, const std::string& key) {
+  try {
+    return find_snapshot(redis, key);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
-                               std::span<const uint8_t> file, const BusOptions& options) {
+                               std::span<const uint8_t> file, const BusOptions& options,
+                               Publish mode) {
   if (options.chunk_bytes == 0 || options.ttl_s < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("snapshot bus: chunk_bytes must be >= 1 and ttl_s >= 1 (got {}, {})",
@@ -60,9 +74,19 @@ PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
   PublishReport report;
   report.bytes = file.size();
   report.chunks = m.chunk_xxh3.size();
-  const redis::Reply set =
-      redis.command({"SET", keys::snapshot(key), manifest_json(m), "NX", "EX", ttl});
-  report.published = !set.is_nil();
+  if (mode == Publish::kReplace) {
+    const std::optional<Manifest> old = find_snapshot_or_damaged(redis, key);
+    redis.command({"SET", keys::snapshot(key), manifest_json(m), "EX", ttl});
+    report.published = true;
+    if (old && old->upload != m.upload) {
+      for (size_t i = 0; i < old->chunk_xxh3.size(); ++i)
+        redis.command({"EXPIRE", chunk_key(*old, i), "60"});
+    }
+  } else {
+    const redis::Reply set =
+        redis.command({"SET", keys::snapshot(key), manifest_json(m), "NX", "EX", ttl});
+    report.published = !set.is_nil();
+  }
   if (!report.published) {
     // Another publisher's manifest won; its chunks are the ones readers use.
     for (size_t i = 0; i < m.chunk_xxh3.size(); ++i) redis.command({"DEL", chunk_key(m, i)});
@@ -104,26 +128,32 @@ void touch_snapshot(redis::Client& redis, const Manifest& m, int64_t ttl_s) {
   for (size_t i = 0; i < m.chunk_xxh3.size(); ++i) redis.command({"EXPIRE", chunk_key(m, i), ttl});
 }
 
-std::vector<uint8_t> fetch_snapshot(redis::Client& redis, const std::string& key,
-                                    FetchReport* report) {
-  const Stopwatch w;
+namespace {
+
+// One attempt of fetch_snapshot; `missing` is set when the manifest or a
+// chunk was absent (worth another look), with the error to throw if it
+// stays so.
+std::vector<uint8_t> fetch_once(redis::Client& redis, const std::string& key, int& refetched,
+                                std::optional<Error>& missing) {
   const std::optional<Manifest> m = find_snapshot(redis, key);
   if (!m) {
-    throw Error(ErrorCode::kNotFound,
-                fmt::format("{}: the snapshot bus has no snapshot {}", redis.url().address(), key));
+    missing.emplace(ErrorCode::kNotFound, fmt::format("{}: the snapshot bus has no snapshot {}",
+                                                      redis.url().address(), key));
+    return {};
   }
   std::vector<uint8_t> file;
   file.reserve(m->bytes);
-  int refetched = 0;
   for (size_t i = 0; i < m->chunk_xxh3.size(); ++i) {
     const uint64_t want = std::min<uint64_t>(m->chunk_bytes, m->bytes - i * m->chunk_bytes);
     for (int attempt = 0;; ++attempt) {
       const redis::Reply r = redis.command({"GET", chunk_key(*m, i)});
       if (r.is_nil()) {
-        throw Error(ErrorCode::kCorruption,
-                    fmt::format("{}: snapshot {}: chunk {} of {} is missing (expired or removed); "
-                                "the coordinator publishes it again on its next run",
-                                redis.url().address(), key, i, m->chunk_xxh3.size()));
+        missing.emplace(
+            ErrorCode::kCorruption,
+            fmt::format("{}: snapshot {}: chunk {} of {} is missing (expired or removed); the "
+                        "coordinator publishes it again on its next run",
+                        redis.url().address(), key, i, m->chunk_xxh3.size()));
+        return {};
       }
       if (r.str.size() == want && XXH3_64bits(r.str.data(), r.str.size()) == m->chunk_xxh3[i]) {
         file.insert(file.end(), r.str.begin(), r.str.end());
@@ -140,12 +170,29 @@ std::vector<uint8_t> fetch_snapshot(redis::Client& redis, const std::string& key
       ++refetched;
     }
   }
-  if (report != nullptr) {
-    report->bytes = file.size();
-    report->ms = w.ms();
-    report->refetched_chunks = refetched;
-  }
   return file;
+}
+
+}  // namespace
+
+std::vector<uint8_t> fetch_snapshot(redis::Client& redis, const std::string& key,
+                                    FetchReport* report) {
+  const Stopwatch w;
+  int refetched = 0;
+  for (double wait_s = 0.5;; wait_s *= 2) {
+    std::optional<Error> missing;
+    std::vector<uint8_t> file = fetch_once(redis, key, refetched, missing);
+    if (!missing) {
+      if (report != nullptr) {
+        report->bytes = file.size();
+        report->ms = w.ms();
+        report->refetched_chunks = refetched;
+      }
+      return file;
+    }
+    if (wait_s > 2) throw *missing;
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+  }
 }
 
 }  // namespace swarmkv::cluster

@@ -219,18 +219,20 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
     try {
       run_id = field(job, "run");
       const nlohmann::json names = nlohmann::json::parse(field(job, "agents"));
+      // A run that finished (or was lost) has no pipeline key: its jobs are
+      // leftovers nobody waits for.
+      const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
+      if (s.is_nil()) {
+        log_warn(
+            "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, expired or "
+            "lost in a restart)",
+            name, job.id, run_id);
+        redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
+        heartbeat.set_job("");
+        continue;
+      }
       auto it = runs.find(run_id);
       if (it == runs.end()) {
-        const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
-        if (s.is_nil()) {
-          log_warn(
-              "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, "
-              "expired or lost in a restart)",
-              name, job.id, run_id);
-          redis.command({"XACK", stream, keys::kWorkersGroup, job.id});
-          heartbeat.set_job("");
-          continue;
-        }
         if (runs.size() >= 8) runs.erase(runs.begin());
         GuardPolicy guard = GuardPolicy::kSerialized;
         PipelineSpec spec = spec_from_json(nlohmann::json::parse(s.str), &guard);
@@ -244,7 +246,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       for (const nlohmann::json& n : names) {
         const std::string agent = n.get<std::string>();
         const auto a = std::find_if(full.agents.begin(), full.agents.end(),
-                                    [&](const AgentSpec& s) { return s.name == agent; });
+                                    [&](const AgentSpec& x) { return x.name == agent; });
         if (a == full.agents.end()) {
           throw Error(ErrorCode::kCorruption,
                       fmt::format("job {} names agent '{}', which run {} does not have", job.id,
@@ -328,7 +330,8 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       }
       redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
     }
-    redis.command({"XACK", stream, keys::kWorkersGroup, job.id});
+    // After a Redis restart the group (and the job) may be gone: nothing to acknowledge.
+    redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
     heartbeat.set_job("");
     ++report.jobs;
     report.agents += results.size();

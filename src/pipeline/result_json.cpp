@@ -35,6 +35,7 @@ nlohmann::json agent_json(const AgentResult& a) {
           {"error", error_json(a.error)},
           {"answer", a.answer},
           {"n_tokens", a.tokens.size()},
+          {"tokens", a.tokens},
           {"stop_reason", a.status == NodeStatus::kOk
                               ? nlohmann::json(std::string(to_string(a.stop_reason)))
                               : nlohmann::json(nullptr)},

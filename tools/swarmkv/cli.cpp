@@ -521,7 +521,8 @@ int run(int argc, char** argv) {
                 "status, error {code, message} or null, answer, n_tokens, stop_reason, "
                 "timings_ms {wait, fork, restore, prompt, first_token, generate, total, ...}, "
                 "first_token_at_ms; snapshot {source, key, reused_tokens, prefilled_tokens, "
-                "bytes, load_ms, verify_ms, ...} or null under --fork none");
+                "bytes, load_ms, verify_ms, ...} or null under --fork none; under --redis each agent's "
+                "worker and transfer {bytes, publish_ms, fetch_ms, fetches}");
 
   swarmkv::cli::BenchArgs bench_args;
   CLI::App* bench =

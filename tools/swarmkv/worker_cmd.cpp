@@ -57,13 +57,14 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
 int WorkerCommand::run() {
   const redis::Url url = redis::resolve_url(redis_);
   validate_threads(options_.n_threads);
-  const std::string model_path = resolve_model_path(model_);
-  auto model = Model::load(model_path);
+  // Before the model loads: a SIGTERM during the load is a drain too (exit 0).
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
+  const std::string model_path = resolve_model_path(model_);
+  auto model = Model::load(model_path);
   cluster::WorkerOptions options = options_;
   options.stop = &g_stop;
   const cluster::WorkerReport r = cluster::run_worker(url, model, options);

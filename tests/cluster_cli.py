@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""The cluster end to end: redis-server, `swarmkv worker`s and `swarmkv run --redis`.
+
+    cluster_cli.py CASE SWARMKV_BINARY SOURCE_DIR MODEL REDIS_SERVER
+
+Each case starts its own redis-server on a free loopback port (persistence
+off) and its own workers, each with a snapshot store of its own, and stops
+every process it started, also when the case fails. Every wait is bounded.
+The pipeline is the README's (examples/pipelines/apache-license.yaml); a
+worker runs with one thread so that two of them share this machine's cores.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+CASES = {}
+# The most threads a process may use here (the tsan preset caps it at 1).
+MAX_THREADS = min(2, int(os.environ.get("SWARMKV_MAX_THREADS", "2")))
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what, pred, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, cli, source, model, redis_server, tmp):
+        self.cli, self.source, self.model, self.redis_server, self.tmp = (
+            cli, source, model, redis_server, tmp)
+        self.pipeline = os.path.join(source, "examples", "pipelines", "apache-license.yaml")
+        self.port = free_port()
+        self.redis = None
+        self.redis_args = []
+        self.workers = {}
+        self.children = []
+
+    def url(self, userinfo=""):
+        return f"redis://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.port}"
+
+    def env(self):
+        env = dict(os.environ)
+        env.pop("SWARMKV_LOG_LEVEL", None)
+        env.pop("SWARMKV_REDIS", None)
+        env["SWARMKV_CACHE"] = os.path.join(self.tmp, "cache")
+        env["SWARMKV_MODEL"] = self.model
+        return env
+
+    def start_redis(self, *extra):
+        self.redis_args = list(extra) or self.redis_args
+        self.redis = subprocess.Popen(
+            [self.redis_server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--loglevel", "warning", *self.redis_args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.children.append(self.redis)
+
+        def up():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return True
+            except OSError:
+                return False
+        wait_for("redis-server to listen", up, 10)
+
+    def kill_redis(self):
+        self.redis.kill()
+        self.redis.wait(10)
+
+    def redis_cmd(self, *args, password=None):
+        """One command over a raw socket (RESP), for the fault cases."""
+        with socket.create_connection(("127.0.0.1", self.port), 5) as s:
+            def send(parts):
+                out = f"*{len(parts)}\r\n".encode()
+                for p in parts:
+                    p = p if isinstance(p, bytes) else str(p).encode()
+                    out += f"${len(p)}\r\n".encode() + p + b"\r\n"
+                s.sendall(out)
+                return s.recv(1 << 20)
+            if password:
+                send(["AUTH", password])
+            return send(list(args))
+
+    def start_worker(self, name, *extra, threads=1):
+        log = open(os.path.join(self.tmp, f"{name}.log"), "w")
+        p = subprocess.Popen(
+            [self.cli, "worker", "--redis", self.url(), "--name", name, "-t", str(threads),
+             "--cache-dir", os.path.join(self.tmp, f"store-{name}"), *extra],
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+        self.children.append(p)
+        self.workers[name] = p
+        wait_for(f"worker {name} to serve",
+                 lambda: "serving model" in self.log(name) or p.poll() is not None, 60)
+        assert p.poll() is None, f"worker {name} exited: {self.log(name)}"
+        return p
+
+    def log(self, name):
+        with open(os.path.join(self.tmp, f"{name}.log")) as f:
+            return f.read()
+
+    def run(self, *args, timeout=600):
+        p = subprocess.run([self.cli, "run", self.pipeline, *args], env=self.env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+    def start_run(self, *args):
+        out = open(os.path.join(self.tmp, "run.out"), "w")
+        err = open(os.path.join(self.tmp, "run.err"), "w")
+        p = subprocess.Popen([self.cli, "run", self.pipeline, *args], env=self.env(),
+                             stdout=out, stderr=err)
+        self.children.append(p)
+        return p
+
+    def finish_run(self, p, timeout):
+        rc = p.wait(timeout)
+        with open(os.path.join(self.tmp, "run.out")) as f:
+            out = f.read()
+        with open(os.path.join(self.tmp, "run.err")) as f:
+            err = f.read()
+        return rc, out, err
+
+    def local(self, fork):
+        rc, out, err = self.run("--fork", fork, "--json", "--snapshot-cache", "off")
+        assert rc == 0, err
+        return json.loads(out)
+
+    def stop_all(self):
+        for p in self.children:
+            if p.poll() is None:
+                p.kill()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+
+
+def agents_by_name(result):
+    return {a["name"]: a for a in result["agents"]}
+
+
+def expect_equal_answers(remote, local):
+    r, l = agents_by_name(remote), agents_by_name(local)
+    assert sorted(r) == sorted(l), (sorted(r), sorted(l))
+    for name in l:
+        assert r[name]["status"] == "ok", r[name]
+        assert r[name]["tokens"] == l[name]["tokens"], (
+            f"agent {name}: remote answer {r[name]['answer']!r} != local {l[name]['answer']!r}")
+
+
+def stop_worker(c, name):
+    p = c.workers[name]
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 0, c.log(name)
+
+
+@case
+def host_answers_equal_local(c):
+    """Two workers + a coordinator, --fork host: every answer token for token the local one's."""
+    c.start_redis()
+    c.start_worker("w1")
+    c.start_worker("w2")
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    first = json.loads(out)
+    local = c.local("host")
+    expect_equal_answers(first, local)
+    workers = {a["worker"] for a in first["agents"]}
+    assert workers == {"w1", "w2"}, f"both workers get a job: {workers}"
+    t = first["transfer"]
+    assert first["snapshot"]["source"] == "prefill" and first["document_prefills"] == 1, first["snapshot"]
+    assert t["bytes"] > 1_000_000 and t["publish_ms"] > 0 and t["fetches"] == 2 and t["fetch_ms"] > 0, t
+    # Again: Redis has the snapshot (no prefill, no publish), the workers
+    # their local copies (no fetch).
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    second = json.loads(out)
+    expect_equal_answers(second, local)
+    assert second["snapshot"]["source"] == "redis" and second["document_prefills"] == 0, second["snapshot"]
+    assert second["transfer"]["publish_ms"] == 0 and second["transfer"]["fetches"] == 0, second["transfer"]
+    # The text output names each agent's worker and the transfer.
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--timeout", "300")
+    assert rc == 0, err
+    assert "worker w1) ==" in out and "worker w2) ==" in out and "transfer: snapshot " in out, out
+    stop_worker(c, "w1")
+    stop_worker(c, "w2")
+    assert "claimed job" in c.log("w1") and "fetched snapshot" in c.log("w1"), c.log("w1")
+
+
+@case
+def shared_on_workers_matches_the_reference(c):
+    """--fork shared on the workers: every agent ok; on this model and pipeline
+    every answer equals --fork none's (the bound shared documents)."""
+    c.start_redis()
+    c.start_worker("w1")
+    c.start_worker("w2")
+    rc, out, err = c.run("--redis", c.url(), "--fork", "shared", "--json", "--timeout", "300")
+    assert rc == 0, err
+    remote = json.loads(out)
+    assert remote["fork"] == "shared"
+    expect_equal_answers(remote, c.local("none"))
+
+
+@case
+def killed_worker_job_is_taken_over(c):
+    """SIGKILL a worker mid-job: the other takes its job over after the
+    visibility timeout; every agent answered once, answers exact."""
+    c.start_redis()
+    opts = ("--visibility-timeout", "3", "--heartbeat", "0.5")
+    c.start_worker("w1", *opts)
+    c.start_worker("w2", *opts)
+    t0 = time.monotonic()
+    run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300",
+                      "--agents-per-job", "2")
+    wait_for("a worker to claim a job",
+             lambda: "claimed job" in c.log("w1") or "claimed job" in c.log("w2"), 120)
+    victim = "w1" if "claimed job" in c.log("w1") else "w2"
+    survivor = "w2" if victim == "w1" else "w1"
+    c.workers[victim].kill()
+    rc, out, err = c.finish_run(run, 300)
+    assert rc == 0, err
+    result = json.loads(out)
+    assert len(result["agents"]) == 4
+    assert {a["worker"] for a in result["agents"]} == {survivor}, result["agents"]
+    assert "took over the stalled job" in c.log(survivor), c.log(survivor)
+    expect_equal_answers(result, c.local("host"))
+    print(f"completed {time.monotonic() - t0:.1f} s after the start, {victim} killed")
+
+
+@case
+def sigterm_drains_the_job_in_hand(c):
+    """SIGTERM while a job runs: the worker finishes and acknowledges it, exits 0."""
+    c.start_redis()
+    c.start_worker("w1", threads=MAX_THREADS)
+    run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    wait_for("the worker to claim the job", lambda: "claimed job" in c.log("w1"), 120)
+    c.workers["w1"].send_signal(signal.SIGTERM)
+    rc, out, err = c.finish_run(run, 300)
+    assert rc == 0, err
+    assert all(a["status"] == "ok" and a["worker"] == "w1" for a in json.loads(out)["agents"])
+    assert c.workers["w1"].wait(60) == 0, c.log("w1")
+    assert "job(s), 4 agent(s)" in c.log("w1"), c.log("w1")
+    # Nothing pending: the job was acknowledged.
+    pending = c.redis_cmd("XPENDING", c.redis_cmd_key("jobs"), "workers")
+    assert pending.startswith(b"*4\r\n:0\r\n"), pending
+
+
+@case
+def redis_down_at_start_fails_fast(c):
+    """No server: the coordinator and a worker fail within 5 s naming the address."""
+    for args in (["run", c.pipeline, "--redis", c.url()], ["worker", "--redis", c.url()]):
+        t0 = time.monotonic()
+        p = subprocess.run([c.cli, *args], env=c.env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        took = time.monotonic() - t0
+        err = p.stderr.decode()
+        assert p.returncode == 1, (p.returncode, err)
+        assert f"swarmkv: error: io: {c.url()}: cannot connect: Connection refused" in err, err
+        assert took < 5, f"{args[0]} took {took:.1f} s"
+
+
+@case
+def no_live_worker_fails_fast(c):
+    c.start_redis()
+    t0 = time.monotonic()
+    rc, out, err = c.run("--redis", c.url(), timeout=30)
+    assert time.monotonic() - t0 < 5
+    assert rc == 2, (rc, err)
+    model_file = os.path.basename(c.model)
+    assert (f"swarmkv: error: not_found: no live swarmkv worker holds model {model_file} (sha256 "
+            in err and f") at {c.url()}; start one with: swarmkv worker --redis URL --model "
+            f"{model_file}" in err), err
+
+
+@case
+def wrong_password_is_refused(c):
+    c.start_redis("--requirepass", "right")
+    for userinfo, text in ((":wrong", "AUTH refused: WRONGPASS invalid username-password pair"),
+                           ("", "the server requires a password: give it in the URL")):
+        for args in (["run", c.pipeline, "--redis", c.url(userinfo)],
+                     ["worker", "--redis", c.url(userinfo)]):
+            p = subprocess.run([c.cli, *args], env=c.env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=30)
+            err = p.stderr.decode()
+            assert p.returncode == 2, (args, p.returncode, err)
+            assert f"swarmkv: error: invalid_argument: {c.url()}: {text}" in err, err
+            assert "wrong" not in err.replace("WRONGPASS", ""), "the password is never printed"
+    # The right password works end to end, from $SWARMKV_REDIS too.
+    log = open(os.path.join(c.tmp, "w1.log"), "w")
+    env = c.env()
+    env["SWARMKV_REDIS"] = c.url(":right")
+    w = subprocess.Popen([c.cli, "worker", "--name", "w1", "-t", str(MAX_THREADS)], env=env, stdout=log,
+                         stderr=subprocess.STDOUT)
+    c.children.append(w)
+    c.workers["w1"] = w
+    wait_for("the worker", lambda: "serving model" in c.log("w1"), 60)
+    p = subprocess.run([c.cli, "run", c.pipeline, "--fork", "host", "--json", "--redis"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    # Without --redis the variable alone does not make a coordinator.
+    p = subprocess.run([c.cli, "run", c.pipeline, "--fork", "host", "--json", "--snapshot-cache",
+                        "off"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=300)
+    assert p.returncode == 0 and json.loads(p.stdout)["transfer"] is None, p.stderr.decode()
+
+
+@case
+def corrupted_chunk_is_detected_and_republished(c):
+    """A damaged chunk in Redis: the fetching worker's checksum catches it,
+    the coordinator publishes the snapshot again, the run completes exact."""
+    c.start_redis()
+    c.start_worker("w1")
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    key = json.loads(out)["snapshot"]["key"]
+    stop_worker(c, "w1")
+    manifest = json.loads(c.redis_cmd("GET", f"swarmkv:snap:{key}").split(b"\r\n", 1)[1]
+                          .rsplit(b"\r\n", 1)[0])
+    assert c.redis_cmd("SETRANGE", f"swarmkv:snap:{key}:{manifest['upload']}:0", "100",
+                       "DAMAGED").startswith(b":")
+    c.start_worker("w2")  # a fresh store: it must fetch
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    expect_equal_answers(json.loads(out), c.local("host"))
+    log = c.log("w2")
+    assert f"snapshot {key}: chunk 0 of {len(manifest['chunk_xxh3'])} fails its checksum twice" in log, log
+    assert "publishing the snapshot again" in err, err
+
+
+@case
+def redis_restart_mid_run_completes(c):
+    """Redis killed and restarted empty while the workers run: the coordinator
+    puts the run back and completes, or fails clearly before its timeout."""
+    c.start_redis()
+    c.start_worker("w1")
+    c.start_worker("w2")
+    t0 = time.monotonic()
+    run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "120")
+    wait_for("a worker to claim a job",
+             lambda: "claimed job" in c.log("w1") or "claimed job" in c.log("w2"), 120)
+    c.kill_redis()
+    time.sleep(0.5)
+    c.start_redis()
+    rc, out, err = c.finish_run(run, 150)
+    took = time.monotonic() - t0
+    assert took < 130, f"the run took {took:.0f} s, past its 120 s timeout"
+    assert rc == 0, err
+    assert "lost this run's state" in err, err
+    expect_equal_answers(json.loads(out), c.local("host"))
+    for w in ("w1", "w2"):
+        assert c.workers[w].poll() is None, f"{w} died in the restart: {c.log(w)}"
+
+
+def main():
+    name, cli, source, model, redis_server = sys.argv[1:6]
+    with tempfile.TemporaryDirectory(prefix="swarmkv-cluster-") as tmp:
+        c = Cluster(cli, source, model, redis_server, tmp)
+        c.redis_cmd_key = lambda kind: "swarmkv:" + kind + ":" + model_sha256(model)
+        try:
+            CASES[name](c)
+        except BaseException:
+            for w in c.workers:
+                sys.stderr.write(f"--- {w}.log\n{c.log(w)}\n")
+            raise
+        finally:
+            c.stop_all()
+    print(f"{name}: ok")
+
+
+def model_sha256(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+// The Redis client and the snapshot bus against a real redis-server of the
+// test's own (label redis). No model: seconds.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "cluster/keys.h"
+#include "redis_server.h"
+#include "swarmkv/cluster.h"
+#include "swarmkv/error.h"
+#include "swarmkv/redis.h"
+#include "swarmkv/snapshot.h"
+
+namespace swarmkv {
+namespace {
+
+using swarmkv::testing::RedisServer;
+namespace fs = std::filesystem;
+
+template <class F>
+ErrorValue error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.value();
+  }
+  return {ErrorCode::kInternal, "<no error>"};
+}
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed = 1) {
+  std::vector<uint8_t> out(n);
+  std::mt19937 rng(seed);
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  return out;
+}
+
+// ------------------------------------------------------------------ URLs
+
+TEST(RedisUrlTest, PartsAreParsed) {
+  const redis::Url u = redis::parse_url("redis://alice:s3cr:et@10.0.0.5:6390/2");
+  EXPECT_EQ(u.host, "10.0.0.5");
+  EXPECT_EQ(u.port, 6390);
+  EXPECT_EQ(u.user, "alice");
+  EXPECT_EQ(u.password, "s3cr:et");
+  EXPECT_EQ(u.db, 2);
+  EXPECT_EQ(u.address(), "redis://alice@10.0.0.5:6390/2");  // never the password
+
+  const redis::Url p = redis::parse_url("redis://:pw@localhost");
+  EXPECT_EQ(p.user, "");
+  EXPECT_EQ(p.password, "pw");
+  EXPECT_EQ(p.port, 6379);
+  EXPECT_EQ(p.address(), "redis://localhost:6379");
+  EXPECT_EQ(redis::parse_url("redis://[::1]:7000").host, "::1");
+  EXPECT_EQ(redis::parse_url("redis://[::1]:7000").address(), "redis://[::1]:7000");
+}
+
+TEST(RedisUrlTest, MalformedUrlsAreNamedWithoutThePassword) {
+  EXPECT_EQ(error_of([] { redis::parse_url("http://h:1"); }).message,
+            "redis URL 'http://h:1' must start with redis:// (redis://[user[:password]@]host[:port]"
+            "[/db]; rediss:// TLS is not supported)");
+  EXPECT_EQ(error_of([] { redis::parse_url("redis://u:topsecret@h:99999"); }).message,
+            "redis URL 'redis://u:***@h:99999': port 99999 is outside 1-65535");
+  EXPECT_EQ(error_of([] { redis::parse_url("redis://h:port"); }).message,
+            "redis URL 'redis://h:port': the port 'port' is not a number");
+  EXPECT_EQ(error_of([] { redis::parse_url("redis://:6379"); }).message,
+            "redis URL 'redis://:6379' has no host");
+  EXPECT_EQ(error_of([] { redis::parse_url("redis://bob@h:1"); }).message,
+            "redis URL 'redis://bob@h:1' names user 'bob' without a password "
+            "(redis://user:password@host:port)");
+  EXPECT_EQ(error_of([] { redis::parse_url("redis://h:1"); }).code, ErrorCode::kInternal);
+}
+
+TEST(RedisUrlTest, TheEnvironmentIsTheFallback) {
+  ::unsetenv("SWARMKV_REDIS");
+  EXPECT_EQ(error_of([] { redis::resolve_url(""); }).message,
+            "no Redis server given: pass --redis redis://[user:password@]host:port or set "
+            "$SWARMKV_REDIS");
+  ::setenv("SWARMKV_REDIS", "redis://envhost:1234", 1);
+  EXPECT_EQ(redis::resolve_url("").host, "envhost");
+  EXPECT_EQ(redis::resolve_url("redis://given:1").host, "given");
+  ::setenv("SWARMKV_REDIS", "nonsense", 1);
+  EXPECT_EQ(error_of([] { redis::resolve_url(""); }).message.rfind("$SWARMKV_REDIS: redis URL", 0),
+            0u);
+  ::unsetenv("SWARMKV_REDIS");
+}
+
+// ------------------------------------------------------------------ client
+
+TEST(RedisClientTest, ServerDownFailsAtOnceNamingTheAddress) {
+  const int port = swarmkv::testing::free_loopback_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  const ErrorValue e = error_of(
+      [&] { redis::Client c(redis::parse_url(fmt::format("redis://127.0.0.1:{}", port))); });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(e.code, ErrorCode::kIo);
+  EXPECT_EQ(e.message,
+            fmt::format("redis://127.0.0.1:{}: cannot connect: Connection refused", port));
+}
+
+TEST(RedisClientTest, CommandsAndErrorRepliesAreTyped) {
+  RedisServer server;
+  redis::Client c(redis::parse_url(server.url()));
+  EXPECT_EQ(c.command({"SET", "k", std::string("a\0b", 3)}).str, "OK");
+  EXPECT_EQ(c.command({"GET", "k"}).str, std::string("a\0b", 3));  // binary safe
+  EXPECT_TRUE(c.command({"GET", "missing"}).is_nil());
+  EXPECT_EQ(c.command({"INCR", "n"}).integer, 1);
+  EXPECT_TRUE(c.try_command({"INCR", "k"}).is_error());
+  const ErrorValue e = error_of([&] { c.command({"INCR", "k"}); });
+  EXPECT_EQ(e.code, ErrorCode::kIo);
+  EXPECT_EQ(e.message, server.url() + ": INCR: ERR value is not an integer or out of range");
+}
+
+TEST(RedisClientTest, PasswordsAndAclUsers) {
+  RedisServer server({"--requirepass", "right"});
+  EXPECT_EQ(redis::Client(redis::parse_url(server.url(":right"))).command({"PING"}).str, "PONG");
+  const ErrorValue wrong =
+      error_of([&] { redis::Client c(redis::parse_url(server.url(":wrong"))); });
+  EXPECT_EQ(wrong.code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(wrong.message,
+            server.url() +
+                ": AUTH refused: WRONGPASS invalid username-password pair or user is disabled.");
+  const ErrorValue none = error_of([&] { redis::Client c(redis::parse_url(server.url())); });
+  EXPECT_EQ(none.code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(none.message,
+            server.url() +
+                ": the server requires a password: give it in the URL, "
+                "redis://[user:]PASSWORD@host:port (NOAUTH Authentication required.)");
+
+  redis::Client admin(redis::parse_url(server.url(":right")));
+  admin.command({"ACL", "SETUSER", "worker", "on", ">wpw", "~swarmkv:*", "+@all"});
+  redis::Client user(redis::parse_url(server.url("worker:wpw")));
+  EXPECT_EQ(user.command({"SET", "swarmkv:x", "1"}).str, "OK");
+  const ErrorValue denied = error_of([&] { user.command({"SET", "other", "1"}); });
+  EXPECT_EQ(denied.code, ErrorCode::kIo);
+  EXPECT_NE(denied.message.find("NOPERM"), std::string::npos) << denied.message;
+}
+
+TEST(RedisClientTest, ARestartedServerIsReconnected) {
+  RedisServer server;
+  redis::Client c(redis::parse_url(server.url()));
+  c.command({"SET", "k", "v"});
+  server.stop();
+  server.start();  // same port, no data (persistence off)
+  EXPECT_TRUE(c.command({"GET", "k"}).is_nil());
+  EXPECT_EQ(c.reconnects(), 1u);
+}
+
+TEST(RedisClientTest, AServerGoneForGoodFailsWithinTheBackoff) {
+  RedisServer server;
+  redis::ClientOptions o;
+  o.reconnect_attempts = 3;  // 0.1 + 0.2 + 0.4 s
+  redis::Client c(redis::parse_url(server.url()), o);
+  server.stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  const ErrorValue e = error_of([&] { c.command({"GET", "k"}); });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_EQ(e.code, ErrorCode::kIo);
+  EXPECT_EQ(e.message.rfind(server.url() + ": GET: connection lost (", 0), 0u) << e.message;
+  EXPECT_NE(e.message.find("3 reconnect attempts failed, the last: " + server.url() +
+                           ": cannot connect: Connection refused"),
+            std::string::npos)
+      << e.message;
+}
+
+// ------------------------------------------------------------------ snapshot bus
+
+class SnapshotBusTest : public ::testing::Test {
+ protected:
+  RedisServer server_;
+  redis::Client redis_{redis::parse_url(server_.url())};
+  cluster::BusOptions small_chunks() {
+    cluster::BusOptions o;
+    o.chunk_bytes = 1000;
+    o.ttl_s = 120;
+    return o;
+  }
+  long long keys_matching(const std::string& pattern) {
+    return static_cast<long long>(redis_.command({"KEYS", pattern}).elements.size());
+  }
+};
+
+TEST_F(SnapshotBusTest, PublishThenFetchGivesTheSameBytes) {
+  const std::vector<uint8_t> file = random_bytes(4500);
+  const cluster::PublishReport p = cluster::publish_snapshot(redis_, "k1", file, small_chunks());
+  EXPECT_TRUE(p.published);
+  EXPECT_EQ(p.chunks, 5u);  // 4 x 1000 + 500
+  EXPECT_EQ(keys_matching("swarmkv:snap:k1:*"), 5);
+  cluster::FetchReport f;
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k1", &f), file);
+  EXPECT_EQ(f.bytes, 4500u);
+  EXPECT_EQ(f.refetched_chunks, 0);
+  // Every key expires.
+  EXPECT_GT(redis_.command({"TTL", "swarmkv:snap:k1"}).integer, 100);
+  for (const redis::Reply& k : redis_.command({"KEYS", "swarmkv:snap:k1:*"}).elements)
+    EXPECT_GT(redis_.command({"TTL", k.str}).integer, 100) << k.str;
+}
+
+TEST_F(SnapshotBusTest, TheSecondPublisherOfAKeyLosesAndLeavesNothing) {
+  const std::vector<uint8_t> first = random_bytes(2500, 1);
+  const std::vector<uint8_t> second = random_bytes(2500, 2);
+  EXPECT_TRUE(cluster::publish_snapshot(redis_, "k", first, small_chunks()).published);
+  EXPECT_FALSE(cluster::publish_snapshot(redis_, "k", second, small_chunks()).published);
+  EXPECT_EQ(keys_matching("swarmkv:snap:k:*"), 3);  // the first upload's chunks only
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k"), first);
+}
+
+TEST_F(SnapshotBusTest, ADamagedChunkIsNamed) {
+  cluster::publish_snapshot(redis_, "k", random_bytes(2500), small_chunks());
+  const cluster::Manifest m = *cluster::find_snapshot(redis_, "k");
+  redis_.command({"SETRANGE", fmt::format("swarmkv:snap:k:{}:1", m.upload), "10", "X"});
+  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k"); });
+  EXPECT_EQ(e.code, ErrorCode::kCorruption);
+  EXPECT_EQ(e.message, server_.url() +
+                           ": snapshot k: chunk 1 of 3 fails its checksum twice (1000 bytes, "
+                           "expected 1000)");
+  redis_.command({"DEL", fmt::format("swarmkv:snap:k:{}:2", m.upload)});
+  redis_.command({"SET", fmt::format("swarmkv:snap:k:{}:1", m.upload), "short"});
+  EXPECT_EQ(error_of([&] { cluster::fetch_snapshot(redis_, "k"); }).message,
+            server_.url() +
+                ": snapshot k: chunk 1 of 3 fails its checksum twice (5 bytes, "
+                "expected 1000)");
+}
+
+TEST_F(SnapshotBusTest, MissingSnapshotsAndChunksAreNamed) {
+  const ErrorValue none = error_of([&] { cluster::fetch_snapshot(redis_, "nope"); });
+  EXPECT_EQ(none.code, ErrorCode::kNotFound);
+  EXPECT_EQ(none.message, server_.url() + ": the snapshot bus has no snapshot nope");
+  cluster::publish_snapshot(redis_, "k", random_bytes(2500), small_chunks());
+  const cluster::Manifest m = *cluster::find_snapshot(redis_, "k");
+  redis_.command({"DEL", fmt::format("swarmkv:snap:k:{}:2", m.upload)});
+  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k"); });
+  EXPECT_EQ(e.code, ErrorCode::kCorruption);
+  EXPECT_EQ(e.message, server_.url() +
+                           ": snapshot k: chunk 2 of 3 is missing (expired or removed); the "
+                           "coordinator publishes it again on its next run");
+  redis_.command({"SET", "swarmkv:snap:bad", "{not json"});
+  EXPECT_EQ(error_of([&] { cluster::find_snapshot(redis_, "bad"); }).code, ErrorCode::kCorruption);
+}
+
+TEST_F(SnapshotBusTest, ReplacingNeverLeavesTheKeyWithoutAManifest) {
+  const std::vector<uint8_t> first = random_bytes(2500, 1);
+  const std::vector<uint8_t> second = random_bytes(2500, 2);
+  cluster::publish_snapshot(redis_, "k", first, small_chunks());
+  const cluster::Manifest old = *cluster::find_snapshot(redis_, "k");
+  EXPECT_TRUE(
+      cluster::publish_snapshot(redis_, "k", second, small_chunks(), cluster::Publish::kReplace)
+          .published);
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k"), second);
+  // The old upload's chunks stay a minute for fetches in progress.
+  const long long ttl =
+      redis_.command({"TTL", fmt::format("swarmkv:snap:k:{}:0", old.upload)}).integer;
+  EXPECT_GT(ttl, 0);
+  EXPECT_LE(ttl, 60);
+}
+
+TEST_F(SnapshotBusTest, AFetchWaitsForASnapshotBeingPublishedAgain) {
+  const std::vector<uint8_t> file = random_bytes(2500);
+  std::thread publisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    redis::Client other(redis::parse_url(server_.url()));
+    cluster::publish_snapshot(other, "late", file, small_chunks());
+  });
+  std::vector<uint8_t> got;
+  const ErrorValue e = error_of([&] { got = cluster::fetch_snapshot(redis_, "late"); });
+  publisher.join();
+  EXPECT_EQ(e.code, ErrorCode::kInternal) << e.message;  // no error
+  EXPECT_EQ(got, file);
+}
+
+TEST_F(SnapshotBusTest, TouchRenewsEveryKey) {
+  cluster::BusOptions o = small_chunks();
+  o.ttl_s = 5;
+  cluster::publish_snapshot(redis_, "k", random_bytes(1500), o);
+  cluster::touch_snapshot(redis_, *cluster::find_snapshot(redis_, "k"), 1000);
+  EXPECT_GT(redis_.command({"TTL", "swarmkv:snap:k"}).integer, 900);
+  for (const redis::Reply& k : redis_.command({"KEYS", "swarmkv:snap:k:*"}).elements)
+    EXPECT_GT(redis_.command({"TTL", k.str}).integer, 900);
+}
+
+// ------------------------------------------------------------------ job messages
+
+TEST(ClusterWireTest, ASpecSurvivesTheTrip) {
+  PipelineSpec spec;
+  spec.name = "p";
+  spec.document = "doc \xc3\xa9";
+  spec.document_source = "text";
+  spec.system_prompt = "sys";
+  spec.n_ctx = 4096;
+  spec.n_batch = 256;
+  spec.n_ubatch = 128;
+  spec.flash_attn = true;
+  spec.kv_type = KvType::kQ8_0;
+  spec.fork = ForkMode::kHost;
+  AgentSpec a;
+  a.name = "a";
+  a.prompt = "q?";
+  a.max_tokens = 7;
+  a.sampling = {0.5f, 0.9f, 40, 1234, 1.1f, 32, 0.2f, 0.3f, 0.8f, 1.5f, 3, 100};
+  a.stop = {"\n\n"};
+  a.depends_on = {"b"};
+  spec.agents = {a};
+  GuardPolicy guard = GuardPolicy::kSerialized;
+  const PipelineSpec back =
+      cluster::spec_from_json(cluster::spec_to_json(spec, GuardPolicy::kConcurrent), &guard);
+  EXPECT_EQ(guard, GuardPolicy::kConcurrent);
+  EXPECT_EQ(back.document, spec.document);
+  EXPECT_EQ(back.system_prompt, "sys");
+  EXPECT_EQ(back.n_ctx, 4096u);
+  EXPECT_EQ(back.n_batch, 256u);
+  EXPECT_EQ(back.n_ubatch, 128u);
+  EXPECT_TRUE(back.flash_attn);
+  EXPECT_EQ(back.kv_type, KvType::kQ8_0);
+  EXPECT_EQ(back.fork, ForkMode::kHost);
+  ASSERT_EQ(back.agents.size(), 1u);
+  const AgentSpec& b = back.agents[0];
+  EXPECT_EQ(b.max_tokens, 7);
+  EXPECT_EQ(b.stop, a.stop);
+  EXPECT_EQ(b.depends_on, a.depends_on);
+  EXPECT_EQ(b.sampling.top_k, 40);
+  EXPECT_EQ(b.sampling.seed, 1234u);
+  EXPECT_FLOAT_EQ(b.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(b.sampling.dry_base, 1.5f);
+  EXPECT_EQ(b.sampling.dry_penalty_last_n, 100);
+}
+
+TEST(ClusterWireTest, AResultKeepsItsTypedErrorTokensAndTimings) {
+  AgentResult r;
+  r.name = "a";
+  r.status = NodeStatus::kFailed;
+  r.error = ErrorValue{ErrorCode::kNoKvSlot, "no slot"};
+  r.answer = "x";
+  r.tokens = {5, 6, 7};
+  r.stop_reason = StopReason::kStopString;
+  r.prompt_tokens = 9;
+  r.timings_ms.prompt = 1.5;
+  r.timings_ms.done_at = 11;
+  const AgentResult back = cluster::agent_from_json(cluster::agent_to_json(r));
+  EXPECT_EQ(back.status, NodeStatus::kFailed);
+  EXPECT_EQ(back.error, r.error);
+  EXPECT_EQ(back.tokens, r.tokens);
+  EXPECT_EQ(back.stop_reason, StopReason::kStopString);
+  EXPECT_EQ(back.prompt_tokens, 9);
+  EXPECT_DOUBLE_EQ(back.timings_ms.prompt, 1.5);
+  EXPECT_DOUBLE_EQ(back.timings_ms.done_at, 11);
+  nlohmann::json bad = cluster::agent_to_json(r);
+  bad["status"] = "weird";
+  EXPECT_EQ(error_of([&] { cluster::agent_from_json(bad); }).message, "unknown status 'weird'");
+  EXPECT_EQ(error_of([&] { cluster::agent_from_json(nlohmann::json::object()); }).code,
+            ErrorCode::kCorruption);
+}
+
+// ------------------------------------------------------------------ a fetched file in the store
+
+class AdoptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("swarmkv-adopt-test-{}", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // A valid snapshot file's bytes and its key.
+  std::pair<std::vector<uint8_t>, std::string> snapshot_file() {
+    SnapshotMeta m;
+    m.binding.engine = "e";
+    m.binding.model_sha256 = std::string(64, 'a');
+    m.binding.layout = {"llama", 30, 192, 192, "f16", "f16", false, false, 0, 256};
+    m.tokens = {1, 2, 3, 4};
+    const std::string path = (dir_ / "src.swkv").string();
+    write_snapshot(path, m, random_bytes(3000));
+    std::ifstream in(path, std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+    return {bytes, snapshot_key(m.binding, m.tokens)};
+  }
+  fs::path dir_;
+};
+
+TEST_F(AdoptTest, AValidFileBecomesAnEntry) {
+  const auto [bytes, key] = snapshot_file();
+  SnapshotStore store((dir_ / "store").string());
+  const std::string path = store.adopt(key, bytes);
+  EXPECT_EQ(path, store.path_of(key));
+  EXPECT_EQ(read_snapshot_header(path).meta.tokens, (std::vector<Token>{1, 2, 3, 4}));
+}
+
+TEST_F(AdoptTest, BytesOfAnotherKeyOrGarbageAreRefusedAndRemoved) {
+  const auto [bytes, key] = snapshot_file();
+  SnapshotStore store((dir_ / "store").string());
+  const ErrorValue other = error_of([&, b = bytes] { store.adopt("0123", b); });
+  EXPECT_EQ(other.code, ErrorCode::kCorruption);
+  EXPECT_EQ(other.message,
+            "snapshot 0123: the snapshot received for key 0123 is the snapshot of key " + key);
+  EXPECT_FALSE(fs::exists(store.path_of("0123")));
+  std::vector<uint8_t> damaged = bytes;
+  damaged[damaged.size() - 10] ^= 0xff;
+  const ErrorValue bad = error_of([&] { store.adopt(key, damaged); });
+  EXPECT_EQ(bad.code, ErrorCode::kCorruption);
+  EXPECT_NE(bad.message.find("checksum"), std::string::npos) << bad.message;
+  EXPECT_FALSE(fs::exists(store.path_of(key)));
+}
+
+}  // namespace
+}  // namespace swarmkv
