@@ -225,55 +225,61 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
         continue;
       }
     }
-    if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2) {
-      for (const redis::Reply& e : r.elements[0].elements[1].elements) {
-        if (e.elements.size() < 2) continue;
-        last_id = e.elements[0].str;
-        std::map<std::string, std::string> f;
-        const auto& kv = e.elements[1].elements;
-        for (size_t i = 0; i + 1 < kv.size(); i += 2) f[kv[i].str] = kv[i + 1].str;
-        const auto it = std::find_if(spec.agents.begin(), spec.agents.end(),
-                                     [&](const AgentSpec& a) { return a.name == f["agent"]; });
-        if (it == spec.agents.end()) continue;
-        const auto i = static_cast<size_t>(it - spec.agents.begin());
-        if (answered[i] || in_flight.count(i) == 0) {
-          ++duplicates;
-          continue;
+    std::vector<StreamEntry> entries;
+    if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
+      entries = stream_entries(r.elements[0].elements[1]);
+    for (StreamEntry& e : entries) {
+      last_id = e.id;
+      std::map<std::string, std::string>& f = e.fields;
+      const auto it = std::find_if(spec.agents.begin(), spec.agents.end(),
+                                   [&](const AgentSpec& a) { return a.name == f["agent"]; });
+      if (it == spec.agents.end()) continue;
+      const auto i = static_cast<size_t>(it - spec.agents.begin());
+      if (answered[i] || in_flight.count(i) == 0) {
+        ++duplicates;
+        continue;
+      }
+      AgentResult a;
+      try {
+        a = agent_from_json(nlohmann::json::parse(f["result"]));
+      } catch (const std::exception& bad) {
+        a.name = spec.agents[i].name;
+        a.status = NodeStatus::kFailed;
+        a.error = ErrorValue{
+            ErrorCode::kCorruption,
+            fmt::format("the result from worker '{}' does not parse: {}", f["worker"], bad.what())};
+      }
+      a.worker = f["worker"];
+      a.timings_ms.done_at = run.ms();
+      if (f["fetch_bytes"] != "0" && fetched_jobs.insert(f["job"]).second) {
+        ++transfer.fetches;
+        transfer.fetch_ms = std::max(transfer.fetch_ms, std::stod(f["fetch_ms"]));
+      }
+      // A worker that could not get the snapshot from the bus (damaged
+      // twice, or gone): publish it again, once per run, replacing the
+      // bus's copy, and give the agent one more try.
+      if (a.error && !retried[i] &&
+          (a.error->code == ErrorCode::kCorruption || a.error->code == ErrorCode::kNotFound) &&
+          (a.error->message.rfind(url.address() + ": snapshot ", 0) == 0 ||
+           a.error->message.rfind(url.address() + ": the snapshot bus has no snapshot", 0) == 0)) {
+        retried[i] = true;
+        if (!republished) {
+          republished = true;
+          log_warn("coordinator: {}; publishing the snapshot again", a.error->message);
+          put_snapshot_on_bus(Publish::kReplace);
         }
-        AgentResult a = agent_from_json(nlohmann::json::parse(f["result"]));
-        a.worker = f["worker"];
-        a.timings_ms.done_at = run.ms();
-        if (f["fetch_bytes"] != "0" && fetched_jobs.insert(f["job"]).second) {
-          ++transfer.fetches;
-          transfer.fetch_ms = std::max(transfer.fetch_ms, std::stod(f["fetch_ms"]));
-        }
-        // A worker that could not get the snapshot from the bus (damaged
-        // twice, or gone): publish it again, once per run, replacing the
-        // bus's copy, and give the agent one more try.
-        if (a.error && !retried[i] &&
-            (a.error->code == ErrorCode::kCorruption || a.error->code == ErrorCode::kNotFound) &&
-            (a.error->message.rfind(url.address() + ": snapshot ", 0) == 0 ||
-             a.error->message.rfind(url.address() + ": the snapshot bus has no snapshot", 0) ==
-                 0)) {
-          retried[i] = true;
-          if (!republished) {
-            republished = true;
-            log_warn("coordinator: {}; publishing the snapshot again", a.error->message);
-            put_snapshot_on_bus(Publish::kReplace);
-          }
-          enqueue({i});
-          continue;
-        }
-        answered[i] = true;
-        in_flight.erase(i);
-        const bool ok = a.status == NodeStatus::kOk;
-        std::optional<ErrorValue> error = a.error;
-        result.agents[i] = std::move(a);
-        if (ok) {
-          dag.succeed(i + 1);
-        } else {
-          dag.fail(i + 1, error.value_or(ErrorValue{ErrorCode::kInternal, "failed"}));
-        }
+        enqueue({i});
+        continue;
+      }
+      answered[i] = true;
+      in_flight.erase(i);
+      const bool ok = a.status == NodeStatus::kOk;
+      std::optional<ErrorValue> error = a.error;
+      result.agents[i] = std::move(a);
+      if (ok) {
+        dag.succeed(i + 1);
+      } else {
+        dag.fail(i + 1, error.value_or(ErrorValue{ErrorCode::kInternal, "failed"}));
       }
     }
     if (since_check.ms() > 1000 && !in_flight.empty()) {

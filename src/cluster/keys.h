@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -39,6 +41,15 @@ inline int64_t unix_now() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
+
+// A stream entry: its id and its fields.
+struct StreamEntry {
+  std::string id;
+  std::map<std::string, std::string> fields;
+};
+// The entries of a list of stream entries ([[id, [field, value, ...]], ...]):
+// an XREAD / XREADGROUP reply's per-stream list, or XAUTOCLAIM's second element.
+std::vector<StreamEntry> stream_entries(const redis::Reply& list);
 
 // XGROUP CREATE <stream> workers 0 MKSTREAM, an existing group kept (the
 // coordinator may enqueue before any worker started). Throws Error(kIo).

@@ -63,6 +63,19 @@ auto parsing(const char* what, F&& f) {
 
 }  // namespace
 
+std::vector<StreamEntry> stream_entries(const redis::Reply& list) {
+  std::vector<StreamEntry> out;
+  for (const redis::Reply& e : list.elements) {
+    if (e.elements.size() < 2) continue;
+    StreamEntry entry;
+    entry.id = e.elements[0].str;
+    const auto& kv = e.elements[1].elements;
+    for (size_t i = 0; i + 1 < kv.size(); i += 2) entry.fields[kv[i].str] = kv[i + 1].str;
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard) {
   nlohmann::json agents = nlohmann::json::array();
   for (const AgentSpec& a : spec.agents) {

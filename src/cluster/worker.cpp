@@ -28,28 +28,7 @@ std::string default_name() {
   return fmt::format("{}-{}", host, ::getpid());
 }
 
-// A stream entry: its id and its fields.
-struct Entry {
-  std::string id;
-  std::map<std::string, std::string> fields;
-};
-
-// The entries of an XREADGROUP / XREAD reply ([[stream, [[id, [f, v...]]...]]])
-// or of XAUTOCLAIM's second element ([[id, [f, v...]]...]).
-std::vector<Entry> entries_of(const redis::Reply& list) {
-  std::vector<Entry> out;
-  for (const redis::Reply& e : list.elements) {
-    if (e.elements.size() < 2) continue;
-    Entry entry;
-    entry.id = e.elements[0].str;
-    const auto& kv = e.elements[1].elements;
-    for (size_t i = 0; i + 1 < kv.size(); i += 2) entry.fields[kv[i].str] = kv[i + 1].str;
-    out.push_back(std::move(entry));
-  }
-  return out;
-}
-
-std::string field(const Entry& e, const std::string& name) {
+std::string field(const StreamEntry& e, const std::string& name) {
   const auto it = e.fields.find(name);
   if (it == e.fields.end()) {
     throw Error(ErrorCode::kCorruption, fmt::format("job {} has no '{}' field", e.id, name));
@@ -179,7 +158,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       std::to_string(static_cast<int64_t>(options.visibility_timeout_s * 1000));
   while (options.stop == nullptr || !options.stop->load()) {
     // A job a dead worker left pending comes first, then a new one.
-    std::vector<Entry> jobs;
+    std::vector<StreamEntry> jobs;
     bool stale = false;
     const redis::Reply claimed = redis.try_command(
         {"XAUTOCLAIM", stream, keys::kWorkersGroup, name, idle_ms, "0-0", "COUNT", "1"});
@@ -192,7 +171,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       throw Error(ErrorCode::kIo,
                   fmt::format("{}: XAUTOCLAIM {}: {}", url.address(), stream, claimed.str));
     }
-    if (claimed.elements.size() >= 2) jobs = entries_of(claimed.elements[1]);
+    if (claimed.elements.size() >= 2) jobs = stream_entries(claimed.elements[1]);
     stale = !jobs.empty();
     if (jobs.empty()) {
       const redis::Reply r =
@@ -206,10 +185,10 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         throw Error(ErrorCode::kIo,
                     fmt::format("{}: XREADGROUP {}: {}", url.address(), stream, r.str));
       if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
-        jobs = entries_of(r.elements[0].elements[1]);
+        jobs = stream_entries(r.elements[0].elements[1]);
     }
     if (jobs.empty()) continue;
-    const Entry& job = jobs.front();
+    const StreamEntry& job = jobs.front();
     heartbeat.set_job(job.id);
     const Stopwatch took;
 
