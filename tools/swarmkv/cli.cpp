@@ -515,14 +515,15 @@ int run(int argc, char** argv) {
                   "workers)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 16));
-  run->add_flag("--json", run_args.json,
-                "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
-                "prefill_ms, total_ms, memory, document {status, error} and per agent name, "
-                "status, error {code, message} or null, answer, n_tokens, stop_reason, "
-                "timings_ms {wait, fork, restore, prompt, first_token, generate, total, ...}, "
-                "first_token_at_ms; snapshot {source, key, reused_tokens, prefilled_tokens, "
-                "bytes, load_ms, verify_ms, ...} or null under --fork none; under --redis each agent's "
-                "worker and transfer {bytes, publish_ms, fetch_ms, fetches}");
+  run->add_flag(
+      "--json", run_args.json,
+      "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
+      "prefill_ms, total_ms, memory, document {status, error} and per agent name, "
+      "status, error {code, message} or null, answer, n_tokens, stop_reason, "
+      "timings_ms {wait, fork, restore, prompt, first_token, generate, total, ...}, "
+      "first_token_at_ms; snapshot {source, key, reused_tokens, prefilled_tokens, "
+      "bytes, load_ms, verify_ms, ...} or null under --fork none; under --redis each agent's "
+      "worker and transfer {bytes, publish_ms, fetch_ms, fetches}");
 
   swarmkv::cli::BenchArgs bench_args;
   CLI::App* bench =
