@@ -164,6 +164,48 @@ TEST(BatchPlannerTest, AFailedBranchFreesItsIdAndFailsItsDependents) {
   EXPECT_EQ(next[0].seq, 1) << "the failed branch's id is free again";
 }
 
+TEST(BatchPlannerTest, MaxLiveCapsTheLiveBranchesAndPriorityOrdersAdmission) {
+  // Five agents, priorities 0, 0, 2, 1, 2; room for four branches, max_live 2.
+  ReadySet dag({"document", "agent0", "agent1", "agent2", "agent3", "agent4"},
+               {{}, {0}, {0}, {0}, {0}, {0}}, {0, 0, 0, 2, 1, 2});
+  dag.pop();
+  dag.succeed(0);
+  BatchPlanner planner(dag, {1, 1, 1, 1, 1}, 10, 5, 16, /*max_live=*/2);
+  const std::vector<std::string> log = drive(planner, {1, 1, 1, 3, 1});
+  const std::vector<std::string> want = {
+      "admit a2 seq 1", "admit a4 seq 2",    "a2:p0-0* a4:p0-0*",  // priority 2, file order
+      "admit a3 seq 2", "admit a0 seq 1",    "a3:p0-0* a0:p0-0*",  // then 1, then 0
+      "admit a1 seq 1", "a3:g@11* a1:p0-0*",                       // never more than two live
+      "a3:g@12*",
+  };
+  EXPECT_EQ(log, want);
+  EXPECT_TRUE(dag.finished());
+}
+
+TEST(BatchPlannerTest, APromptKnownOnlyAtAdmissionIsPlannedAtItsLength) {
+  ReadySet dag = pipeline_dag({{}, {0}});
+  BatchPlanner planner(dag, {2, 9}, 20, 3, 16);  // a1's 9: its budget, not its length
+  std::vector<std::string> log;
+  std::map<size_t, int> sampled;
+  while (!planner.finished()) {
+    for (const auto& a : planner.admit()) {
+      if (a.agent == 1) planner.set_prompt(1, 4);
+    }
+    const BatchPlan plan = planner.next();
+    log.push_back(describe(plan));
+    planner.decoded(plan);
+    for (const PlannedToken& t : plan.tokens)
+      if (t.logits) planner.sampled(t.agent, ++sampled[t.agent] == 2);
+  }
+  const std::vector<std::string> want = {"a0:p0-1*", "a0:g@22*", "a1:p0-3*", "a1:g@24*"};
+  EXPECT_EQ(log, want);
+  ReadySet other = pipeline_dag({{}});
+  BatchPlanner fed(other, {3}, 0, 2, 8);
+  fed.admit();
+  fed.next();
+  EXPECT_THROW(fed.set_prompt(0, 2), Error) << "its prompt is already being decoded";
+}
+
 TEST(BatchPlannerTest, RefusesAnNBatchThatCannotHoldEveryGeneratingBranch) {
   ReadySet dag = pipeline_dag({{}, {}});
   EXPECT_THROW(BatchPlanner(dag, {1, 1}, 0, 4, 3), Error);

@@ -119,6 +119,33 @@ TEST_F(PipelineFileTest, JsonIsAcceptedToo) {
   EXPECT_EQ(spec.agents.size(), 1u);
 }
 
+TEST_F(PipelineFileTest, PlaceholdersPrioritiesAndMaxLiveAreRead) {
+  const std::string ok = write("chain.yaml",
+                               "max_live: 3\ndocument: {text: x}\nagents:\n"
+                               "  - {name: a, prompt: q, priority: 2}\n"
+                               "  - name: b\n    depends_on: a\n    prompt: \"{{a}} -- why?\"\n");
+  const PipelineSpec spec = load_pipeline_file(ok);
+  EXPECT_EQ(spec.max_live, 3);
+  EXPECT_EQ(spec.agents[0].priority, 2);
+  EXPECT_EQ(spec.agents[1].priority, 0);
+  EXPECT_EQ(spec.agents[1].prompt, "{{a}} -- why?");
+  // Unquoted, YAML reads a mapping (or fails to parse): both errors say to quote.
+  const std::string map = write("map.yaml",
+                                "document: {text: x}\nagents:\n  - {name: a, prompt: q}\n"
+                                "  - name: b\n    depends_on: a\n    prompt: {{a}}\n");
+  EXPECT_EQ(error_of(map), "invalid_argument: " + map +
+                               ": agents[1].prompt is a mapping, not text (line 6): in YAML a "
+                               "value that starts with '{' is one; quote a prompt that starts "
+                               "with a placeholder: prompt: \"{{name}} ...\"");
+  const std::string broken = write("broken.yaml",
+                                   "document: {text: x}\nagents:\n  - {name: a, prompt: q}\n"
+                                   "  - name: b\n    depends_on: a\n    prompt: {{a}} why?\n");
+  EXPECT_NE(error_of(broken).find("(a value that starts with '{{' must be quoted: prompt: "
+                                  "\"{{name}} ...\")"),
+            std::string::npos)
+      << error_of(broken);
+}
+
 TEST_F(PipelineFileTest, MistakesAreNamed) {
   EXPECT_EQ(error_of((dir_ / "missing.yaml").string()),
             "not_found: pipeline file '" + (dir_ / "missing.yaml").string() + "' does not exist");

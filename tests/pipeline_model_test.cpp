@@ -342,6 +342,50 @@ TEST_P(ForkEquivalenceTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
   std::cout << identical << " of " << spec.agents.size() << " answers token-identical\n";
 }
 
+// Answers flow downstream: {{name}} becomes that agent's answer, text for
+// text, and the agent reading it answers as a re-prefill of the document and
+// its rendered prompt does, token for token.
+TEST_P(ForkEquivalenceTest, PlaceholderAgentEqualsRecomputeOfItsRenderedPrompt) {
+  PipelineSpec spec = document_spec("apache-2.0.txt", 6000, 32,
+                                    {"What does the Grant of Copyright License allow?",
+                                     "What does the Grant of Patent License cover?"});
+  AgentSpec verdict;
+  verdict.name = "verdict";
+  verdict.depends_on = {"agent0", "agent1"};
+  verdict.prompt =
+      "Finding one: {{agent0}}\nFinding two: {{ agent1 }}\nWhich grant is broader, and why?";
+  verdict.max_tokens = 32;
+  spec.agents.push_back(verdict);
+  const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+  EXPECT_TRUE(prepared.branches[2].empty()) << "tokenised only once its inputs are known";
+  spec.fork = ForkMode::kHost;
+  const PipelineResult host = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kNone;
+  const PipelineResult none = run_pipeline(spec, model_);
+  ASSERT_TRUE(host.ok()) << describe(host.agents[2].error);
+  ASSERT_TRUE(none.ok()) << describe(none.agents[2].error);
+  const std::string rendered = "Finding one: " + host.agents[0].answer +
+                               "\nFinding two: " + host.agents[1].answer +
+                               "\nWhich grant is broader, and why?";
+  for (const PipelineResult* r : {&host, &none}) {
+    const AgentResult& v = r->agents[2];
+    EXPECT_EQ(v.prompt_rendered, rendered) << to_string(r->fork);
+    EXPECT_EQ(v.prompt_tokens,
+              static_cast<int32_t>(detail::tokenize_branch(*model_, prepared, rendered).size()));
+    EXPECT_LE(v.prompt_tokens, prepared.budgeted_prompt_tokens[2]);
+    EXPECT_GE(v.timings_ms.started_at,
+              std::max(r->agents[0].timings_ms.done_at, r->agents[1].timings_ms.done_at));
+    EXPECT_EQ(r->agents[0].prompt_rendered, spec.agents[0].prompt);
+  }
+  EXPECT_GT(host.agents[0].tokens.size(), 8u) << "an empty upstream answer proves little";
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(host.agents[i].tokens, none.agents[i].tokens)
+        << spec.agents[i].name << "\nhost: " << host.agents[i].answer
+        << "\nnone: " << none.agents[i].answer;
+  }
+  EXPECT_GE(host.agents[2].tokens.size(), 8u) << host.agents[2].answer;
+}
+
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ForkEquivalenceTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 

@@ -84,6 +84,72 @@ TEST(PipelineValidationTest, ErrorsAreExact) {
             "invalid_argument: agent 'agent2': max_tokens must be >= 1 (got 0)");
 }
 
+TEST(PlaceholderTest, PromptsAreRenderedInOnePassWithTheNamedAnswers) {
+  const std::vector<PromptPlaceholder> holes =
+      prompt_placeholders("Risks: {{risks}}; {{ terms }} and {{ unclosed");
+  ASSERT_EQ(holes.size(), 2u);
+  EXPECT_EQ(holes[0].name, "risks");
+  EXPECT_EQ(holes[0].begin, 7u);
+  EXPECT_EQ(holes[0].end, 16u);
+  EXPECT_EQ(holes[1].name, "terms");
+  // An answer holding braces goes in as text: it is never expanded again.
+  EXPECT_EQ(render_prompt("Risks: {{risks}}; {{ terms }} and {{ unclosed",
+                          {{"risks", "a {{terms}} b"}, {"terms", "T"}}),
+            "Risks: a {{terms}} b; T and {{ unclosed");
+  EXPECT_EQ(render_prompt("no placeholder", {}), "no placeholder");
+}
+
+TEST(PlaceholderTest, APlaceholderMustNameAnUpstreamAgent) {
+  PipelineSpec spec = four_agents();
+  spec.agents[3].prompt = "Weigh {{agent0}} against {{ agent1 }}.";
+  spec.agents[3].depends_on = {"agent2"};
+  spec.agents[2].depends_on = {"agent0"};
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{agent1}} names agent 'agent1', which is not "
+            "among its dependencies (add 'agent1' to depends_on)");
+  spec.agents[3].depends_on = {"agent2", "agent1"};  // agent0 through agent2
+  EXPECT_EQ(validation_error(spec), "no error");
+  spec.agents[3].prompt = "Weigh {{agnet0}}.";
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{agnet0}} names unknown agent 'agnet0'");
+  spec.agents[3].prompt = "Myself: {{agent3}}.";
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{agent3}} names agent 'agent3', which is not "
+            "among its dependencies (add 'agent3' to depends_on)");
+  spec = four_agents();
+  spec.max_live = -1;
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: max_live must be >= 0 (0: as many as fit; got -1)");
+}
+
+TEST(LatencyTest, PercentilesInterpolateBetweenOrderStatistics) {
+  const Percentiles p = percentiles({40, 10, 30, 20, 50});
+  EXPECT_DOUBLE_EQ(p.p50, 30);
+  EXPECT_DOUBLE_EQ(p.p95, 48);    // rank 3.8: 40 + 0.8 * 10
+  EXPECT_DOUBLE_EQ(p.p99, 49.6);  // rank 3.96
+  EXPECT_DOUBLE_EQ(percentiles({7}).p99, 7);
+  EXPECT_DOUBLE_EQ(percentiles({}).p50, 0);
+
+  PipelineResult r;
+  r.agents.resize(3);
+  r.agents[0].timings_ms = {.wait = 1, .first_token_at = 100, .done_at = 300};
+  r.agents[0].token_at_ms = {100, 110, 130};
+  r.agents[1].timings_ms = {.wait = 3, .first_token_at = 200, .done_at = 500};
+  r.agents[1].token_at_ms = {200, 240};
+  r.agents[2].status = NodeStatus::kFailed;  // not counted
+  r.agents[2].timings_ms = {.wait = 1000, .first_token_at = 1000, .done_at = 1000};
+  const LatencySummary l = latency_summary(r);
+  EXPECT_EQ(l.agents, 2u);
+  EXPECT_DOUBLE_EQ(l.queue.p50, 2);
+  EXPECT_DOUBLE_EQ(l.ttft.p50, 150);
+  EXPECT_DOUBLE_EQ(l.completion.p99, 498);
+  EXPECT_DOUBLE_EQ(l.inter_token.p50, 20);  // gaps 10, 20, 40 pooled over both agents
+  const nlohmann::json j = result_json(r);
+  EXPECT_DOUBLE_EQ(j["latency"]["inter_token_ms"]["p50"].get<double>(), 20);
+  EXPECT_DOUBLE_EQ(j["latency"]["ttft_ms"]["p95"].get<double>(), 195);
+  EXPECT_DOUBLE_EQ(j["agents"][1]["done_at_ms"].get<double>(), 500);
+}
+
 // One rule for sampling settings, in the engine and the pipeline alike: a
 // negative temperature is an error, not a silent greedy run.
 TEST(PipelineValidationTest, SamplingSettingsAreCheckedByTheEnginesOneRule) {

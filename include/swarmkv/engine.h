@@ -378,6 +378,9 @@ struct GenerateOptions {
   int32_t max_tokens = 128;  // generated tokens at most (>= 1)
   std::vector<std::string>
       stop;  // stop once the answer contains one (it may span tokens); text cut there
+  // Called as each token joins the answer (Generation::tokens), on the
+  // thread that samples; may be empty.
+  std::function<void(Token)> on_token;
 };
 
 struct Generation {

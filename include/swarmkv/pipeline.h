@@ -35,12 +35,31 @@ ForkMode parse_fork_mode(std::string_view name);
 // One agent: its own prompt and generation settings.
 struct AgentSpec {
   std::string name;
-  std::string prompt;                   // the agent's question or instruction
+  // The agent's question or instruction. `{{name}}` (spaces inside the
+  // braces allowed) is replaced by the answer of agent `name`, which must be
+  // among its dependencies (depends_on, directly or not), when this agent
+  // starts; the answer's text goes in as is, never expanded again.
+  std::string prompt;
   int32_t max_tokens = 128;             // generated tokens at most
   SamplingOptions sampling;             // temperature 0 = greedy (validate_sampling)
   std::vector<std::string> stop;        // stop strings
   std::vector<std::string> depends_on;  // other agents that must finish first
+  // Admission order among ready agents: higher first, then file order.
+  int32_t priority = 0;
 };
+
+// A `{{name}}` in a prompt: the agent it names and where it stands.
+struct PromptPlaceholder {
+  std::string name;  // trimmed of spaces
+  size_t begin = 0;  // of "{{"
+  size_t end = 0;    // one past "}}"
+};
+// The placeholders of `prompt`, in order. A "{{" without a "}}" after it is
+// text.
+std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt);
+// `prompt` with each placeholder replaced by answers.at(name), in one pass.
+std::string render_prompt(std::string_view prompt,
+                          const std::map<std::string, std::string>& answers);
 
 // Everything a run needs. Defaults match the CLI's.
 struct PipelineSpec {
@@ -70,6 +89,10 @@ struct PipelineSpec {
   // prefill's speed to a third to a half here.
   KvType kv_type = KvType::kF16;
   ForkMode fork = ForkMode::kShared;
+  // kShared: the most branches decoded at once; 0 = as many as fit
+  // (n_seq_max - 1). Fewer live branches make each step cheaper and the
+  // first admitted agents finish sooner, at the cost of throughput.
+  int32_t max_live = 0;
 };
 
 // Throws Error(kInvalidArgument) naming the setting: n_batch >= 1, n_ubatch
@@ -166,11 +189,13 @@ struct AgentTimings {
   // Decoding the agent's prompt at positions prefix_len + i; under kShared
   // the step(s) that carried it, shared with the other branches' tokens.
   double prompt = 0;
-  double first_token = 0;     // from the start of the agent's own work to its first generated token
-  double generate = 0;        // generating the answer
-  double total = 0;           // the agent's own work, start to end (excludes `wait`)
-  double first_token_at = 0;  // when its first token was ready, from the start of the run
-  double done_at = 0;         // when the agent finished, from the start of the run
+  double first_token = 0;  // from the start of the agent's own work to its first generated token
+  double generate = 0;     // generating the answer
+  double total = 0;        // the agent's own work, start to end (excludes `wait`)
+  // From the start of the run (model load excluded):
+  double started_at = 0;      // its own work started (`wait` after it became ready)
+  double first_token_at = 0;  // its first token was ready
+  double done_at = 0;         // it finished
 };
 
 struct AgentResult {
@@ -182,6 +207,11 @@ struct AgentResult {
   std::optional<ErrorValue> error;
   std::string answer;
   std::vector<Token> tokens;  // the generated tokens
+  // When each of `tokens` was sampled, from the start of the run (ms);
+  // empty for a result that came from a remote worker.
+  std::vector<double> token_at_ms;
+  // The prompt as the agent got it: placeholders replaced by the answers.
+  std::string prompt_rendered;
   StopReason stop_reason = StopReason::kMaxTokens;
   int32_t prompt_tokens = 0;  // the agent's prompt, template wrapping included
   AgentTimings timings_ms;
@@ -215,6 +245,9 @@ struct PipelineResult {
   uint32_t n_ctx = 0;                   // per context, as llama.cpp really uses it
   uint32_t n_seq_max = 1;               // sequence ids per context (kShared: agents + 1, capped)
   double prepare_ms = 0;                // validation, tokenisation, budget
+  // When the document's KV state was ready for the first agent, from the
+  // start of the run (kNone: the first agent's own re-prefill).
+  double prefill_done_at_ms = 0;
   double prefill_ms = 0;  // kShared/kHost: the one shared prefill; kNone: sum of the re-prefills
   double export_ms = 0;   // kShared/kHost: llama_state_get_data of the prefilled prefix
   double restore_ms = 0;  // kShared: the prefix state into the shared context
@@ -249,6 +282,23 @@ struct PipelineResult {
   bool ok() const noexcept;
 };
 
+// p50/p95/p99 by linear interpolation between order statistics (numpy's
+// default); all 0 for no values.
+struct Percentiles {
+  double p50 = 0, p95 = 0, p99 = 0;
+};
+Percentiles percentiles(std::vector<double> values);
+
+// Latency over the agents that finished ok, in ms.
+struct LatencySummary {
+  size_t agents = 0;        // agents counted
+  Percentiles queue;        // ready -> its work started (AgentTimings::wait)
+  Percentiles ttft;         // the start of the run -> its first token
+  Percentiles inter_token;  // every gap between two consecutive tokens, all agents pooled
+  Percentiles completion;   // the start of the run -> done
+};
+LatencySummary latency_summary(const PipelineResult& result);
+
 // The token budget of a pipeline, computed before anything is allocated.
 // kHost/kNone: every context holds the prefix and one agent:
 //   required = prefix_tokens + max_branch_tokens + max_new_tokens.
@@ -270,7 +320,14 @@ struct PipelineBudget {
 // rest (agent prompt, end of turn, assistant opening).
 struct PreparedPipeline {
   std::vector<Token> prefix;
-  std::vector<std::vector<Token>> branches;  // one per agent, same order
+  // One per agent, same order. Empty for an agent whose prompt has
+  // placeholders: it is tokenised when the agent starts.
+  std::vector<std::vector<Token>> branches;
+  // The prompt tokens the budget counts per agent: branches[i].size(), or
+  // for placeholders the prompt without them plus each named agent's
+  // max_tokens.
+  std::vector<int32_t> budgeted_prompt_tokens;
+  std::string branch_tail;  // the template's markup that closes every agent prompt
   PipelineBudget budget;
 };
 
@@ -279,8 +336,11 @@ struct PreparedPipeline {
 // or a prompt (require_text), n_batch < 1, threads (validate_threads), "the
 // pipeline has no agents", an agent's empty name or prompt, a name that is
 // not valid UTF-8 on one line, reserved name, max_tokens < 1, an empty stop
-// string, sampling settings as validate_sampling names them), kGraph (duplicate name, unknown
-// dependency, cycle; see the messages in src/pipeline/dag.h).
+// string, sampling settings as validate_sampling names them, max_live < 0),
+// kGraph (duplicate name, unknown dependency, cycle; see the messages in
+// src/pipeline/dag.h; "agent 'a': placeholder {{b}} names unknown agent
+// 'b'", "agent 'a': placeholder {{b}} names agent 'b', which is not among
+// its dependencies (add 'b' to depends_on)").
 void validate_pipeline(const PipelineSpec& spec);
 
 // The budget of `fork`'s layout for these token counts (one entry per agent

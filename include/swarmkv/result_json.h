@@ -26,8 +26,9 @@ nlohmann::json kv_layout_json(const KvLayout& l);
 //  "generate", "total", "done_at"}, milliseconds (AgentTimings).
 nlohmann::json timings_json(const AgentTimings& t);
 // {"name", "status", "error", "answer", "n_tokens", "tokens", "stop_reason",
-//  "prompt_tokens", "first_token_at_ms", "timings_ms", "worker"} ("worker":
-//  the swarmkv worker that ran it under run --redis, else null).
+//  "prompt_tokens", "prompt_rendered", "started_at_ms", "first_token_at_ms",
+//  "done_at_ms", "timings_ms", "worker"} ("worker": the swarmkv worker that
+//  ran it under run --redis, else null; the *_at_ms from the run's start).
 // "stop_reason" is null unless the agent's status is ok.
 nlohmann::json agent_json(const AgentResult& a);
 
@@ -44,9 +45,13 @@ nlohmann::json snapshot_json(const std::optional<SnapshotUse>& s);
 nlohmann::json memory_json(const PipelineResult& r);
 // {"flash_attn", "kv_type", "n_batch", "n_ubatch", "threads", "threads_batch"}.
 nlohmann::json engine_json(const ContextOptions& options);
+// {"agents", "queue_ms", "ttft_ms", "inter_token_ms", "completion_ms"}, each
+// of the last four {"p50", "p95", "p99"}.
+nlohmann::json latency_json(const LatencySummary& latency);
 // The whole result: "schema_version", "fork", "guard" (null without branch workers),
 // "ok", "engine" (engine_json), "n_ctx", "n_seq_max", "prefix_tokens", "document_prefills",
-// "snapshot_bytes", "snapshot" (snapshot_json), "prepare_ms", "prefill_ms",
+// "snapshot_bytes", "snapshot" (snapshot_json), "prepare_ms", "prefill_done_at_ms",
+// "latency" (latency_json of latency_summary), "prefill_ms",
 // "export_ms", "restore_ms", "branch_buffer_ms", "total_ms", "memory", "decode_steps" (count),
 // "document" {"status", "error"}, "agents" [agent_json...], "transfer" (run
 // --redis: {"bytes", "publish_ms", "fetch_ms", "fetches"}, else null).

@@ -11,6 +11,7 @@
 
 #include "cluster/keys.h"
 #include "pipeline/dag.h"
+#include "pipeline/fork_strategy.h"
 #include "pipeline/prefix_source.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/error.h"
@@ -57,6 +58,15 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_distributed needs a model");
   const Stopwatch run;
   const PreparedPipeline prepared = prepare_pipeline(spec, *model);
+  for (const AgentSpec& a : spec.agents) {
+    if (!prompt_placeholders(a.prompt).empty()) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("agent '{}': placeholders ({{{{name}}}}) do not run on a cluster yet; "
+                      "run this pipeline without --redis",
+                      a.name));
+    }
+  }
   redis::Client redis(url);
   const std::string fp = model_fingerprint(model->path());
   const std::string model_file = std::filesystem::path(model->path()).filename().string();
@@ -148,15 +158,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
   };
   put_run();
 
-  std::vector<detail::DagNode> nodes{{"document", {}}};
-  for (const AgentSpec& a : spec.agents) {
-    detail::DagNode n{a.name, {"document"}};
-    n.depends_on.insert(n.depends_on.end(), a.depends_on.begin(), a.depends_on.end());
-    nodes.push_back(std::move(n));
-  }
-  std::vector<std::string> names;
-  for (const detail::DagNode& n : nodes) names.push_back(n.name);
-  detail::ReadySet dag(std::move(names), detail::resolve_dag(nodes));
+  detail::ReadySet dag = detail::ready_set(spec);
   dag.pop();
   if (document_error) {
     dag.fail(0, *document_error);

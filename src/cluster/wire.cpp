@@ -84,7 +84,8 @@ nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard) {
                       {"max_tokens", a.max_tokens},
                       {"sampling", sampling_json(a.sampling)},
                       {"stop", a.stop},
-                      {"depends_on", a.depends_on}});
+                      {"depends_on", a.depends_on},
+                      {"priority", a.priority}});
   }
   return {{"name", spec.name},
           {"document", spec.document},
@@ -97,6 +98,7 @@ nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard) {
           {"flash_attn", spec.flash_attn},
           {"kv_type", std::string(to_string(spec.kv_type))},
           {"fork", std::string(to_string(spec.fork))},
+          {"max_live", spec.max_live},
           {"guard", std::string(to_string(guard))}};
 }
 
@@ -115,6 +117,7 @@ PipelineSpec spec_from_json(const nlohmann::json& j, GuardPolicy* guard) {
       agent.sampling = sampling_from(a.at("sampling"));
       a.at("stop").get_to(agent.stop);
       a.at("depends_on").get_to(agent.depends_on);
+      a.at("priority").get_to(agent.priority);
       spec.agents.push_back(std::move(agent));
     }
     j.at("n_ctx").get_to(spec.n_ctx);
@@ -123,6 +126,7 @@ PipelineSpec spec_from_json(const nlohmann::json& j, GuardPolicy* guard) {
     j.at("flash_attn").get_to(spec.flash_attn);
     spec.kv_type = parse_kv_type(j.at("kv_type").get<std::string>());
     spec.fork = parse_fork_mode(j.at("fork").get<std::string>());
+    j.at("max_live").get_to(spec.max_live);
     if (guard != nullptr) *guard = parse_guard_policy(j.at("guard").get<std::string>());
     return spec;
   });
@@ -139,9 +143,10 @@ nlohmann::json agent_to_json(const AgentResult& a) {
           {"tokens", a.tokens},
           {"stop_reason", std::string(to_string(a.stop_reason))},
           {"prompt_tokens", a.prompt_tokens},
+          {"prompt_rendered", a.prompt_rendered},
           {"timings_ms",
            {t.wait, t.context, t.prefill, t.fork, t.restore, t.prompt, t.first_token, t.generate,
-            t.total, t.first_token_at, t.done_at}}};
+            t.total, t.started_at, t.first_token_at, t.done_at}}};
 }
 
 AgentResult agent_from_json(const nlohmann::json& j) {
@@ -159,10 +164,11 @@ AgentResult agent_from_json(const nlohmann::json& j) {
     j.at("tokens").get_to(a.tokens);
     a.stop_reason = from_name<StopReason>(j, "stop_reason", 3);
     j.at("prompt_tokens").get_to(a.prompt_tokens);
+    j.at("prompt_rendered").get_to(a.prompt_rendered);
     const std::vector<double> t = j.at("timings_ms").get<std::vector<double>>();
-    if (t.size() != 11)
-      throw Error(ErrorCode::kCorruption, "a result's timings_ms is not 11 numbers");
-    a.timings_ms = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]};
+    if (t.size() != 12)
+      throw Error(ErrorCode::kCorruption, "a result's timings_ms is not 12 numbers");
+    a.timings_ms = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]};
     return a;
   });
 }

@@ -56,6 +56,7 @@ bool GenerationTracker::accept(Token token) {
     return done_ = true;
   }
   out_.tokens.push_back(token);
+  if (options_.on_token) options_.on_token(token);
   const size_t old_size = out_.text.size();
   out_.text += model_->token_to_piece(token);
   if (trim_stop(out_.text, old_size, options_.stop)) {

@@ -7,8 +7,14 @@
 namespace swarmkv::detail {
 
 BatchPlanner::BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Pos pos0,
-                           int32_t n_seq_max, int32_t n_batch)
-    : dag_(dag), prompt_tokens_(std::move(prompt_tokens)), pos0_(pos0), n_batch_(n_batch) {
+                           int32_t n_seq_max, int32_t n_batch, int32_t max_live)
+    : dag_(dag),
+      prompt_tokens_(std::move(prompt_tokens)),
+      pos0_(pos0),
+      n_batch_(n_batch),
+      max_live_(
+          static_cast<size_t>(max_live > 0 ? std::min(max_live, n_seq_max - 1) : n_seq_max - 1)) {
+  if (max_live < 0) throw Error(ErrorCode::kInternal, "batch planner: max_live < 0");
   if (n_seq_max < 2) {
     throw Error(ErrorCode::kInternal, "the shared fork needs n_seq_max >= 2 (prefix + 1 branch)");
   }
@@ -25,7 +31,7 @@ BatchPlanner::BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Po
 
 std::vector<BatchPlanner::Admission> BatchPlanner::admit() {
   std::vector<Admission> admitted;
-  while (!free_seqs_.empty() && dag_.has_ready()) {
+  while (!free_seqs_.empty() && live_.size() < max_live_ && dag_.has_ready()) {
     const size_t node = *dag_.pop();
     if (node == 0) throw Error(ErrorCode::kInternal, "batch planner: the document is not an agent");
     Branch b;
@@ -36,6 +42,16 @@ std::vector<BatchPlanner::Admission> BatchPlanner::admit() {
     admitted.push_back({b.agent, b.seq});
   }
   return admitted;
+}
+
+void BatchPlanner::set_prompt(size_t agent, int32_t tokens) {
+  const Branch& b = live_branch(agent);
+  if (b.fed > 0 || tokens < 1) {
+    throw Error(ErrorCode::kInternal,
+                fmt::format("batch planner: agent #{} cannot take a prompt of {} tokens now", agent,
+                            tokens));
+  }
+  prompt_tokens_.at(agent) = tokens;
 }
 
 BatchPlan BatchPlanner::next() {

@@ -5,7 +5,8 @@
 // Every step carries one generated token per generating branch (n_batch >=
 // n_seq_max guarantees room), then the prompt tokens of newly admitted
 // branches in admission order, as many as fit in n_batch. Branches are
-// admitted lowest agent first as sequence ids free up; a branch that
+// admitted in the ready set's order (priority, then agent) as sequence ids
+// free up, at most max_live at a time; a branch that
 // finishes frees its id and makes its dependents ready before the next
 // admission. Nothing depends on thread timing, so the batches, and with
 // them the answers, repeat run to run.
@@ -42,14 +43,20 @@ class BatchPlanner {
   };
 
   // `dag`: node 0 the document (already decided), node a + 1 agent a.
-  // prompt_tokens[a] > 0: agent a's prompt length; every prompt is decoded
-  // from position `pos0`. Sequence ids 1 .. n_seq_max - 1 serve branches.
-  // Throws Error(kInternal) when n_seq_max < 2 or n_batch < n_seq_max.
+  // prompt_tokens[a] > 0: agent a's prompt length (set_prompt may change it
+  // once the agent is admitted); every prompt is decoded from position
+  // `pos0`. Sequence ids 1 .. n_seq_max - 1 serve branches; max_live (0:
+  // n_seq_max - 1) caps the live branches. Throws Error(kInternal) when
+  // n_seq_max < 2, n_batch < n_seq_max or max_live < 0.
   BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Pos pos0, int32_t n_seq_max,
-               int32_t n_batch);
+               int32_t n_batch, int32_t max_live = 0);
 
-  // Moves ready agents into free sequence ids, lowest agent first.
+  // Moves ready agents into free sequence ids in the ready set's order
+  // while fewer than max_live branches are live.
   std::vector<Admission> admit();
+  // An admitted agent's prompt length, known only once it starts (a prompt
+  // rendered with other agents' answers); before its first next().
+  void set_prompt(size_t agent, int32_t tokens);
   // The next step's tokens; empty when no branch is live. Counts them as fed.
   BatchPlan next();
   // After a successful decode of the last plan: its tokens hold KV cells.
@@ -83,6 +90,7 @@ class BatchPlanner {
   std::vector<int32_t> prompt_tokens_;
   Pos pos0_;
   int32_t n_batch_;
+  size_t max_live_;
   std::vector<SeqId> free_seqs_;  // handed out from the back
   std::vector<Branch> live_;      // admission order
   int64_t cells_ = 0;

@@ -52,15 +52,19 @@ void ContextPerBranchFork::run(const RunInputs& in, ReadySet& dag, PipelineResul
   options.n_ctx = in.prepared.budget.n_ctx;
   pool_ = std::make_unique<ContextPool>(in.model, options);
   const size_t agents = in.spec.agents.size();
-  const size_t workers =
+  size_t workers =
       guard_ == GuardPolicy::kSerialized
           ? 1
           : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::max<size_t>(agents, 1));
+  if (in.spec.max_live > 0) workers = std::min(workers, static_cast<size_t>(in.spec.max_live));
   run_on_workers(dag, workers, [&](size_t node) {
-    if (node == 0) return obtain_prefix(in, result);
-    AgentResult& out = result.agents[node - 1];  // this node's own slot
-    out.timings_ms.wait = ms_between(dag.ready_at(node), Clock::now());
-    run_branch(in, node - 1, out);
+    if (node == 0) {
+      obtain_prefix(in, result);
+      result.prefill_done_at_ms = ms_between(in.started, Clock::now());
+      return;
+    }
+    result.agents[node - 1].timings_ms.wait = ms_between(dag.ready_at(node), Clock::now());
+    run_branch(in, node - 1, result);
   });
   result.guard = guard_;
   result.contexts = pool_->created();
@@ -70,11 +74,13 @@ void ContextPerBranchFork::run(const RunInputs& in, ReadySet& dag, PipelineResul
   finish(in, result);
 }
 
-void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, AgentResult& out) {
+void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, PipelineResult& result) {
   const AgentSpec& spec = in.spec.agents[agent];
-  const std::vector<Token>& prompt = in.prepared.branches[agent];
+  AgentResult& out = result.agents[agent];  // this node's own slot
   AgentTimings& t = out.timings_ms;
   const Stopwatch work;
+  t.started_at = ms_between(in.started, work.started());
+  const std::vector<Token> prompt = branch_tokens(in, agent, result);
 
   const Stopwatch c;
   auto ctx = pool_->acquire();
@@ -89,6 +95,9 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, AgentRe
   GenerateOptions gen;
   gen.max_tokens = spec.max_tokens;
   gen.stop = spec.stop;
+  gen.on_token = [&out, started = in.started](Token) {
+    out.token_at_ms.push_back(ms_between(started, Clock::now()));
+  };
   // The first token is sampled from the prompt's logits before any
   // generation decode; its cost is the work up to generation.
   t.first_token = work.ms();

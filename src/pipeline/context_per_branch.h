@@ -56,7 +56,8 @@ class ContextPerBranchFork : public ForkStrategy {
   ContextPool& pool() { return *pool_; }
 
  private:
-  void run_branch(const RunInputs& in, size_t agent, AgentResult& out);
+  // Agent `agent`, writing only its own slot of result.agents.
+  void run_branch(const RunInputs& in, size_t agent, PipelineResult& result);
 
   ForkMode mode_;
   GuardPolicy guard_;

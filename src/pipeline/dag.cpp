@@ -57,10 +57,15 @@ std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes) 
   return deps;
 }
 
-ReadySet::ReadySet(std::vector<std::string> names, std::vector<std::vector<size_t>> dependencies)
-    : nodes_(names.size()) {
+ReadySet::ReadySet(std::vector<std::string> names, std::vector<std::vector<size_t>> dependencies,
+                   std::vector<int32_t> priorities)
+    : nodes_(names.size()), priorities_(std::move(priorities)) {
   if (dependencies.size() != names.size()) {
     throw Error(ErrorCode::kInternal, "ready set: one dependency list per node expected");
+  }
+  if (priorities_.empty()) priorities_.assign(names.size(), 0);
+  if (priorities_.size() != names.size()) {
+    throw Error(ErrorCode::kInternal, "ready set: one priority per node expected");
   }
   for (size_t i = 0; i < nodes_.size(); ++i) {
     nodes_[i].name = std::move(names[i]);
@@ -75,12 +80,17 @@ void ReadySet::make_ready(size_t node) {
   nodes_[node].state = State::kReady;
   nodes_[node].ready_at = Clock::now();
   ready_.push_back(node);
-  std::push_heap(ready_.begin(), ready_.end(), std::greater<>());
+  std::push_heap(ready_.begin(), ready_.end(), [this](size_t a, size_t b) { return after(a, b); });
+}
+
+bool ReadySet::after(size_t a, size_t b) const {
+  if (priorities_[a] != priorities_[b]) return priorities_[a] < priorities_[b];
+  return a > b;
 }
 
 std::optional<size_t> ReadySet::pop() {
   if (ready_.empty()) return std::nullopt;
-  std::pop_heap(ready_.begin(), ready_.end(), std::greater<>());
+  std::pop_heap(ready_.begin(), ready_.end(), [this](size_t a, size_t b) { return after(a, b); });
   const size_t node = ready_.back();
   ready_.pop_back();
   nodes_[node].state = State::kRunning;
@@ -159,6 +169,19 @@ void run_on_workers(ReadySet& ready, size_t workers, const std::function<void(si
   for (size_t i = 1; i < workers; ++i) helpers.emplace_back(worker);
   worker();
   for (auto& t : helpers) t.join();
+}
+
+std::vector<bool> upstream_of(const std::vector<std::vector<size_t>>& deps, size_t node) {
+  std::vector<bool> seen(deps.size(), false);
+  std::vector<size_t> todo = deps.at(node);
+  while (!todo.empty()) {
+    const size_t d = todo.back();
+    todo.pop_back();
+    if (seen[d]) continue;
+    seen[d] = true;
+    todo.insert(todo.end(), deps[d].begin(), deps[d].end());
+  }
+  return seen;
 }
 
 }  // namespace swarmkv::detail

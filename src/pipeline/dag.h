@@ -28,14 +28,21 @@ struct DagNode {
 // DFS; `a -> b` means a depends on b).
 std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes);
 
+// Which nodes `node` depends on, directly or not (indexed like `deps`, the
+// result of resolve_dag).
+std::vector<bool> upstream_of(const std::vector<std::vector<size_t>>& deps, size_t node);
+
 // The nodes of a validated DAG with their state. Not thread-safe: the caller
 // serialises access (one scheduler thread, or its own mutex).
 class ReadySet {
  public:
-  ReadySet(std::vector<std::string> names, std::vector<std::vector<size_t>> dependencies);
+  // `priorities`: one per node, or empty for all 0.
+  ReadySet(std::vector<std::string> names, std::vector<std::vector<size_t>> dependencies,
+           std::vector<int32_t> priorities = {});
 
-  // The lowest-numbered node whose dependencies have all succeeded and that
-  // was not handed out yet; it is then running. nullopt when none is ready.
+  // The ready node (dependencies all succeeded, not handed out yet) of the
+  // highest priority, the lowest-numbered among equals; it is then running.
+  // nullopt when none is ready.
   std::optional<size_t> pop();
   bool has_ready() const noexcept { return !ready_.empty(); }
 
@@ -70,8 +77,12 @@ class ReadySet {
   void make_ready(size_t node);
   void decide(size_t node, NodeStatus status, std::optional<ErrorValue> error);
 
+  // Whether `a` is popped after `b`: the heap's order.
+  bool after(size_t a, size_t b) const;
+
   std::vector<Entry> nodes_;
-  std::vector<size_t> ready_;  // a min-heap of node indices
+  std::vector<int32_t> priorities_;  // one per node
+  std::vector<size_t> ready_;        // a heap by after()
   size_t running_ = 0;
   size_t decided_ = 0;
 };

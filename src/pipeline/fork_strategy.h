@@ -54,6 +54,23 @@ class ForkStrategy {
 
 std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guard);
 
+// The pipeline's DAG (node 0 the document, node i + 1 agent i) with the
+// agents' priorities.
+ReadySet ready_set(const PipelineSpec& spec);
+
+// `prompt` followed by the template's closing markup, as branch tokens.
+std::vector<Token> tokenize_branch(const Model& model, const PreparedPipeline& prepared,
+                                   std::string_view prompt);
+
+// Agent `agent`'s branch tokens when it starts: prepared.branches[agent],
+// or its prompt rendered with the answers in result.agents (the agents its
+// placeholders name have finished: they are among its dependencies) and
+// tokenised, recorded in result.agents[agent] (prompt_rendered,
+// prompt_tokens). Reads other agents' slots only once they finished, so
+// workers may call it concurrently. Throws Error(kBudget) when the rendered
+// prompt is longer than the budget counted for it.
+std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResult& result);
+
 // The two layouts' budgets, shared by the strategies.
 PipelineBudget budget_one_context_per_branch(ForkMode fork, int32_t prefix_tokens,
                                              const std::vector<int32_t>& prompt_tokens,

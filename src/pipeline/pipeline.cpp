@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -214,7 +215,89 @@ void validate_pipeline(const PipelineSpec& spec) {
       throw Error(e.code(), fmt::format("agent '{}': {}", a.name, e.value().message));
     }
   }
-  detail::resolve_dag(dag_nodes(spec));
+  if (spec.max_live < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("max_live must be >= 0 (0: as many as fit; got {})", spec.max_live));
+  }
+  const std::vector<std::vector<size_t>> deps = detail::resolve_dag(dag_nodes(spec));
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    const std::vector<PromptPlaceholder> holes = prompt_placeholders(spec.agents[i].prompt);
+    if (holes.empty()) continue;
+    const std::vector<bool> upstream = detail::upstream_of(deps, i + 1);
+    for (const PromptPlaceholder& h : holes) {
+      const auto named = std::find_if(spec.agents.begin(), spec.agents.end(),
+                                      [&](const AgentSpec& a) { return a.name == h.name; });
+      if (named == spec.agents.end()) {
+        throw Error(ErrorCode::kGraph,
+                    fmt::format("agent '{}': placeholder {{{{{}}}}} names unknown agent '{}'",
+                                spec.agents[i].name, h.name, h.name));
+      }
+      if (!upstream[static_cast<size_t>(named - spec.agents.begin()) + 1]) {
+        throw Error(ErrorCode::kGraph,
+                    fmt::format("agent '{}': placeholder {{{{{}}}}} names agent '{}', which is not "
+                                "among its dependencies (add '{}' to depends_on)",
+                                spec.agents[i].name, h.name, h.name, h.name));
+      }
+    }
+  }
+}
+
+std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt) {
+  std::vector<PromptPlaceholder> out;
+  for (size_t at = prompt.find("{{"); at != std::string_view::npos; at = prompt.find("{{", at)) {
+    const size_t close = prompt.find("}}", at + 2);
+    if (close == std::string_view::npos) break;
+    std::string_view name = prompt.substr(at + 2, close - at - 2);
+    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+    out.push_back({std::string(name), at, close + 2});
+    at = close + 2;
+  }
+  return out;
+}
+
+std::string render_prompt(std::string_view prompt,
+                          const std::map<std::string, std::string>& answers) {
+  std::string out;
+  size_t from = 0;
+  for (const PromptPlaceholder& h : prompt_placeholders(prompt)) {
+    out.append(prompt.substr(from, h.begin - from));
+    out.append(answers.at(h.name));
+    from = h.end;
+  }
+  out.append(prompt.substr(from));
+  return out;
+}
+
+Percentiles percentiles(std::vector<double> values) {
+  if (values.empty()) return {};
+  std::sort(values.begin(), values.end());
+  const auto at = [&](double q) {
+    const double rank = q * static_cast<double>(values.size() - 1);
+    const auto lo = static_cast<size_t>(rank);
+    const size_t hi = std::min(lo + 1, values.size() - 1);
+    return values[lo] + (values[hi] - values[lo]) * (rank - static_cast<double>(lo));
+  };
+  return {at(0.50), at(0.95), at(0.99)};
+}
+
+LatencySummary latency_summary(const PipelineResult& result) {
+  std::vector<double> queue, ttft, gaps, completion;
+  for (const AgentResult& a : result.agents) {
+    if (a.status != NodeStatus::kOk) continue;
+    queue.push_back(a.timings_ms.wait);
+    ttft.push_back(a.timings_ms.first_token_at);
+    completion.push_back(a.timings_ms.done_at);
+    for (size_t k = 1; k < a.token_at_ms.size(); ++k)
+      gaps.push_back(a.token_at_ms[k] - a.token_at_ms[k - 1]);
+  }
+  LatencySummary out;
+  out.agents = queue.size();
+  out.queue = percentiles(std::move(queue));
+  out.ttft = percentiles(std::move(ttft));
+  out.inter_token = percentiles(std::move(gaps));
+  out.completion = percentiles(std::move(completion));
+  return out;
 }
 
 void validate_engine_settings(const PipelineSpec& spec) {
@@ -264,13 +347,30 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
 
   PreparedPipeline out;
   out.prefix = model.tokenize(split.head, /*add_special=*/true);
-  std::vector<int32_t> prompt_tokens;
+  out.branch_tail = split.texts[1];
+  std::vector<int32_t>& prompt_tokens = out.budgeted_prompt_tokens;
   std::vector<int32_t> max_tokens;
   for (const AgentSpec& a : spec.agents) {
-    std::vector<Model::TextPiece> pieces{{a.prompt, false}};
-    pieces.insert(pieces.end(), split.tail.begin(), split.tail.end());
-    out.branches.push_back(model.tokenize(pieces, /*add_special=*/false));
-    prompt_tokens.push_back(static_cast<int32_t>(out.branches.back().size()));
+    const std::vector<PromptPlaceholder> holes = prompt_placeholders(a.prompt);
+    if (holes.empty()) {
+      out.branches.push_back(detail::tokenize_branch(model, out, a.prompt));
+      prompt_tokens.push_back(static_cast<int32_t>(out.branches.back().size()));
+    } else {
+      // The answers are not known yet: each counts as its agent's max_tokens.
+      std::map<std::string, std::string> empty;
+      int64_t answers = 0;
+      for (const PromptPlaceholder& h : holes) {
+        empty[h.name];
+        answers += std::find_if(spec.agents.begin(), spec.agents.end(), [&](const AgentSpec& x) {
+                     return x.name == h.name;
+                   })->max_tokens;
+      }
+      out.branches.emplace_back();
+      const auto without = static_cast<int64_t>(
+          detail::tokenize_branch(model, out, render_prompt(a.prompt, empty)).size());
+      prompt_tokens.push_back(static_cast<int32_t>(
+          std::min<int64_t>(without + answers, std::numeric_limits<int32_t>::max())));
+    }
     max_tokens.push_back(a.max_tokens);
   }
   // Each sequence's positions against what the model was trained on; the
@@ -385,6 +485,46 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
 
 namespace detail {
 
+ReadySet ready_set(const PipelineSpec& spec) {
+  const std::vector<DagNode> nodes = dag_nodes(spec);
+  std::vector<std::string> names;
+  std::vector<int32_t> priorities{0};
+  for (const DagNode& n : nodes) names.push_back(n.name);
+  for (const AgentSpec& a : spec.agents) priorities.push_back(a.priority);
+  return ReadySet(std::move(names), resolve_dag(nodes), std::move(priorities));
+}
+
+std::vector<Token> tokenize_branch(const Model& model, const PreparedPipeline& prepared,
+                                   std::string_view prompt) {
+  const Model::TextPiece pieces[] = {{prompt, false}, {prepared.branch_tail, true}};
+  return model.tokenize(std::span(pieces, prepared.branch_tail.empty() ? 1 : 2),
+                        /*add_special=*/false);
+}
+
+std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResult& result) {
+  const AgentSpec& spec = in.spec.agents[agent];
+  if (prompt_placeholders(spec.prompt).empty()) return in.prepared.branches[agent];
+  std::map<std::string, std::string> answers;
+  for (const PromptPlaceholder& h : prompt_placeholders(spec.prompt)) {
+    const auto named = std::find_if(result.agents.begin(), result.agents.end(),
+                                    [&](const AgentResult& a) { return a.name == h.name; });
+    answers[h.name] = named->answer;  // finished: it is among this agent's dependencies
+  }
+  AgentResult& out = result.agents[agent];
+  out.prompt_rendered = render_prompt(spec.prompt, answers);
+  std::vector<Token> tokens = tokenize_branch(*in.model, in.prepared, out.prompt_rendered);
+  out.prompt_tokens = static_cast<int32_t>(tokens.size());
+  const int32_t budgeted = in.prepared.budgeted_prompt_tokens[agent];
+  if (out.prompt_tokens > budgeted) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("agent '{}': the rendered prompt has {} tokens, more than the {} the "
+                            "budget counted (the prompt without its placeholders plus the "
+                            "max_tokens of each agent they name)",
+                            spec.name, out.prompt_tokens, budgeted));
+  }
+  return tokens;
+}
+
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                             const RunOptions& options, const RunFaults& faults) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_pipeline needs a model");
@@ -405,12 +545,11 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     result.agents[i].name = spec.agents[i].name;
     result.agents[i].prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
+    if (prompt_placeholders(spec.agents[i].prompt).empty())
+      result.agents[i].prompt_rendered = spec.agents[i].prompt;
   }
 
-  const std::vector<DagNode> nodes = dag_nodes(spec);
-  std::vector<std::string> names;
-  for (const DagNode& n : nodes) names.push_back(n.name);
-  ReadySet dag(std::move(names), resolve_dag(nodes));
+  ReadySet dag = ready_set(spec);
   const RunInputs in{
       spec,
       prepared,

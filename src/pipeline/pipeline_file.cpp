@@ -129,10 +129,11 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
                    const std::string& default_name) {
   const Reader r(origin);
   if (!root.IsMap()) r.bad("the top level must be a mapping");
-  r.check_keys(root,
-               {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch",
-                "flash_attn", "kv_type", "fork", "system", "document", "defaults", "agents"},
-               "the pipeline");
+  r.check_keys(
+      root,
+      {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch", "flash_attn",
+       "kv_type", "fork", "max_live", "system", "document", "defaults", "agents"},
+      "the pipeline");
 
   PipelineSpec spec;
   const std::string top = "pipeline";
@@ -147,6 +148,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   spec.n_threads_batch = static_cast<int32_t>(
       r.integer(root, "threads_batch", spec.n_threads_batch, 0, hardware_threads(), top));
   spec.flash_attn = r.boolean(root, "flash_attn", spec.flash_attn, top);
+  spec.max_live = static_cast<int32_t>(r.integer(root, "max_live", spec.max_live, 0, 1 << 16, top));
   if (root["kv_type"]) {
     try {
       spec.kv_type = parse_kv_type(r.text(root, "kv_type", "", top));
@@ -239,7 +241,8 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     }
     return stop;
   };
-  std::set<std::string> agent_keys = {"name", "prompt", "max_tokens", "stop", "depends_on"};
+  std::set<std::string> agent_keys = {"name", "prompt",     "max_tokens",
+                                      "stop", "depends_on", "priority"};
   agent_keys.insert(sampling_keys.begin(), sampling_keys.end());
   AgentSpec defaults;
   if (const YAML::Node d = root["defaults"]) {
@@ -264,12 +267,21 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     if (!a["name"]) r.bad(fmt::format("{} needs a 'name' (line {})", where, Reader::line(a)));
     agent.name = r.text(a, "name", "", where);
     if (!a["prompt"]) r.bad(fmt::format("{} needs a 'prompt' (line {})", where, Reader::line(a)));
+    if (a["prompt"].IsMap()) {
+      r.bad(
+          fmt::format("{}.prompt is a mapping, not text (line {}): in YAML a value that starts "
+                      "with '{{' is one; quote a prompt that starts with a placeholder: prompt: "
+                      "\"{{{{name}}}} ...\"",
+                      where, Reader::line(a["prompt"])));
+    }
     agent.prompt = r.text(a, "prompt", "", where);
     agent.max_tokens =
         static_cast<int32_t>(r.integer(a, "max_tokens", agent.max_tokens, 1, kMaxInt32, where));
     read_sampling(a, agent.sampling, where);
     if (a["stop"]) agent.stop = read_stop(a, where);
     agent.depends_on = r.list(a, "depends_on", where);
+    agent.priority =
+        static_cast<int32_t>(r.integer(a, "priority", agent.priority, -(1 << 20), 1 << 20, where));
     spec.agents.push_back(std::move(agent));
   }
   // What needs no model: names, graph, text; the file named in each message.
@@ -281,6 +293,17 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   return spec;
 }
 
+// A plain YAML value cannot start with '{{' (it opens a mapping): the usual
+// cause of a parse error in a file with placeholders.
+std::string yaml_error(const std::string& origin, const std::string& text,
+                       const YAML::Exception& e) {
+  const bool placeholder = text.find(": {{") != std::string::npos;
+  return fmt::format("{}: not valid YAML/JSON: {}{}", origin, e.what(),
+                     placeholder ? " (a value that starts with '{{' must be quoted: prompt: "
+                                   "\"{{name}} ...\")"
+                                 : "");
+}
+
 }  // namespace
 
 PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
@@ -288,8 +311,7 @@ PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
   try {
     return parse(YAML::Load(yaml), origin, base_dir, "pipeline");
   } catch (const YAML::Exception& e) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: not valid YAML/JSON: {}", origin, e.what()));
+    throw Error(ErrorCode::kInvalidArgument, yaml_error(origin, yaml, e));
   }
 }
 
@@ -299,8 +321,7 @@ PipelineSpec load_pipeline_file(const std::string& path) {
     return parse(YAML::Load(text), path, std::filesystem::path(path).parent_path().string(),
                  std::filesystem::path(path).stem().string());
   } catch (const YAML::Exception& e) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: not valid YAML/JSON: {}", path, e.what()));
+    throw Error(ErrorCode::kInvalidArgument, yaml_error(path, text, e));
   }
 }
 

@@ -24,9 +24,15 @@ class RecomputeFork final : public ContextPerBranchFork {
   void finish(const RunInputs&, PipelineResult& result) override {
     result.prefill_ms = 0;
     result.document_prefills = 0;
+    result.prefill_done_at_ms = 0;
     for (const AgentResult& a : result.agents) {
-      result.prefill_ms += a.timings_ms.prefill;
-      if (a.timings_ms.prefill > 0) ++result.document_prefills;
+      const AgentTimings& t = a.timings_ms;
+      result.prefill_ms += t.prefill;
+      if (t.prefill <= 0) continue;
+      ++result.document_prefills;
+      const double done = t.started_at + t.context + t.prefill;
+      if (result.prefill_done_at_ms == 0 || done < result.prefill_done_at_ms)
+        result.prefill_done_at_ms = done;
     }
   }
 };

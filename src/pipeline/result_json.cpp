@@ -40,7 +40,10 @@ nlohmann::json agent_json(const AgentResult& a) {
                               ? nlohmann::json(std::string(to_string(a.stop_reason)))
                               : nlohmann::json(nullptr)},
           {"prompt_tokens", a.prompt_tokens},
+          {"prompt_rendered", a.prompt_rendered},
+          {"started_at_ms", a.timings_ms.started_at},
           {"first_token_at_ms", a.timings_ms.first_token_at},
+          {"done_at_ms", a.timings_ms.done_at},
           {"timings_ms", timings_json(a.timings_ms)},
           {"worker", a.worker.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.worker)}};
 }
@@ -76,6 +79,17 @@ nlohmann::json engine_json(const ContextOptions& o) {
           {"threads", o.n_threads},     {"threads_batch", o.n_threads_batch}};
 }
 
+nlohmann::json latency_json(const LatencySummary& l) {
+  const auto p = [](const Percentiles& x) {
+    return nlohmann::json{{"p50", x.p50}, {"p95", x.p95}, {"p99", x.p99}};
+  };
+  return {{"agents", l.agents},
+          {"queue_ms", p(l.queue)},
+          {"ttft_ms", p(l.ttft)},
+          {"inter_token_ms", p(l.inter_token)},
+          {"completion_ms", p(l.completion)}};
+}
+
 nlohmann::json result_json(const PipelineResult& r) {
   nlohmann::json agents = nlohmann::json::array();
   for (const AgentResult& a : r.agents) agents.push_back(agent_json(a));
@@ -92,6 +106,8 @@ nlohmann::json result_json(const PipelineResult& r) {
           {"snapshot_bytes", r.snapshot_bytes},
           {"snapshot", snapshot_json(r.snapshot)},
           {"prepare_ms", r.prepare_ms},
+          {"prefill_done_at_ms", r.prefill_done_at_ms},
+          {"latency", latency_json(latency_summary(r))},
           {"prefill_ms", r.prefill_ms},
           {"export_ms", r.export_ms},
           {"restore_ms", r.restore_ms},

@@ -35,6 +35,7 @@ class SharedFork final : public ForkStrategy {
       dag.fail(document, current_error_value());
       return;
     }
+    result.prefill_done_at_ms = ms_between(in.started, Clock::now());
     dag.succeed(document);
     decode_branches(in, *ctx, dag, result);
   }
@@ -45,7 +46,8 @@ class SharedFork final : public ForkStrategy {
     SeqId seq = -1;
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<GenerationTracker> tracker;
-    Token next = -1;  // sampled, decoded in the next step
+    std::vector<Token> prompt;  // branch_tokens()
+    Token next = -1;            // sampled, decoded in the next step
     bool generating = false;
     Clock::time_point admitted, first_token;
   };
@@ -82,12 +84,9 @@ class SharedFork final : public ForkStrategy {
   static void decode_branches(const RunInputs& in, Context& ctx, ReadySet& dag,
                               PipelineResult& result) {
     const size_t n = in.spec.agents.size();
-    std::vector<int32_t> prompt_tokens(n);
-    for (size_t a = 0; a < n; ++a)
-      prompt_tokens[a] = static_cast<int32_t>(in.prepared.branches[a].size());
-    BatchPlanner planner(dag, std::move(prompt_tokens), in.branch_pos0,
+    BatchPlanner planner(dag, in.prepared.budgeted_prompt_tokens, in.branch_pos0,
                          static_cast<int32_t>(ctx.options().n_seq_max),
-                         static_cast<int32_t>(ctx.options().n_batch));
+                         static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live);
     std::vector<Branch> branches(n);
     Batch batch(static_cast<int32_t>(ctx.options().n_batch), 1);
     const auto fail = [&](size_t agent, const ErrorValue& error) {
@@ -103,11 +102,18 @@ class SharedFork final : public ForkStrategy {
         b.admitted = Clock::now();
         AgentTimings& t = result.agents[admitted.agent].timings_ms;
         t.wait = ms_between(dag.ready_at(admitted.agent + 1), b.admitted);
+        t.started_at = ms_between(in.started, b.admitted);
         try {
+          b.prompt = branch_tokens(in, admitted.agent, result);
+          planner.set_prompt(admitted.agent, static_cast<int32_t>(b.prompt.size()));
           b.sampler = std::make_unique<Sampler>(ctx.model(), spec.sampling);
           GenerateOptions gen;
           gen.max_tokens = spec.max_tokens;
           gen.stop = spec.stop;
+          gen.on_token = [&token_at = result.agents[admitted.agent].token_at_ms,
+                          started = in.started](Token) {
+            token_at.push_back(ms_between(started, Clock::now()));
+          };
           b.tracker = std::make_unique<GenerationTracker>(ctx.model(), gen);
           ctx.seq_cp(0, b.seq, -1, -1);  // the fork: no KV byte moves
           t.fork = ms_between(b.admitted, Clock::now());
@@ -127,7 +133,7 @@ class SharedFork final : public ForkStrategy {
       std::map<size_t, int32_t> rows;  // agent -> its logits row in this batch
       for (const PlannedToken& p : plan.tokens) {
         const Token token = p.prompt_index >= 0
-                                ? in.prepared.branches[p.agent][static_cast<size_t>(p.prompt_index)]
+                                ? branches[p.agent].prompt[static_cast<size_t>(p.prompt_index)]
                                 : branches[p.agent].next;
         if (p.logits) rows[p.agent] = batch.size();
         batch.add(token, p.pos, p.seq, p.logits);
@@ -188,6 +194,7 @@ class SharedFork final : public ForkStrategy {
         t.done_at = ms_between(in.started, now);
         b.sampler.reset();
         b.tracker.reset();
+        b.prompt = {};
       }
     }
     result.kv_cells_peak = static_cast<int64_t>(in.prepared.prefix.size()) + planner.peak_cells();
