@@ -2,6 +2,7 @@
 // each plan and answers every agent after a scripted number of tokens.
 #include "pipeline/batch_planner.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -204,6 +205,69 @@ TEST(BatchPlannerTest, APromptKnownOnlyAtAdmissionIsPlannedAtItsLength) {
   fed.admit();
   fed.next();
   EXPECT_THROW(fed.set_prompt(0, 2), Error) << "its prompt is already being decoded";
+}
+
+// A fork tree: a1 and a2 fork from a0, a3 from a2. A finished parent is
+// parked (its id and cells kept) until its last child has forked from it;
+// each child starts after its parent's last decoded token.
+TEST(BatchPlannerTest, ChildrenForkFromTheirParkedParentAfterItsLastDecodedToken) {
+  ReadySet dag = pipeline_dag({{}, {0}, {0}, {2}});
+  BatchPlanner planner(dag, {3, 2, 2, 2}, 50, 5, 16, 0, {std::nullopt, 0, 0, 2});
+  ASSERT_EQ(planner.admit().size(), 1u);
+  BatchPlan plan = planner.next();  // a0's prompt at 50..52
+  planner.decoded(plan);
+  planner.sampled(0, false);
+  plan = planner.next();  // its first generated token at 53
+  EXPECT_EQ(describe(plan), "a0:g@53*");
+  planner.decoded(plan);
+  planner.sampled(0, true);  // the second token ends it, undecoded: the children start at 54
+  EXPECT_TRUE(planner.take_freed().empty()) << "a parent with children keeps its id";
+  EXPECT_EQ(planner.cells(), 4) << "and its cells";
+  const std::vector<BatchPlanner::Admission> children = planner.admit();
+  ASSERT_EQ(children.size(), 2u);
+  EXPECT_EQ(children[0].agent, 1u);
+  EXPECT_EQ(children[0].from, 1) << "forked from a0's sequence";
+  EXPECT_EQ(children[0].pos0, 54);
+  EXPECT_EQ(children[1].agent, 2u);
+  EXPECT_EQ(children[1].from, 1);
+  EXPECT_NE(children[0].seq, children[1].seq);
+  planner.set_prompt(1, 3);
+  planner.set_prompt(2, 1);
+  plan = planner.next();
+  EXPECT_EQ(describe(plan), "a1:p0-2* a2:p0-0*");
+  planner.decoded(plan);
+  planner.sampled(1, true);
+  planner.sampled(2, true);  // a2 parks for a3; a1 frees its id
+  const std::vector<BatchPlanner::Admission> grandchild = planner.admit();
+  std::vector<SeqId> freed = planner.take_freed();
+  std::sort(freed.begin(), freed.end());
+  EXPECT_EQ(freed, (std::vector<SeqId>{1, children[0].seq}))
+      << "a0 freed once both children forked; a1 finished";
+  ASSERT_EQ(grandchild.size(), 1u);
+  EXPECT_EQ(grandchild[0].agent, 3u);
+  EXPECT_EQ(grandchild[0].from, children[1].seq);
+  EXPECT_EQ(grandchild[0].pos0, 55);  // a2's one prompt token at 54; its one answer token undecoded
+  planner.set_prompt(3, 2);
+  EXPECT_EQ(describe(planner.next()), "a3:p0-1*");
+}
+
+// A child that fails before it forks (another dependency failed) releases
+// its parked parent too.
+TEST(BatchPlannerTest, AParkedParentIsFreedWhenItsChildCanNoLongerRun) {
+  ReadySet dag = pipeline_dag({{}, {}, {0, 1}});  // a2 forks from a0 and also waits for a1
+  BatchPlanner planner(dag, {1, 1, 1}, 0, 4, 8, 0, {std::nullopt, std::nullopt, 0});
+  ASSERT_EQ(planner.admit().size(), 2u);
+  const BatchPlan plan = planner.next();
+  planner.decoded(plan);
+  planner.sampled(0, true);  // parked for a2
+  planner.fail(1, ErrorValue{ErrorCode::kInternal, "boom"});
+  EXPECT_EQ(dag.status(3), NodeStatus::kDependencyFailed);
+  EXPECT_TRUE(planner.admit().empty());
+  std::vector<SeqId> freed = planner.take_freed();
+  std::sort(freed.begin(), freed.end());
+  EXPECT_EQ(freed, (std::vector<SeqId>{1, 2}));
+  EXPECT_EQ(planner.cells(), 0);
+  EXPECT_TRUE(planner.finished());
 }
 
 TEST(BatchPlannerTest, RefusesAnNBatchThatCannotHoldEveryGeneratingBranch) {

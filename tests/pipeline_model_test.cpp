@@ -67,15 +67,22 @@ struct Reference {
   std::vector<Token> choices;  // every argmax (EOG included)
   std::vector<float> margins;  // top1 - top2 logit per choice
 };
+// `split`: the prefix and the prompt in separate decode calls, as kNone
+// decodes them (batch boundaries move the rounding on some models).
 Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpec& spec,
                     const std::vector<Token>& prefix, const std::vector<Token>& prompt,
-                    const AgentSpec& agent) {
+                    const AgentSpec& agent, bool split = false) {
   ContextOptions o = engine_options(spec);
   o.n_ctx = static_cast<uint32_t>(prefix.size() + prompt.size()) + agent.max_tokens + 64;
   Context ctx(model, o);
   std::vector<Token> all = prefix;
   all.insert(all.end(), prompt.begin(), prompt.end());
-  ctx.decode_prompt(all, 0, 0, true);
+  if (split) {
+    ctx.decode_prompt(prefix, 0, 0, false);
+    ctx.decode_prompt(prompt, static_cast<Pos>(prefix.size()), 0, true);
+  } else {
+    ctx.decode_prompt(all, 0, 0, true);
+  }
   GenerateOptions g;
   g.max_tokens = agent.max_tokens;
   g.stop = agent.stop;
@@ -346,6 +353,9 @@ TEST_P(ForkEquivalenceTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
 // text, and the agent reading it answers as a re-prefill of the document and
 // its rendered prompt does, token for token.
 TEST_P(ForkEquivalenceTest, PlaceholderAgentEqualsRecomputeOfItsRenderedPrompt) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
+#endif
   PipelineSpec spec = document_spec("apache-2.0.txt", 6000, 32,
                                     {"What does the Grant of Copyright License allow?",
                                      "What does the Grant of Patent License cover?"});
@@ -384,6 +394,81 @@ TEST_P(ForkEquivalenceTest, PlaceholderAgentEqualsRecomputeOfItsRenderedPrompt) 
         << "\nnone: " << none.agents[i].answer;
   }
   EXPECT_GE(host.agents[2].tokens.size(), 8u) << host.agents[2].answer;
+}
+
+// Fork trees: a child continues its parent's conversation. Its branch is
+// exactly parent branch + parent answer tokens + the template's turn close +
+// its own prompt; host equals the full recompute (none) token for token, and
+// shared, which forks the child from the parent's cells, equals a recompute
+// of that token sequence up to measured near-ties.
+TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
+#endif
+  PipelineSpec spec =
+      document_spec("apache-2.0.txt", 6000, 24,
+                    {"What does the Grant of Copyright License allow?",
+                     "What is missing from that answer?", "Say it again in five words.",
+                     "Which of those gaps matters most?", "What does the patent licence cover?"});
+  spec.agents[1].fork_from = "agent0";
+  spec.agents[2].fork_from = "agent0";
+  spec.agents[2].max_tokens = 8;
+  spec.agents[3].fork_from = "agent1";  // depth 2
+  const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+  ASSERT_FALSE(prepared.turn_close.empty());
+  if (GetParam().instruct) {
+    EXPECT_EQ(prepared.turn_close, "<|im_end|>\n<|im_start|>user\n");
+  }
+  spec.fork = ForkMode::kHost;
+  const PipelineResult host = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kNone;
+  const PipelineResult none = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kShared;
+  const PipelineResult shared = run_pipeline(spec, model_);
+  ASSERT_TRUE(host.ok()) << describe(host.agents[3].error);
+  ASSERT_TRUE(none.ok()) << describe(none.agents[3].error);
+  ASSERT_TRUE(shared.ok()) << describe(shared.agents[3].error);
+
+  // The conversation each child continues, built here from the parts.
+  const std::vector<Token> close = model_->tokenize(prepared.turn_close, false, true);
+  const auto own = [&](size_t i) {
+    return detail::tokenize_branch(*model_, prepared, spec.agents[i].prompt);
+  };
+  const auto extend = [&](std::vector<Token> parent, size_t p, size_t child) {
+    const std::vector<Token>& answer = host.agents[p].tokens;
+    parent.insert(parent.end(), answer.begin(), answer.end());
+    parent.insert(parent.end(), close.begin(), close.end());
+    const std::vector<Token> mine = own(child);
+    parent.insert(parent.end(), mine.begin(), mine.end());
+    return parent;
+  };
+  std::vector<std::vector<Token>> branch(5);
+  branch[0] = own(0);
+  branch[4] = own(4);
+  branch[1] = extend(branch[0], 0, 1);
+  branch[2] = extend(branch[0], 0, 2);
+  branch[3] = extend(branch[1], 1, 3);
+  const float tie_margin = 2 * GetParam().shared_logit_bound;
+  for (size_t i = 0; i < 5; ++i) {
+    const std::string& name = spec.agents[i].name;
+    EXPECT_EQ(host.agents[i].prompt_tokens, static_cast<int32_t>(branch[i].size())) << name;
+    EXPECT_EQ(none.agents[i].prompt_tokens, static_cast<int32_t>(branch[i].size())) << name;
+    EXPECT_EQ(shared.agents[i].prompt_tokens, static_cast<int32_t>(branch[i].size())) << name;
+    EXPECT_EQ(host.agents[i].tokens, none.agents[i].tokens)
+        << name << "\nhost: " << host.agents[i].answer << "\nnone: " << none.agents[i].answer;
+    EXPECT_GE(host.agents[i].tokens.size(), 4u) << name << ": " << host.agents[i].answer;
+    const Reference ref =
+        recompute(model_, spec, prepared.prefix, branch[i], spec.agents[i], /*split=*/true);
+    EXPECT_EQ(ref.tokens, none.agents[i].tokens) << name << ": none decodes exactly that";
+    const std::vector<Token>& a = shared.agents[i].tokens;
+    size_t d = 0;
+    while (d < a.size() && d < ref.tokens.size() && a[d] == ref.tokens[d]) ++d;
+    if (a == ref.tokens) continue;
+    ASSERT_LT(d, ref.margins.size());
+    EXPECT_LT(ref.margins[d], tie_margin)
+        << name << " (shared) diverged at token " << d << " where the recompute was confident";
+  }
+  EXPECT_GE(shared.agents[3].timings_ms.started_at, shared.agents[1].timings_ms.done_at);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ForkEquivalenceTest, SWARMKV_FORK_TEST_MODELS,

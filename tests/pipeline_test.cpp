@@ -122,6 +122,22 @@ TEST(PlaceholderTest, APlaceholderMustNameAnUpstreamAgent) {
             "invalid_argument: max_live must be >= 0 (0: as many as fit; got -1)");
 }
 
+TEST(ForkTreeTest, ForkFromNamesAnAgentAndImpliesTheDependency) {
+  PipelineSpec spec = four_agents();
+  spec.agents[1].fork_from = "agent0";
+  spec.agents[2].fork_from = "agent1";
+  spec.agents[2].prompt = "Given {{agent0}}, go on.";  // an ancestor: a dependency
+  EXPECT_EQ(validation_error(spec), "no error");
+  spec.agents[3].fork_from = "agent9";
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': fork_from names unknown agent 'agent9'");
+  spec.agents[3].fork_from = "agent3";
+  EXPECT_EQ(validation_error(spec), "graph: agent 'agent3' cannot fork from itself");
+  spec.agents[3].fork_from.clear();
+  spec.agents[0].fork_from = "agent2";
+  EXPECT_EQ(validation_error(spec), "graph: cycle: edge 'agent1 -> agent0' closes a cycle");
+}
+
 TEST(LatencyTest, PercentilesInterpolateBetweenOrderStatistics) {
   const Percentiles p = percentiles({40, 10, 30, 20, 50});
   EXPECT_DOUBLE_EQ(p.p50, 30);

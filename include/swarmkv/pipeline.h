@@ -46,6 +46,10 @@ struct AgentSpec {
   std::vector<std::string> depends_on;  // other agents that must finish first
   // Admission order among ready agents: higher first, then file order.
   int32_t priority = 0;
+  // Continue agent `fork_from`'s conversation (a dependency, implied): this
+  // agent's context is the document, the parent's prompt and answer, then
+  // its own prompt as the next user turn. Empty: fork from the document.
+  std::string fork_from;
 };
 
 // A `{{name}}` in a prompt: the agent it names and where it stands.
@@ -328,6 +332,9 @@ struct PreparedPipeline {
   // max_tokens.
   std::vector<int32_t> budgeted_prompt_tokens;
   std::string branch_tail;  // the template's markup that closes every agent prompt
+  // The template's markup between an answer and the next user turn's text
+  // (fork_from; "" when no agent forks from another).
+  std::string turn_close;
   PipelineBudget budget;
 };
 
@@ -337,7 +344,7 @@ struct PreparedPipeline {
 // pipeline has no agents", an agent's empty name or prompt, a name that is
 // not valid UTF-8 on one line, reserved name, max_tokens < 1, an empty stop
 // string, sampling settings as validate_sampling names them, max_live < 0),
-// kGraph (duplicate name, unknown dependency, cycle; see the messages in
+// kGraph (duplicate name, unknown dependency or fork_from, cycle; see the messages in
 // src/pipeline/dag.h; "agent 'a': placeholder {{b}} names unknown agent
 // 'b'", "agent 'a': placeholder {{b}} names agent 'b', which is not among
 // its dependencies (add 'b' to depends_on)").

@@ -85,7 +85,8 @@ nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard) {
                       {"sampling", sampling_json(a.sampling)},
                       {"stop", a.stop},
                       {"depends_on", a.depends_on},
-                      {"priority", a.priority}});
+                      {"priority", a.priority},
+                      {"fork_from", a.fork_from}});
   }
   return {{"name", spec.name},
           {"document", spec.document},
@@ -118,6 +119,7 @@ PipelineSpec spec_from_json(const nlohmann::json& j, GuardPolicy* guard) {
       a.at("stop").get_to(agent.stop);
       a.at("depends_on").get_to(agent.depends_on);
       a.at("priority").get_to(agent.priority);
+      a.at("fork_from").get_to(agent.fork_from);
       spec.agents.push_back(std::move(agent));
     }
     j.at("n_ctx").get_to(spec.n_ctx);

@@ -1,19 +1,26 @@
 #include "pipeline/batch_planner.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
 namespace swarmkv::detail {
 
 BatchPlanner::BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Pos pos0,
-                           int32_t n_seq_max, int32_t n_batch, int32_t max_live)
+                           int32_t n_seq_max, int32_t n_batch, int32_t max_live,
+                           std::vector<std::optional<size_t>> fork_from)
     : dag_(dag),
       prompt_tokens_(std::move(prompt_tokens)),
       pos0_(pos0),
       n_batch_(n_batch),
       max_live_(
-          static_cast<size_t>(max_live > 0 ? std::min(max_live, n_seq_max - 1) : n_seq_max - 1)) {
+          static_cast<size_t>(max_live > 0 ? std::min(max_live, n_seq_max - 1) : n_seq_max - 1)),
+      fork_from_(std::move(fork_from)) {
+  if (fork_from_.empty()) fork_from_.resize(prompt_tokens_.size());
+  if (fork_from_.size() != prompt_tokens_.size()) {
+    throw Error(ErrorCode::kInternal, "batch planner: one fork_from entry per agent expected");
+  }
   if (max_live < 0) throw Error(ErrorCode::kInternal, "batch planner: max_live < 0");
   if (n_seq_max < 2) {
     throw Error(ErrorCode::kInternal, "the shared fork needs n_seq_max >= 2 (prefix + 1 branch)");
@@ -30,6 +37,15 @@ BatchPlanner::BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Po
 }
 
 std::vector<BatchPlanner::Admission> BatchPlanner::admit() {
+  std::erase_if(parked_, [&](const Branch& p) {
+    for (size_t c = 0; c < fork_from_.size(); ++c) {
+      if (fork_from_[c] == p.agent && !dag_.started(c + 1)) return false;
+    }
+    free_seqs_.push_back(p.seq);
+    freed_.push_back(p.seq);
+    cells_ -= p.cells;
+    return true;
+  });
   std::vector<Admission> admitted;
   while (!free_seqs_.empty() && live_.size() < max_live_ && dag_.has_ready()) {
     const size_t node = *dag_.pop();
@@ -37,11 +53,33 @@ std::vector<BatchPlanner::Admission> BatchPlanner::admit() {
     Branch b;
     b.agent = node - 1;
     b.seq = free_seqs_.back();
+    b.pos0 = pos0_;
     free_seqs_.pop_back();
+    SeqId from = 0;
+    if (const std::optional<size_t> parent = fork_from_.at(b.agent)) {
+      const auto p = std::find_if(parked_.begin(), parked_.end(),
+                                  [&](const Branch& x) { return x.agent == *parent; });
+      if (p == parked_.end()) {
+        throw Error(
+            ErrorCode::kInternal,
+            fmt::format("batch planner: agent #{}'s parent #{} is not parked", b.agent, *parent));
+      }
+      from = p->seq;
+      b.pos0 = p->pos0;
+    }
     live_.push_back(b);
-    admitted.push_back({b.agent, b.seq});
+    admitted.push_back({b.agent, b.seq, from, b.pos0});
   }
   return admitted;
+}
+
+std::vector<SeqId> BatchPlanner::take_freed() {
+  return std::exchange(freed_, {});
+}
+
+bool BatchPlanner::has_children(size_t agent) const {
+  return std::any_of(fork_from_.begin(), fork_from_.end(),
+                     [&](const std::optional<size_t>& p) { return p == agent; });
 }
 
 void BatchPlanner::set_prompt(size_t agent, int32_t tokens) {
@@ -60,7 +98,7 @@ BatchPlan BatchPlanner::next() {
   for (const Branch& b : live_) {
     if (!b.generating || !room()) continue;
     plan.tokens.push_back(
-        {b.agent, b.seq, pos0_ + prompt_tokens_[b.agent] + b.generated - 1, -1, true});
+        {b.agent, b.seq, b.pos0 + prompt_tokens_[b.agent] + b.generated - 1, -1, true});
     ++plan.step.generate_tokens;
   }
   plan.step.branches = plan.step.generate_tokens;
@@ -69,7 +107,7 @@ BatchPlan BatchPlanner::next() {
     if (b.generating || b.fed == n) continue;
     if (room()) ++plan.step.branches;
     while (b.fed < n && room()) {
-      plan.tokens.push_back({b.agent, b.seq, pos0_ + b.fed, b.fed, b.fed + 1 == n});
+      plan.tokens.push_back({b.agent, b.seq, b.pos0 + b.fed, b.fed, b.fed + 1 == n});
       ++b.fed;
       ++plan.step.prompt_tokens;
     }
@@ -88,7 +126,14 @@ void BatchPlanner::sampled(size_t agent, bool done) {
   b.generating = true;
   ++b.generated;
   if (!done) return;
-  release(agent);
+  if (has_children(agent)) {
+    Branch parked = b;
+    parked.pos0 = b.pos0 + prompt_tokens_[agent] + b.generated - 1;  // its last token: undecoded
+    parked_.push_back(parked);
+    std::erase_if(live_, [&](const Branch& x) { return x.agent == agent; });
+  } else {
+    release(agent);
+  }
   dag_.succeed(agent + 1);
 }
 
@@ -115,6 +160,7 @@ BatchPlanner::Branch& BatchPlanner::live_branch(size_t agent) {
 void BatchPlanner::release(size_t agent) {
   const Branch& b = live_branch(agent);
   free_seqs_.push_back(b.seq);
+  freed_.push_back(b.seq);
   cells_ -= b.cells;
   std::erase_if(live_, [&](const Branch& x) { return x.agent == agent; });
 }

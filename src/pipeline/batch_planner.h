@@ -8,12 +8,14 @@
 // admitted in the ready set's order (priority, then agent) as sequence ids
 // free up, at most max_live at a time; a branch that
 // finishes frees its id and makes its dependents ready before the next
-// admission. Nothing depends on thread timing, so the batches, and with
-// them the answers, repeat run to run.
+// admission. A branch with fork_from children is parked instead: its id
+// (and its cells) stay until every child has forked from it. Nothing depends on thread timing, so
+// the batches, and with them the answers, repeat run to run.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "pipeline/dag.h"
@@ -40,6 +42,8 @@ class BatchPlanner {
   struct Admission {
     size_t agent = 0;
     SeqId seq = 0;
+    SeqId from = 0;  // the sequence to fork: 0 the document, else the parent's
+    Pos pos0 = 0;    // where the branch's own tokens start
   };
 
   // `dag`: node 0 the document (already decided), node a + 1 agent a.
@@ -48,12 +52,18 @@ class BatchPlanner {
   // `pos0`. Sequence ids 1 .. n_seq_max - 1 serve branches; max_live (0:
   // n_seq_max - 1) caps the live branches. Throws Error(kInternal) when
   // n_seq_max < 2, n_batch < n_seq_max or max_live < 0.
+  // fork_from[a]: agent a's parent (fork trees), or nullopt; empty for none.
   BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Pos pos0, int32_t n_seq_max,
-               int32_t n_batch, int32_t max_live = 0);
+               int32_t n_batch, int32_t max_live = 0,
+               std::vector<std::optional<size_t>> fork_from = {});
 
-  // Moves ready agents into free sequence ids in the ready set's order
-  // while fewer than max_live branches are live.
+  // Frees the ids of parked parents whose children have all started, then
+  // moves ready agents into free sequence ids in the ready set's order while
+  // fewer than max_live branches are live.
   std::vector<Admission> admit();
+  // The ids freed since the last call (finished, failed or unparked
+  // branches), whose cells the engine must drop before it forks into them.
+  std::vector<SeqId> take_freed();
   // An admitted agent's prompt length, known only once it starts (a prompt
   // rendered with other agents' answers); before its first next().
   void set_prompt(size_t agent, int32_t tokens);
@@ -78,6 +88,7 @@ class BatchPlanner {
   struct Branch {
     size_t agent = 0;
     SeqId seq = 0;
+    Pos pos0 = 0;           // its first own token's position
     int32_t fed = 0;        // prompt tokens planned so far
     int32_t generated = 0;  // tokens sampled so far
     int64_t cells = 0;      // KV cells this branch holds
@@ -85,14 +96,20 @@ class BatchPlanner {
   };
   Branch& live_branch(size_t agent);
   void release(size_t agent);
+  bool has_children(size_t agent) const;
 
   ReadySet& dag_;
   std::vector<int32_t> prompt_tokens_;
   Pos pos0_;
   int32_t n_batch_;
   size_t max_live_;
+  std::vector<std::optional<size_t>> fork_from_;
   std::vector<SeqId> free_seqs_;  // handed out from the back
+  std::vector<SeqId> freed_;      // for take_freed()
   std::vector<Branch> live_;      // admission order
+  // Finished parents waiting for their children to fork; `pos0` holds the
+  // position after their last decoded token.
+  std::vector<Branch> parked_;
   int64_t cells_ = 0;
   int64_t peak_cells_ = 0;
 };

@@ -54,6 +54,10 @@ class ReadySet {
   void fail(size_t node, ErrorValue error);
 
   size_t size() const noexcept { return nodes_.size(); }
+  // Handed out (running) or decided.
+  bool started(size_t node) const {
+    return nodes_.at(node).state == State::kRunning || nodes_.at(node).state == State::kDone;
+  }
   size_t running() const noexcept { return running_; }
   // Every node has an outcome.
   bool finished() const noexcept { return decided_ == nodes_.size(); }

@@ -62,13 +62,19 @@ ReadySet ready_set(const PipelineSpec& spec);
 std::vector<Token> tokenize_branch(const Model& model, const PreparedPipeline& prepared,
                                    std::string_view prompt);
 
-// Agent `agent`'s branch tokens when it starts: prepared.branches[agent],
-// or its prompt rendered with the answers in result.agents (the agents its
-// placeholders name have finished: they are among its dependencies) and
-// tokenised, recorded in result.agents[agent] (prompt_rendered,
-// prompt_tokens). Reads other agents' slots only once they finished, so
-// workers may call it concurrently. Throws Error(kBudget) when the rendered
-// prompt is longer than the budget counted for it.
+// Whether an agent's branch is known only when it starts: placeholders or
+// fork_from (prepared.branches holds no tokens for it).
+bool renders_at_start(const AgentSpec& agent);
+
+// Agent `agent`'s branch tokens, from the document's end, when it starts:
+// prepared.branches[agent], or its prompt rendered with the answers in
+// result.agents (the agents its placeholders name have finished: they are
+// among its dependencies) and tokenised, after, with fork_from, its
+// parent's branch, the parent's answer tokens and the template's turn
+// close (recursively). Records prompt_rendered and prompt_tokens (the whole
+// branch) in result.agents[agent]. Reads other agents' slots only once they
+// finished, so workers may call it concurrently. Throws Error(kBudget) when
+// the branch is longer than the budget counted for it.
 std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResult& result);
 
 // The two layouts' budgets, shared by the strategies.

@@ -31,6 +31,9 @@ std::vector<detail::DagNode> dag_nodes(const PipelineSpec& spec) {
   for (const AgentSpec& a : spec.agents) {
     detail::DagNode node{a.name, {std::string(kDocumentNode)}};
     node.depends_on.insert(node.depends_on.end(), a.depends_on.begin(), a.depends_on.end());
+    if (!a.fork_from.empty() &&
+        std::find(a.depends_on.begin(), a.depends_on.end(), a.fork_from) == a.depends_on.end())
+      node.depends_on.push_back(a.fork_from);
     nodes.push_back(std::move(node));
   }
   return nodes;
@@ -55,12 +58,16 @@ void validate_document(const PipelineSpec& spec) {
 // agent's prompt; chosen so that no real text contains them.
 constexpr std::string_view kSystemMarker = "\x1f<swarmkv-system>\x1f";
 constexpr std::string_view kDocumentMarker = "\x1f<swarmkv-document>\x1f";
+// A parent agent's answer and its child's prompt (fork_from).
+constexpr std::string_view kAnswerMarker = "\x1f<swarmkv-answer>\x1f";
+constexpr std::string_view kNextPromptMarker = "\x1f<swarmkv-next-prompt>\x1f";
 
 // The rendered chat, cut where the agent's prompt goes. Each part is a list
 // of pieces: the template's markup (its control-token texts become control
 // tokens) and content (the system prompt, the document: always plain text).
 struct TemplateSplit {
   std::vector<std::string> texts;      // the rendered head and tail the pieces view
+  std::string turn_close;              // after an answer, before the next user turn's text
   std::vector<Model::TextPiece> head;  // the shared prefix
   std::vector<Model::TextPiece> tail;  // what closes every agent prompt (markup)
 };
@@ -69,15 +76,24 @@ struct TemplateSplit {
 // the agent's prompt: what comes before the prompt is the shared prefix, what
 // follows closes every branch.
 TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
-  std::string rendered;
+  const bool trees = std::any_of(spec.agents.begin(), spec.agents.end(),
+                                 [](const AgentSpec& a) { return !a.fork_from.empty(); });
+  std::string rendered, continued;
   if (model.has_chat_template()) {
     std::vector<ChatMessage> chat;
     if (!spec.system_prompt.empty()) chat.push_back({"system", std::string(kSystemMarker)});
     chat.push_back({"user", std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker)});
     rendered = model.apply_chat_template(chat, /*add_assistant=*/true);
+    if (trees) {
+      chat.push_back({"assistant", std::string(kAnswerMarker)});
+      chat.push_back({"user", std::string(kNextPromptMarker)});
+      continued = model.apply_chat_template(chat, /*add_assistant=*/true);
+    }
   } else {
     rendered = (spec.system_prompt.empty() ? std::string() : std::string(kSystemMarker) + "\n\n") +
                std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker) + "\nAnswer:";
+    continued = rendered + std::string(kAnswerMarker) + "\n\n" + std::string(kNextPromptMarker) +
+                "\nAnswer:";
   }
   const size_t at = rendered.find(kPromptMarker);
   if (at == std::string::npos || rendered.find(kDocumentMarker) > at) {
@@ -91,6 +107,22 @@ TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
                                          {kDocumentMarker, spec.document}};
   out.head = Model::fill_placeholders(out.texts[0], contents);
   out.tail = Model::fill_placeholders(out.texts[1], {});
+  if (trees) {
+    // A child continues its parent's conversation: the two-turn chat must
+    // render the first turn as the one-turn chat does, and close the second
+    // the same way.
+    const size_t answer = continued.find(kAnswerMarker);
+    const size_t next = continued.find(kNextPromptMarker);
+    if (answer == std::string::npos || next == std::string::npos || next < answer ||
+        continued.compare(0, answer, rendered) != 0 ||
+        continued.substr(next + kNextPromptMarker.size()) != out.texts[1]) {
+      throw Error(ErrorCode::kChatTemplate,
+                  "the chat template does not continue a conversation turn by turn; fork_from "
+                  "cannot extend an agent's answer with this model");
+    }
+    out.turn_close =
+        continued.substr(answer + kAnswerMarker.size(), next - answer - kAnswerMarker.size());
+  }
   return out;
 }
 
@@ -218,6 +250,17 @@ void validate_pipeline(const PipelineSpec& spec) {
   if (spec.max_live < 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("max_live must be >= 0 (0: as many as fit; got {})", spec.max_live));
+  }
+  for (const AgentSpec& a : spec.agents) {
+    if (a.fork_from.empty()) continue;
+    if (a.fork_from == a.name) {
+      throw Error(ErrorCode::kGraph, fmt::format("agent '{}' cannot fork from itself", a.name));
+    }
+    if (std::none_of(spec.agents.begin(), spec.agents.end(),
+                     [&](const AgentSpec& x) { return x.name == a.fork_from; })) {
+      throw Error(ErrorCode::kGraph, fmt::format("agent '{}': fork_from names unknown agent '{}'",
+                                                 a.name, a.fork_from));
+    }
   }
   const std::vector<std::vector<size_t>> deps = detail::resolve_dag(dag_nodes(spec));
   for (size_t i = 0; i < spec.agents.size(); ++i) {
@@ -348,30 +391,64 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
   PreparedPipeline out;
   out.prefix = model.tokenize(split.head, /*add_special=*/true);
   out.branch_tail = split.texts[1];
-  std::vector<int32_t>& prompt_tokens = out.budgeted_prompt_tokens;
+  out.turn_close = split.turn_close;
+  const auto index_of = [&](const std::string& name) {
+    return static_cast<size_t>(std::find_if(spec.agents.begin(), spec.agents.end(),
+                                            [&](const AgentSpec& x) { return x.name == name; }) -
+                               spec.agents.begin());
+  };
+  // Each agent's own prompt: tokenised now, or, with placeholders, counted
+  // as the prompt without them plus each named agent's max_tokens.
+  std::vector<int64_t> own;
   std::vector<int32_t> max_tokens;
   for (const AgentSpec& a : spec.agents) {
     const std::vector<PromptPlaceholder> holes = prompt_placeholders(a.prompt);
-    if (holes.empty()) {
-      out.branches.push_back(detail::tokenize_branch(model, out, a.prompt));
-      prompt_tokens.push_back(static_cast<int32_t>(out.branches.back().size()));
-    } else {
-      // The answers are not known yet: each counts as its agent's max_tokens.
-      std::map<std::string, std::string> empty;
-      int64_t answers = 0;
-      for (const PromptPlaceholder& h : holes) {
-        empty[h.name];
-        answers += std::find_if(spec.agents.begin(), spec.agents.end(), [&](const AgentSpec& x) {
-                     return x.name == h.name;
-                   })->max_tokens;
-      }
-      out.branches.emplace_back();
-      const auto without = static_cast<int64_t>(
-          detail::tokenize_branch(model, out, render_prompt(a.prompt, empty)).size());
-      prompt_tokens.push_back(static_cast<int32_t>(
-          std::min<int64_t>(without + answers, std::numeric_limits<int32_t>::max())));
+    std::map<std::string, std::string> empty;
+    int64_t answers = 0;
+    for (const PromptPlaceholder& h : holes) {
+      empty[h.name];
+      answers += spec.agents[index_of(h.name)].max_tokens;
     }
+    std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
+    own.push_back(static_cast<int64_t>(tokens.size()) + answers);
+    out.branches.push_back(detail::renders_at_start(a) ? std::vector<Token>{} : std::move(tokens));
     max_tokens.push_back(a.max_tokens);
+  }
+  // A child's branch holds its ancestors' prompts, answers and turn closes
+  // before its own prompt (the DAG is acyclic: the recursion ends).
+  const auto close = static_cast<int64_t>(
+      out.turn_close.empty() ? 0 : model.tokenize(out.turn_close, false, true).size());
+  std::vector<int64_t> full(spec.agents.size(), -1);
+  const std::function<int64_t(size_t)> full_of = [&](size_t i) -> int64_t {
+    if (full[i] >= 0) return full[i];
+    int64_t n = own[i];
+    if (!spec.agents[i].fork_from.empty()) {
+      const size_t p = index_of(spec.agents[i].fork_from);
+      n += full_of(p) + max_tokens[p] + close;
+    }
+    return full[i] = n;
+  };
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t>& prompt_tokens = out.budgeted_prompt_tokens;
+  std::vector<int32_t> new_cells;  // kShared: the cells a branch adds to its parent's
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    prompt_tokens.push_back(static_cast<int32_t>(std::min(full_of(i), kMax)));
+    int64_t cells = full[i];
+    if (!spec.agents[i].fork_from.empty()) {
+      const size_t p = index_of(spec.agents[i].fork_from);
+      cells -= full[p] + max_tokens[p] - 1;  // its parent's last token may be undecoded
+    }
+    new_cells.push_back(static_cast<int32_t>(std::min(cells, kMax)));
+  }
+  const bool trees = std::any_of(spec.agents.begin(), spec.agents.end(),
+                                 [](const AgentSpec& a) { return !a.fork_from.empty(); });
+  if (trees && spec.fork == ForkMode::kShared &&
+      spec.agents.size() + 1 > max_parallel_sequences()) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("fork_from under fork shared keeps a finished parent's sequence until "
+                            "its children have forked: at most {} agents (one sequence id each), "
+                            "got {}; use fork host or fewer agents",
+                            max_parallel_sequences() - 1, spec.agents.size()));
   }
   // Each sequence's positions against what the model was trained on; the
   // cells of all sequences together are bounded by memory (check_memory).
@@ -389,8 +466,9 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
       }
     }
   }
-  out.budget = plan_budget(spec.fork, static_cast<int32_t>(out.prefix.size()), prompt_tokens,
-                           max_tokens, spec.n_ctx);
+  out.budget = plan_budget(spec.fork, static_cast<int32_t>(out.prefix.size()),
+                           spec.fork == ForkMode::kShared ? new_cells : prompt_tokens, max_tokens,
+                           spec.n_ctx);
   return out;
 }
 
@@ -501,25 +579,55 @@ std::vector<Token> tokenize_branch(const Model& model, const PreparedPipeline& p
                         /*add_special=*/false);
 }
 
+bool renders_at_start(const AgentSpec& agent) {
+  return !agent.fork_from.empty() || !prompt_placeholders(agent.prompt).empty();
+}
+
+namespace {
+
+size_t agent_index(const PipelineResult& result, const std::string& name) {
+  return static_cast<size_t>(std::find_if(result.agents.begin(), result.agents.end(),
+                                          [&](const AgentResult& a) { return a.name == name; }) -
+                             result.agents.begin());
+}
+
+// A finished agent's branch as it decoded it: its ancestors' turns, then its
+// own rendered prompt.
+std::vector<Token> finished_branch(const RunInputs& in, size_t agent,
+                                   const PipelineResult& result) {
+  std::vector<Token> out;
+  if (const std::string& parent = in.spec.agents[agent].fork_from; !parent.empty()) {
+    const size_t p = agent_index(result, parent);
+    out = finished_branch(in, p, result);
+    const std::vector<Token>& answer = result.agents[p].tokens;
+    out.insert(out.end(), answer.begin(), answer.end());
+    const std::vector<Token> close = in.model->tokenize(in.prepared.turn_close, false, true);
+    out.insert(out.end(), close.begin(), close.end());
+  }
+  const std::vector<Token> own =
+      tokenize_branch(*in.model, in.prepared, result.agents[agent].prompt_rendered);
+  out.insert(out.end(), own.begin(), own.end());
+  return out;
+}
+
+}  // namespace
+
 std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResult& result) {
   const AgentSpec& spec = in.spec.agents[agent];
-  if (prompt_placeholders(spec.prompt).empty()) return in.prepared.branches[agent];
+  if (!renders_at_start(spec)) return in.prepared.branches[agent];
   std::map<std::string, std::string> answers;
-  for (const PromptPlaceholder& h : prompt_placeholders(spec.prompt)) {
-    const auto named = std::find_if(result.agents.begin(), result.agents.end(),
-                                    [&](const AgentResult& a) { return a.name == h.name; });
-    answers[h.name] = named->answer;  // finished: it is among this agent's dependencies
-  }
+  for (const PromptPlaceholder& h : prompt_placeholders(spec.prompt))
+    answers[h.name] = result.agents[agent_index(result, h.name)].answer;  // finished: upstream
   AgentResult& out = result.agents[agent];
   out.prompt_rendered = render_prompt(spec.prompt, answers);
-  std::vector<Token> tokens = tokenize_branch(*in.model, in.prepared, out.prompt_rendered);
+  std::vector<Token> tokens = finished_branch(in, agent, result);
   out.prompt_tokens = static_cast<int32_t>(tokens.size());
   const int32_t budgeted = in.prepared.budgeted_prompt_tokens[agent];
   if (out.prompt_tokens > budgeted) {
     throw Error(ErrorCode::kBudget,
-                fmt::format("agent '{}': the rendered prompt has {} tokens, more than the {} the "
-                            "budget counted (the prompt without its placeholders plus the "
-                            "max_tokens of each agent they name)",
+                fmt::format("agent '{}': its branch has {} tokens, more than the {} the budget "
+                            "counted (its prompt without placeholders, plus the max_tokens of "
+                            "each agent they name, plus its fork_from ancestors' branches)",
                             spec.name, out.prompt_tokens, budgeted));
   }
   return tokens;

@@ -241,8 +241,8 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     }
     return stop;
   };
-  std::set<std::string> agent_keys = {"name", "prompt",     "max_tokens",
-                                      "stop", "depends_on", "priority"};
+  std::set<std::string> agent_keys = {"name",       "prompt",   "max_tokens", "stop",
+                                      "depends_on", "priority", "fork_from"};
   agent_keys.insert(sampling_keys.begin(), sampling_keys.end());
   AgentSpec defaults;
   if (const YAML::Node d = root["defaults"]) {
@@ -280,6 +280,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     read_sampling(a, agent.sampling, where);
     if (a["stop"]) agent.stop = read_stop(a, where);
     agent.depends_on = r.list(a, "depends_on", where);
+    agent.fork_from = r.text(a, "fork_from", "", where);
     agent.priority =
         static_cast<int32_t>(r.integer(a, "priority", agent.priority, -(1 << 20), 1 << 20, where));
     spec.agents.push_back(std::move(agent));

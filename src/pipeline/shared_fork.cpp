@@ -10,6 +10,9 @@
 // its id; its dependents are admitted before the next step.
 #include <algorithm>
 #include <map>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "pipeline/batch_planner.h"
 #include "pipeline/fork_strategy.h"
@@ -84,18 +87,25 @@ class SharedFork final : public ForkStrategy {
   static void decode_branches(const RunInputs& in, Context& ctx, ReadySet& dag,
                               PipelineResult& result) {
     const size_t n = in.spec.agents.size();
+    std::vector<std::optional<size_t>> parents(n);
+    for (size_t a = 0; a < n; ++a) {
+      const std::string& parent = in.spec.agents[a].fork_from;
+      for (size_t p = 0; p < n && !parent.empty(); ++p)
+        if (in.spec.agents[p].name == parent) parents[a] = p;
+    }
     BatchPlanner planner(dag, in.prepared.budgeted_prompt_tokens, in.branch_pos0,
                          static_cast<int32_t>(ctx.options().n_seq_max),
-                         static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live);
+                         static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live,
+                         std::move(parents));
     std::vector<Branch> branches(n);
     Batch batch(static_cast<int32_t>(ctx.options().n_batch), 1);
-    const auto fail = [&](size_t agent, const ErrorValue& error) {
-      ctx.seq_rm(branches[agent].seq);  // the branch's own cells; the document keeps sequence 0
-      planner.fail(agent, error);
-    };
+    // The branch's own cells go with its id (take_freed); the document keeps sequence 0.
+    const auto fail = [&](size_t agent, const ErrorValue& error) { planner.fail(agent, error); };
 
     while (!planner.finished()) {
-      for (const BatchPlanner::Admission& admitted : planner.admit()) {
+      const std::vector<BatchPlanner::Admission> admissions = planner.admit();
+      for (const SeqId seq : planner.take_freed()) ctx.seq_rm(seq);  // before any fork into it
+      for (const BatchPlanner::Admission& admitted : admissions) {
         Branch& b = branches[admitted.agent];
         const AgentSpec& spec = in.spec.agents[admitted.agent];
         b.seq = admitted.seq;
@@ -105,6 +115,14 @@ class SharedFork final : public ForkStrategy {
         t.started_at = ms_between(in.started, b.admitted);
         try {
           b.prompt = branch_tokens(in, admitted.agent, result);
+          // A fork_from child starts after its parent's last decoded token.
+          const auto skip = static_cast<size_t>(admitted.pos0 - in.branch_pos0);
+          if (skip >= b.prompt.size()) {
+            throw Error(ErrorCode::kInternal,
+                        fmt::format("shared fork: agent '{}' starts at {} of its {} branch tokens",
+                                    spec.name, skip, b.prompt.size()));
+          }
+          b.prompt.erase(b.prompt.begin(), b.prompt.begin() + static_cast<std::ptrdiff_t>(skip));
           planner.set_prompt(admitted.agent, static_cast<int32_t>(b.prompt.size()));
           b.sampler = std::make_unique<Sampler>(ctx.model(), spec.sampling);
           GenerateOptions gen;
@@ -115,7 +133,7 @@ class SharedFork final : public ForkStrategy {
             token_at.push_back(ms_between(started, Clock::now()));
           };
           b.tracker = std::make_unique<GenerationTracker>(ctx.model(), gen);
-          ctx.seq_cp(0, b.seq, -1, -1);  // the fork: no KV byte moves
+          ctx.seq_cp(admitted.from, b.seq, -1, -1);  // the fork: no KV byte moves
           t.fork = ms_between(b.admitted, Clock::now());
         } catch (...) {
           fail(admitted.agent, current_error_value());
@@ -124,8 +142,10 @@ class SharedFork final : public ForkStrategy {
       const std::vector<size_t> live = planner.live();
       BatchPlan plan = planner.next();
       if (plan.tokens.empty()) {
-        if (live.empty() && !dag.has_ready() && !planner.finished()) {
-          throw Error(ErrorCode::kInternal, "shared fork: agents left that can never be ready");
+        if (live.empty() && admissions.empty() && !planner.finished()) {
+          throw Error(ErrorCode::kInternal,
+                      dag.has_ready() ? "shared fork: ready agents but no sequence id free"
+                                      : "shared fork: agents left that can never be ready");
         }
         continue;
       }
@@ -181,8 +201,7 @@ class SharedFork final : public ForkStrategy {
           planner.sampled(agent, false);
           continue;
         }
-        ctx.seq_rm(b.seq);  // free the branch's cells and id for the others
-        planner.sampled(agent, true);
+        planner.sampled(agent, true);  // its id and cells freed, or parked for its children
         AgentResult& out = result.agents[agent];
         Generation answer = b.tracker->take();
         out.answer = std::move(answer.text);
