@@ -41,6 +41,13 @@ std::string describe(const BatchPlan& plan) {
                                t.prompt_index >= 0;
     const bool run_starts = i == 0 || plan.tokens[i - 1].agent != t.agent || t.prompt_index < 0 ||
                             plan.tokens[i - 1].prompt_index < 0;
+    if (t.document) {
+      const bool first = i == 0 || !plan.tokens[i - 1].document;
+      const bool last = i + 1 == plan.tokens.size() || !plan.tokens[i + 1].document;
+      if (first) out += fmt::format("{}d{}", out.empty() ? "" : " ", t.pos);
+      if (last) out += fmt::format("-{}", t.pos);
+      continue;
+    }
     if (t.prompt_index < 0) {
       out +=
           fmt::format("{}a{}:g@{}{}", out.empty() ? "" : " ", t.agent, t.pos, t.logits ? "*" : "");
@@ -268,6 +275,40 @@ TEST(BatchPlannerTest, AParkedParentIsFreedWhenItsChildCanNoLongerRun) {
   EXPECT_EQ(freed, (std::vector<SeqId>{1, 2}));
   EXPECT_EQ(planner.cells(), 0);
   EXPECT_TRUE(planner.finished());
+}
+
+// Streaming prefill: the prefix's tokens fill the room the branches leave;
+// an agent starts once the prefix is decoded past its watermark, at that
+// watermark; an agent that reads it all waits for the whole prefix.
+TEST(BatchPlannerTest, WatermarkAgentsStartDuringAStreamingPrefill) {
+  ReadySet dag = pipeline_dag({{}, {}});
+  BatchPlanner planner(dag, {2, 1}, 10, 3, 4);
+  planner.set_watermarks({3, 10});
+  planner.stream_prefix(10);
+  const std::vector<std::string> log = drive(planner, {2, 1});
+  const std::vector<std::string> want = {
+      "d0-3",                             // the prefix alone, n_batch at a time
+      "admit a0 seq 1", "a0:p0-1* d4-5",  // a0 needs 3: its prompt at 3.. beside the prefix
+      "a0:g@5* d6-8",   "d9-9",           // a0 is done; a1 waits for the last prefix token
+      "admit a1 seq 1", "a1:p0-0*",
+  };
+  EXPECT_EQ(log, want);
+  EXPECT_FALSE(planner.streaming());
+}
+
+TEST(BatchPlannerTest, AFailedPrefillStepFailsEveryAgent) {
+  ReadySet dag = pipeline_dag({{}, {}, {0}});
+  BatchPlanner planner(dag, {1, 1, 1}, 8, 4, 4);
+  planner.set_watermarks({2, 8, 8});
+  planner.stream_prefix(8);
+  planner.decoded(planner.next());  // d0-3
+  ASSERT_EQ(planner.admit().size(), 1u);
+  planner.next();
+  planner.fail_all(ErrorValue{ErrorCode::kNoKvSlot, "full"});
+  EXPECT_TRUE(dag.finished());
+  EXPECT_EQ(dag.status(1), NodeStatus::kFailed);
+  EXPECT_EQ(dag.status(2), NodeStatus::kFailed);
+  EXPECT_EQ(dag.status(3), NodeStatus::kDependencyFailed);
 }
 
 TEST(BatchPlannerTest, RefusesAnNBatchThatCannotHoldEveryGeneratingBranch) {

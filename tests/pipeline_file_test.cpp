@@ -129,6 +129,15 @@ TEST_F(PipelineFileTest, PlaceholdersPrioritiesAndMaxLiveAreRead) {
   EXPECT_EQ(spec.agents[0].priority, 2);
   EXPECT_EQ(spec.agents[1].priority, 0);
   EXPECT_EQ(spec.agents[1].prompt, "{{a}} -- why?");
+  const std::string needs = write("needs.yaml",
+                                  "document: {text: x y}\nagents:\n"
+                                  "  - {name: a, prompt: q, needs: {tokens: 64}}\n"
+                                  "  - {name: b, prompt: q, needs: {until: \"y\"}}\n"
+                                  "  - {name: c, prompt: q, needs: {lines: 3}}\n");
+  EXPECT_NE(error_of(needs).find("unknown key 'lines' in agents[2].needs (line 5; allowed: "
+                                 "tokens, until)"),
+            std::string::npos)
+      << error_of(needs);
   // Unquoted, YAML reads a mapping (or fails to parse): both errors say to quote.
   const std::string map = write("map.yaml",
                                 "document: {text: x}\nagents:\n  - {name: a, prompt: q}\n"

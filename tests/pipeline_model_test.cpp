@@ -471,6 +471,74 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
   EXPECT_GE(shared.agents[3].timings_ms.started_at, shared.agents[1].timings_ms.done_at);
 }
 
+// Watermarks: an agent that needs part of the document sees the prefix cut
+// after those document tokens (the same ids), then the markup that follows
+// the document and its prompt. Host equals the recompute (none) token for
+// token; shared streams the prefill, so the agent's first token comes
+// before the document's prefill ends, and it equals a recompute of that
+// token sequence up to measured near-ties.
+TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
+#endif
+  PipelineSpec spec = document_spec("apache-2.0.txt", 6000, 24,
+                                    {"What is this document?", "Which terms does it define?",
+                                     "What does the Grant of Copyright License allow?"});
+  spec.agents[0].needs.tokens = 256;
+  spec.agents[1].needs.until = "\"Legal Entity\" shall mean";
+  const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+  const size_t w0 = static_cast<size_t>(prepared.watermarks[0]);
+  const size_t w1 = static_cast<size_t>(prepared.watermarks[1]);
+  EXPECT_EQ(w0, static_cast<size_t>(prepared.document_begin) + 256);
+  EXPECT_EQ(static_cast<size_t>(prepared.watermarks[2]), prepared.prefix.size());
+  const std::string upto = model_->detokenize(std::vector<Token>(
+      prepared.prefix.begin() + prepared.document_begin, prepared.prefix.begin() + w1));
+  EXPECT_NE(upto.rfind("\"Legal Entity\" shall mean"), std::string::npos) << upto;
+  EXPECT_LE(upto.size() - upto.rfind("\"Legal Entity\" shall mean"), 40u)
+      << "the cut falls just after the marker: " << upto;
+  EXPECT_GT(prepared.document_tokens, 1000) << "the document's own tokens";
+  EXPECT_LE(static_cast<size_t>(prepared.document_begin + prepared.document_tokens),
+            prepared.prefix.size());
+
+  spec.fork = ForkMode::kHost;
+  const PipelineResult host = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kNone;
+  const PipelineResult none = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kShared;
+  const PipelineResult shared = run_pipeline(spec, model_);  // no snapshot store: it streams
+  ASSERT_TRUE(host.ok()) << describe(host.agents[0].error);
+  ASSERT_TRUE(none.ok()) << describe(none.agents[0].error);
+  ASSERT_TRUE(shared.ok()) << describe(shared.agents[0].error);
+  EXPECT_LT(shared.agents[0].timings_ms.first_token_at, shared.prefill_done_at_ms)
+      << "the agent that needs 256 tokens answers during the prefill";
+  EXPECT_GE(shared.agents[2].timings_ms.started_at, shared.prefill_done_at_ms)
+      << "the agent that reads it all waits for all of it";
+  const float tie_margin = 2 * GetParam().shared_logit_bound;
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string& name = spec.agents[i].name;
+    EXPECT_EQ(host.agents[i].tokens, none.agents[i].tokens)
+        << name << "\nhost: " << host.agents[i].answer << "\nnone: " << none.agents[i].answer;
+    EXPECT_GE(host.agents[i].tokens.size(), 4u) << name;
+    const std::vector<Token> cut(prepared.prefix.begin(),
+                                 prepared.prefix.begin() + prepared.watermarks[i]);
+    const Reference ref =
+        recompute(model_, spec, cut, prepared.branches[i], spec.agents[i], /*split=*/true);
+    EXPECT_EQ(ref.tokens, none.agents[i].tokens) << name << ": none decodes exactly that";
+    const std::vector<Token>& a = shared.agents[i].tokens;
+    size_t d = 0;
+    while (d < a.size() && d < ref.tokens.size() && a[d] == ref.tokens[d]) ++d;
+    if (a == ref.tokens) continue;
+    ASSERT_LT(d, ref.margins.size());
+    EXPECT_LT(ref.margins[d], tie_margin)
+        << name << " (shared) diverged at token " << d << " where the recompute was confident";
+  }
+  std::vector<Token> want = prepared.doc_close;
+  const std::vector<Token> own = detail::tokenize_branch(*model_, prepared, spec.agents[0].prompt);
+  want.insert(want.end(), own.begin(), own.end());
+  EXPECT_EQ(prepared.branches[0], want) << "the markup after the document, then the prompt";
+  EXPECT_FALSE(prepared.doc_close.empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ForkEquivalenceTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 

@@ -138,6 +138,29 @@ TEST(ForkTreeTest, ForkFromNamesAnAgentAndImpliesTheDependency) {
   EXPECT_EQ(validation_error(spec), "graph: cycle: edge 'agent1 -> agent0' closes a cycle");
 }
 
+TEST(WatermarkTest, NeedsAreChecked) {
+  PipelineSpec spec = four_agents();
+  spec.agents[0].needs.tokens = 2;
+  spec.agents[1].needs.until = "short";
+  EXPECT_EQ(validation_error(spec), "no error");
+  spec.agents[1].needs.until = "long";
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent1': needs.until: 'long' is not in the document");
+  spec.agents[1].needs.tokens = 4;
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent1': needs takes 'tokens' or 'until', not both");
+  spec.agents[1].needs = {};
+  spec.agents[1].fork_from = "agent0";
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent1': fork_from names 'agent0', which reads only part of "
+            "the document (needs); fork from an agent that reads all of it");
+  spec.agents[1].fork_from.clear();
+  spec.agents[0].fork_from = "agent2";
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent0': needs and fork_from do not combine (a child reads "
+            "its parent's whole conversation)");
+}
+
 TEST(LatencyTest, PercentilesInterpolateBetweenOrderStatistics) {
   const Percentiles p = percentiles({40, 10, 30, 20, 50});
   EXPECT_DOUBLE_EQ(p.p50, 30);

@@ -32,6 +32,15 @@ std::string_view to_string(ForkMode mode) noexcept;
 // Parses "shared", "host" or "none"; throws Error(kInvalidArgument) naming them.
 ForkMode parse_fork_mode(std::string_view name);
 
+// The part of the document an agent needs (a watermark): it starts once
+// the prefill has passed that point and sees the document cut there. At
+// most one of the two; neither = the whole document.
+struct DocumentNeeds {
+  int32_t tokens = 0;  // the document's first N tokens (not counting system turn or template)
+  std::string until;   // the document up to and including the first occurrence of this text
+  bool any() const noexcept { return tokens > 0 || !until.empty(); }
+};
+
 // One agent: its own prompt and generation settings.
 struct AgentSpec {
   std::string name;
@@ -50,6 +59,11 @@ struct AgentSpec {
   // agent's context is the document, the parent's prompt and answer, then
   // its own prompt as the next user turn. Empty: fork from the document.
   std::string fork_from;
+  // A prefix of the document is enough (not with fork_from). Under kShared
+  // a run that prefills the document starts the agent as soon as the
+  // prefill passes it (streaming prefill: its tokens share the decode calls
+  // of the remaining prefill chunks).
+  DocumentNeeds needs;
 };
 
 // A `{{name}}` in a prompt: the agent it names and where it stands.
@@ -227,6 +241,7 @@ struct DecodeStep {
   int32_t branches = 0;         // branches with tokens in this step
   int32_t prompt_tokens = 0;    // agent-prompt tokens in the batch
   int32_t generate_tokens = 0;  // one per generating branch
+  int32_t document_tokens = 0;  // the document's, while a streaming prefill goes on
   double ms = 0;
 };
 
@@ -335,6 +350,13 @@ struct PreparedPipeline {
   // The template's markup between an answer and the next user turn's text
   // (fork_from; "" when no agent forks from another).
   std::string turn_close;
+  // Per agent: the prefix tokens it reads, prefix.size() unless it has
+  // `needs`; then the prefix cut after the document tokens it needs, and its
+  // branch starts with doc_close.
+  std::vector<int32_t> watermarks;
+  std::vector<Token> doc_close;  // the template's markup after the document, as tokens
+  int32_t document_begin = 0;    // prefix tokens before the document's first
+  int32_t document_tokens = 0;   // prefix tokens made from the document alone
   PipelineBudget budget;
 };
 

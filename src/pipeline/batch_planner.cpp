@@ -47,13 +47,20 @@ std::vector<BatchPlanner::Admission> BatchPlanner::admit() {
     return true;
   });
   std::vector<Admission> admitted;
-  while (!free_seqs_.empty() && live_.size() < max_live_ && dag_.has_ready()) {
-    const size_t node = *dag_.pop();
-    if (node == 0) throw Error(ErrorCode::kInternal, "batch planner: the document is not an agent");
+  const auto watermark = [&](size_t agent) {
+    return watermarks_.empty() ? pos0_ : watermarks_[agent];
+  };
+  // A ready agent waits until the prefix it reads is decoded.
+  const auto readable = [&](size_t node) {
+    return node > 0 && (prefix_decoded_ >= prefix_total_ || watermark(node - 1) <= prefix_decoded_);
+  };
+  while (!free_seqs_.empty() && live_.size() < max_live_) {
+    const std::optional<size_t> node = dag_.pop_if(readable);
+    if (!node) break;
     Branch b;
-    b.agent = node - 1;
+    b.agent = *node - 1;
     b.seq = free_seqs_.back();
-    b.pos0 = pos0_;
+    b.pos0 = watermark(b.agent);
     free_seqs_.pop_back();
     SeqId from = 0;
     if (const std::optional<size_t> parent = fork_from_.at(b.agent)) {
@@ -92,6 +99,24 @@ void BatchPlanner::set_prompt(size_t agent, int32_t tokens) {
   prompt_tokens_.at(agent) = tokens;
 }
 
+void BatchPlanner::set_watermarks(std::vector<Pos> watermarks) {
+  if (watermarks.size() != prompt_tokens_.size()) {
+    throw Error(ErrorCode::kInternal, "batch planner: one watermark per agent expected");
+  }
+  watermarks_ = std::move(watermarks);
+}
+
+void BatchPlanner::stream_prefix(int32_t tokens) {
+  prefix_total_ = tokens;
+  prefix_planned_ = 0;
+  prefix_decoded_ = 0;
+}
+
+void BatchPlanner::fail_all(const ErrorValue& error) {
+  for (const size_t agent : live()) fail(agent, error);
+  while (const std::optional<size_t> node = dag_.pop()) dag_.fail(*node, error);
+}
+
 BatchPlan BatchPlanner::next() {
   BatchPlan plan;
   const auto room = [&] { return static_cast<int32_t>(plan.tokens.size()) < n_batch_; };
@@ -112,12 +137,24 @@ BatchPlan BatchPlanner::next() {
       ++plan.step.prompt_tokens;
     }
   }
+  // The streamed prefix takes the room left, unless no agent is left to read it.
+  while (prefix_planned_ < prefix_total_ && room() && !dag_.finished()) {
+    plan.tokens.push_back({0, 0, prefix_planned_, prefix_planned_, false, true});
+    ++prefix_planned_;
+    ++plan.step.document_tokens;
+  }
   return plan;
 }
 
 void BatchPlanner::decoded(const BatchPlan& plan) {
-  for (const PlannedToken& t : plan.tokens) ++live_branch(t.agent).cells;
-  cells_ += static_cast<int64_t>(plan.tokens.size());
+  for (const PlannedToken& t : plan.tokens) {
+    if (t.document) {
+      prefix_decoded_ = std::max(prefix_decoded_, t.pos + 1);
+      continue;
+    }
+    ++live_branch(t.agent).cells;
+    ++cells_;
+  }
   peak_cells_ = std::max(peak_cells_, cells_);
 }
 

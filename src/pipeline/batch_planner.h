@@ -30,6 +30,9 @@ struct PlannedToken {
   Pos pos = 0;
   int32_t prompt_index = -1;  // the prompt token to decode; -1: the agent's last sampled token
   bool logits = false;        // the agent samples from this token's output row
+  // A prefix token on sequence 0 (streaming prefill; prompt_index is its
+  // index in the prefix, `agent` unused).
+  bool document = false;
 };
 
 struct BatchPlan {
@@ -43,7 +46,7 @@ class BatchPlanner {
     size_t agent = 0;
     SeqId seq = 0;
     SeqId from = 0;  // the sequence to fork: 0 the document, else the parent's
-    Pos pos0 = 0;    // where the branch's own tokens start
+    Pos pos0 = 0;    // where the branch's own tokens start; it forks `from`'s cells before it
   };
 
   // `dag`: node 0 the document (already decided), node a + 1 agent a.
@@ -67,6 +70,18 @@ class BatchPlanner {
   // An admitted agent's prompt length, known only once it starts (a prompt
   // rendered with other agents' answers); before its first next().
   void set_prompt(size_t agent, int32_t tokens);
+  // watermarks[a]: the prefix tokens agent a reads; its prompt starts there
+  // instead of at pos0. Before the first admit().
+  void set_watermarks(std::vector<Pos> watermarks);
+  // The prefix's `tokens` tokens are not in the context yet: each step fills
+  // the room its branches leave with the next of them (sequence 0, from
+  // position 0), and an agent is admitted once they are decoded past its
+  // watermark. Before the first admit().
+  void stream_prefix(int32_t tokens);
+  Pos prefix_decoded() const noexcept { return prefix_decoded_; }
+  bool streaming() const noexcept { return prefix_decoded_ < prefix_total_; }
+  // Fails every agent without an outcome (a failed prefill step).
+  void fail_all(const ErrorValue& error);
   // The next step's tokens; empty when no branch is live. Counts them as fed.
   BatchPlan next();
   // After a successful decode of the last plan: its tokens hold KV cells.
@@ -110,6 +125,10 @@ class BatchPlanner {
   // Finished parents waiting for their children to fork; `pos0` holds the
   // position after their last decoded token.
   std::vector<Branch> parked_;
+  std::vector<Pos> watermarks_;  // empty: every prompt at pos0_
+  Pos prefix_total_ = 0;         // stream_prefix's tokens
+  Pos prefix_planned_ = 0;       // planned so far
+  Pos prefix_decoded_ = 0;       // decoded so far
   int64_t cells_ = 0;
   int64_t peak_cells_ = 0;
 };

@@ -85,10 +85,22 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, Pipelin
   const Stopwatch c;
   auto ctx = pool_->acquire();
   t.context = c.ms();
-  const double bytes_per_cell = open_branch(in, agent, *ctx, t);
+  double bytes_per_cell = 0;
+  Pos pos0 = in.branch_pos0;
+  if (spec.needs.any()) {
+    // A part of the document: this agent's own prefill of that part, the
+    // same under every strategy (a snapshot holds the whole document).
+    pos0 = in.prepared.watermarks[agent];
+    const Stopwatch p;
+    ctx->decode_prompt(std::span(in.prepared.prefix).first(static_cast<size_t>(pos0)), 0, 0,
+                       /*logits_last=*/false);
+    t.prefill = p.ms();
+  } else {
+    bytes_per_cell = open_branch(in, agent, *ctx, t);
+  }
 
   const Stopwatch p;
-  ctx->decode_prompt(prompt, in.branch_pos0, 0, /*logits_last=*/true);
+  ctx->decode_prompt(prompt, pos0, 0, /*logits_last=*/true);
   t.prompt = p.ms();
 
   Sampler sampler(ctx->model(), spec.sampling);
@@ -103,15 +115,13 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, Pipelin
   t.first_token = work.ms();
   t.first_token_at = ms_between(in.started, Clock::now());
   const Stopwatch g;
-  Generation answer =
-      generate(*ctx, sampler, 0, in.branch_pos0 + static_cast<Pos>(prompt.size()), gen);
+  Generation answer = generate(*ctx, sampler, 0, pos0 + static_cast<Pos>(prompt.size()), gen);
   t.generate = g.ms();
   pool_->release(std::move(ctx));
   t.total = work.ms();
   t.done_at = ms_between(in.started, Clock::now());
   {
-    const int64_t cells =
-        static_cast<int64_t>(in.prepared.prefix.size() + prompt.size() + answer.tokens.size());
+    const int64_t cells = pos0 + static_cast<int64_t>(prompt.size() + answer.tokens.size());
     std::lock_guard lock(mutex_);
     max_agent_cells_ = std::max(max_agent_cells_, cells);
     if (bytes_per_cell > 0) kv_bytes_per_cell_ = bytes_per_cell;

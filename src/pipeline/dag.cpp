@@ -98,6 +98,19 @@ std::optional<size_t> ReadySet::pop() {
   return node;
 }
 
+std::optional<size_t> ReadySet::pop_if(const std::function<bool(size_t)>& eligible) {
+  std::optional<size_t> best;
+  for (const size_t node : ready_) {
+    if (eligible(node) && (!best || after(*best, node))) best = node;
+  }
+  if (!best) return std::nullopt;
+  std::erase(ready_, *best);
+  std::make_heap(ready_.begin(), ready_.end(), [this](size_t a, size_t b) { return after(a, b); });
+  nodes_[*best].state = State::kRunning;
+  ++running_;
+  return best;
+}
+
 void ReadySet::decide(size_t node, NodeStatus status, std::optional<ErrorValue> error) {
   Entry& e = nodes_[node];
   e.state = State::kDone;

@@ -44,6 +44,8 @@ class ReadySet {
   // highest priority, the lowest-numbered among equals; it is then running.
   // nullopt when none is ready.
   std::optional<size_t> pop();
+  // The same among the ready nodes `eligible` accepts.
+  std::optional<size_t> pop_if(const std::function<bool(size_t)>& eligible);
   bool has_ready() const noexcept { return !ready_.empty(); }
 
   // Records a running node's outcome. succeed() makes dependents whose last

@@ -68,6 +68,7 @@ constexpr std::string_view kNextPromptMarker = "\x1f<swarmkv-next-prompt>\x1f";
 struct TemplateSplit {
   std::vector<std::string> texts;      // the rendered head and tail the pieces view
   std::string turn_close;              // after an answer, before the next user turn's text
+  size_t document_piece = 0;           // head[document_piece] is the document
   std::vector<Model::TextPiece> head;  // the shared prefix
   std::vector<Model::TextPiece> tail;  // what closes every agent prompt (markup)
 };
@@ -107,6 +108,10 @@ TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
                                          {kDocumentMarker, spec.document}};
   out.head = Model::fill_placeholders(out.texts[0], contents);
   out.tail = Model::fill_placeholders(out.texts[1], {});
+  for (size_t i = 0; i < out.head.size(); ++i) {
+    if (!out.head[i].markup && out.head[i].text.data() == spec.document.data())
+      out.document_piece = i;
+  }
   if (trees) {
     // A child continues its parent's conversation: the two-turn chat must
     // render the first turn as the one-turn chat does, and close the second
@@ -155,6 +160,54 @@ bool valid_utf8(std::string_view s) {
     i += n + 1;
   }
   return true;
+}
+
+size_t common_prefix(const std::vector<Token>& a, const std::vector<Token>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// Where the document's tokens lie in the prefix, and each agent's
+// watermark. The head is tokenised up to the document and through it: the
+// tokens both share with the whole prefix are the document's own (a token
+// that merges the document's end with the markup after it is not one).
+void locate_document(const PipelineSpec& spec, const Model& model, const TemplateSplit& split,
+                     PreparedPipeline& out) {
+  const auto upto = [&](std::string_view document_part) {
+    std::vector<Model::TextPiece> pieces(
+        split.head.begin(), split.head.begin() + static_cast<std::ptrdiff_t>(split.document_piece));
+    if (!document_part.empty()) pieces.push_back({document_part, false});
+    return model.tokenize(pieces, /*add_special=*/true);
+  };
+  const std::vector<Token> before = upto({});
+  const size_t begin = common_prefix(before, out.prefix);
+  const size_t through = common_prefix(upto(spec.document), out.prefix);
+  out.document_begin = static_cast<int32_t>(begin);
+  out.document_tokens = static_cast<int32_t>(through > begin ? through - begin : 0);
+  std::vector<Model::TextPiece> after(
+      split.head.begin() + static_cast<std::ptrdiff_t>(split.document_piece) + 1, split.head.end());
+  out.doc_close = model.tokenize(after, /*add_special=*/false);
+  for (const AgentSpec& a : spec.agents) {
+    if (!a.needs.any()) {
+      out.watermarks.push_back(static_cast<int32_t>(out.prefix.size()));
+      continue;
+    }
+    size_t n = static_cast<size_t>(a.needs.tokens);
+    if (!a.needs.until.empty()) {
+      const size_t end = spec.document.find(a.needs.until) + a.needs.until.size();
+      const std::vector<Token> cut = upto(std::string_view(spec.document).substr(0, end));
+      const size_t common = common_prefix(cut, out.prefix);
+      // A marker whose last token merges with what follows: include that token.
+      n = (common == cut.size() ? common : common + 1) - begin;
+    }
+    if (n > static_cast<size_t>(out.document_tokens)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}' needs {} document tokens, but the document has {}",
+                              a.name, n, out.document_tokens));
+    }
+    out.watermarks.push_back(static_cast<int32_t>(begin + n));
+  }
 }
 
 }  // namespace
@@ -252,7 +305,35 @@ void validate_pipeline(const PipelineSpec& spec) {
                 fmt::format("max_live must be >= 0 (0: as many as fit; got {})", spec.max_live));
   }
   for (const AgentSpec& a : spec.agents) {
+    if (a.needs.tokens < 0) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("agent '{}': needs.tokens must be >= 1 (got {})", a.name, a.needs.tokens));
+    }
+    if (a.needs.tokens > 0 && !a.needs.until.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': needs takes 'tokens' or 'until', not both", a.name));
+    }
+    if (!a.needs.until.empty() && spec.document.find(a.needs.until) == std::string::npos) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': needs.until: '{}' is not in the document", a.name,
+                              a.needs.until));
+    }
+    if (a.needs.any() && !a.fork_from.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': needs and fork_from do not combine (a child reads its "
+                              "parent's whole conversation)",
+                              a.name));
+    }
     if (a.fork_from.empty()) continue;
+    const auto parent = std::find_if(spec.agents.begin(), spec.agents.end(),
+                                     [&](const AgentSpec& x) { return x.name == a.fork_from; });
+    if (parent != spec.agents.end() && parent->needs.any()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': fork_from names '{}', which reads only part of the "
+                              "document (needs); fork from an agent that reads all of it",
+                              a.name, a.fork_from));
+    }
     if (a.fork_from == a.name) {
       throw Error(ErrorCode::kGraph, fmt::format("agent '{}' cannot fork from itself", a.name));
     }
@@ -392,6 +473,7 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
   out.prefix = model.tokenize(split.head, /*add_special=*/true);
   out.branch_tail = split.texts[1];
   out.turn_close = split.turn_close;
+  locate_document(spec, model, split, out);
   const auto index_of = [&](const std::string& name) {
     return static_cast<size_t>(std::find_if(spec.agents.begin(), spec.agents.end(),
                                             [&](const AgentSpec& x) { return x.name == name; }) -
@@ -410,6 +492,7 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
       answers += spec.agents[index_of(h.name)].max_tokens;
     }
     std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
+    if (a.needs.any()) tokens.insert(tokens.begin(), out.doc_close.begin(), out.doc_close.end());
     own.push_back(static_cast<int64_t>(tokens.size()) + answers);
     out.branches.push_back(detail::renders_at_start(a) ? std::vector<Token>{} : std::move(tokens));
     max_tokens.push_back(a.max_tokens);
@@ -604,6 +687,8 @@ std::vector<Token> finished_branch(const RunInputs& in, size_t agent,
     const std::vector<Token> close = in.model->tokenize(in.prepared.turn_close, false, true);
     out.insert(out.end(), close.begin(), close.end());
   }
+  if (in.spec.agents[agent].needs.any())
+    out.insert(out.end(), in.prepared.doc_close.begin(), in.prepared.doc_close.end());
   const std::vector<Token> own =
       tokenize_branch(*in.model, in.prepared, result.agents[agent].prompt_rendered);
   out.insert(out.end(), own.begin(), own.end());

@@ -242,7 +242,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     return stop;
   };
   std::set<std::string> agent_keys = {"name",       "prompt",   "max_tokens", "stop",
-                                      "depends_on", "priority", "fork_from"};
+                                      "depends_on", "priority", "fork_from",  "needs"};
   agent_keys.insert(sampling_keys.begin(), sampling_keys.end());
   AgentSpec defaults;
   if (const YAML::Node d = root["defaults"]) {
@@ -281,6 +281,19 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     if (a["stop"]) agent.stop = read_stop(a, where);
     agent.depends_on = r.list(a, "depends_on", where);
     agent.fork_from = r.text(a, "fork_from", "", where);
+    if (const YAML::Node n = a["needs"]) {
+      if (!n.IsMap()) {
+        r.bad(fmt::format(
+            "{}.needs must be a mapping: {{tokens: N}} or {{until: \"text\"}} (line {})", where,
+            Reader::line(n)));
+      }
+      r.check_keys(n, {"tokens", "until"}, where + ".needs");
+      agent.needs.tokens =
+          static_cast<int32_t>(r.integer(n, "tokens", 0, 1, kMaxInt32, where + ".needs"));
+      agent.needs.until = r.text(n, "until", "", where + ".needs");
+      if (n["until"] && agent.needs.until.empty())
+        r.bad(fmt::format("{}.needs.until is empty (line {})", where, Reader::line(n["until"])));
+    }
     agent.priority =
         static_cast<int32_t>(r.integer(a, "priority", agent.priority, -(1 << 20), 1 << 20, where));
     spec.agents.push_back(std::move(agent));

@@ -38,7 +38,7 @@ size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_toke
 
 PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Token>& prefix,
                                 const RunOptions& options,
-                                const std::shared_ptr<const Model>& model) {
+                                const std::shared_ptr<const Model>& model, bool exact_only) {
   PrefixState out;
   SnapshotUse& use = out.use;
   const Stopwatch load;
@@ -125,6 +125,12 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
     use.load_ms = load.ms();
     log_info("prefix: {} tokens restored from {} ({} bytes, {:.1f} ms)", reuse, use.path, use.bytes,
              use.load_ms);
+    return out;
+  }
+  if (exact_only) {  // the caller prefills the whole prefix itself
+    use.source = SnapshotSource::kPrefill;
+    use.path.clear();
+    use.prefilled_tokens = static_cast<int32_t>(prefix.size());
     return out;
   }
 

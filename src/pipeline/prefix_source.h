@@ -38,8 +38,10 @@ size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_toke
 // kIncompatible), kIncompatible when it shares no reusable tokens with the
 // prefix; decode errors of the prefill. A damaged store entry is only a
 // warning (use.discarded); failing to publish is only a warning.
+// `exact_only`: without a snapshot of exactly this prefix, return no bytes
+// (use: kPrefill, every token to prefill) instead of prefilling.
 PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Token>& prefix,
                                 const RunOptions& options,
-                                const std::shared_ptr<const Model>& model);
+                                const std::shared_ptr<const Model>& model, bool exact_only = false);
 
 }  // namespace swarmkv::detail

@@ -31,16 +31,22 @@ class SharedFork final : public ForkStrategy {
 
   void run(const RunInputs& in, ReadySet& dag, PipelineResult& result) override {
     const size_t document = *dag.pop();
+    // Agents that read part of the document start during its prefill, so
+    // the shared context prefills it itself, unless a snapshot holds it all.
+    const bool stream_if_missing = in.options.snapshot.file.empty() &&
+                                   std::any_of(in.spec.agents.begin(), in.spec.agents.end(),
+                                               [](const AgentSpec& a) { return a.needs.any(); });
     std::unique_ptr<Context> ctx;
+    bool streaming = false;
     try {
-      ctx = prefill(in, result);
+      ctx = prefill(in, result, stream_if_missing, streaming);
     } catch (...) {
       dag.fail(document, current_error_value());
       return;
     }
-    result.prefill_done_at_ms = ms_between(in.started, Clock::now());
-    dag.succeed(document);
-    decode_branches(in, *ctx, dag, result);
+    if (!streaming) result.prefill_done_at_ms = ms_between(in.started, Clock::now());
+    dag.succeed(document);  // streaming: a failed prefill step fails every agent instead
+    decode_branches(in, *ctx, dag, result, streaming);
   }
 
  private:
@@ -55,9 +61,15 @@ class SharedFork final : public ForkStrategy {
     Clock::time_point admitted, first_token;
   };
 
-  static std::unique_ptr<Context> prefill(const RunInputs& in, PipelineResult& result) {
+  // The shared context with the prefix restored on sequence 0, or, when
+  // `stream_if_missing` and no snapshot holds exactly this prefix, empty
+  // (`streaming` set: the branch steps decode the prefix too).
+  static std::unique_ptr<Context> prefill(const RunInputs& in, PipelineResult& result,
+                                          bool stream_if_missing, bool& streaming) {
     const std::vector<Token>& prefix = in.prepared.prefix;
-    PrefixState state = obtain_prefix_state(in.spec, prefix, in.options, in.model);
+    PrefixState state = obtain_prefix_state(in.spec, prefix, in.options, in.model,
+                                            /*exact_only=*/stream_if_missing);
+    streaming = state.bytes.empty();
     ContextOptions options = engine_options(in.spec);
     options.n_ctx = in.prepared.budget.n_ctx;
     options.kv_unified = true;
@@ -66,7 +78,8 @@ class SharedFork final : public ForkStrategy {
     options.n_ubatch = options.n_batch;
     auto ctx = std::make_unique<Context>(in.model, options);
     const Stopwatch r;
-    ctx->state_set(state.bytes);  // the prefix on sequence 0, each cell at its index
+    if (!streaming)
+      ctx->state_set(state.bytes);  // the prefix on sequence 0, each cell at its index
     result.restore_ms = r.ms();
     result.prefill_ms = state.prefill_ms;
     result.export_ms = state.export_ms;
@@ -77,6 +90,13 @@ class SharedFork final : public ForkStrategy {
     result.contexts = 1;
     result.kv_bytes_per_cell =
         static_cast<double>(state.bytes.size()) / static_cast<double>(prefix.size());
+    if (streaming) {
+      result.document_prefills = 1;
+      log_info(
+          "prefix: {} tokens, prefilled in the shared context as agents start (streaming; "
+          "not published to the snapshot store)",
+          prefix.size());
+    }
     result.snapshot = std::move(state.use);
     log_info(
         "prefix: {} tokens in a shared context (n_ctx {}, n_seq_max {}), restored in {:.1f} ms",
@@ -85,7 +105,7 @@ class SharedFork final : public ForkStrategy {
   }
 
   static void decode_branches(const RunInputs& in, Context& ctx, ReadySet& dag,
-                              PipelineResult& result) {
+                              PipelineResult& result, bool streaming) {
     const size_t n = in.spec.agents.size();
     std::vector<std::optional<size_t>> parents(n);
     for (size_t a = 0; a < n; ++a) {
@@ -97,6 +117,12 @@ class SharedFork final : public ForkStrategy {
                          static_cast<int32_t>(ctx.options().n_seq_max),
                          static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live,
                          std::move(parents));
+    if (std::any_of(in.spec.agents.begin(), in.spec.agents.end(),
+                    [](const AgentSpec& a) { return a.needs.any(); }))
+      planner.set_watermarks(in.prepared.watermarks);
+    const std::vector<Token>& prefix = in.prepared.prefix;
+    if (streaming) planner.stream_prefix(static_cast<int32_t>(prefix.size()));
+    const Stopwatch stream_time;
     std::vector<Branch> branches(n);
     Batch batch(static_cast<int32_t>(ctx.options().n_batch), 1);
     // The branch's own cells go with its id (take_freed); the document keeps sequence 0.
@@ -116,7 +142,8 @@ class SharedFork final : public ForkStrategy {
         try {
           b.prompt = branch_tokens(in, admitted.agent, result);
           // A fork_from child starts after its parent's last decoded token.
-          const auto skip = static_cast<size_t>(admitted.pos0 - in.branch_pos0);
+          const size_t skip =
+              admitted.from == 0 ? 0 : static_cast<size_t>(admitted.pos0 - in.branch_pos0);
           if (skip >= b.prompt.size()) {
             throw Error(ErrorCode::kInternal,
                         fmt::format("shared fork: agent '{}' starts at {} of its {} branch tokens",
@@ -133,7 +160,10 @@ class SharedFork final : public ForkStrategy {
             token_at.push_back(ms_between(started, Clock::now()));
           };
           b.tracker = std::make_unique<GenerationTracker>(ctx.model(), gen);
-          ctx.seq_cp(admitted.from, b.seq, -1, -1);  // the fork: no KV byte moves
+          // The fork: no KV byte moves. A watermark agent takes the prefix's
+          // cells before its watermark only.
+          const bool cut = admitted.from == 0 && admitted.pos0 < static_cast<Pos>(prefix.size());
+          ctx.seq_cp(admitted.from, b.seq, cut ? 0 : -1, cut ? admitted.pos0 : -1);
           t.fork = ms_between(b.admitted, Clock::now());
         } catch (...) {
           fail(admitted.agent, current_error_value());
@@ -152,7 +182,8 @@ class SharedFork final : public ForkStrategy {
       batch.clear();
       std::map<size_t, int32_t> rows;  // agent -> its logits row in this batch
       for (const PlannedToken& p : plan.tokens) {
-        const Token token = p.prompt_index >= 0
+        const Token token = p.document ? prefix[static_cast<size_t>(p.prompt_index)]
+                            : p.prompt_index >= 0
                                 ? branches[p.agent].prompt[static_cast<size_t>(p.prompt_index)]
                                 : branches[p.agent].next;
         if (p.logits) rows[p.agent] = batch.size();
@@ -165,6 +196,12 @@ class SharedFork final : public ForkStrategy {
       } catch (...) {
         // The batch mixes every live branch: the failure is theirs together.
         const ErrorValue error = current_error_value();
+        if (plan.step.document_tokens > 0) {  // the prefix can go no further: nobody can run
+          log_error("shared fork: a streaming prefill step failed ({}); failing every agent",
+                    error.to_string());
+          planner.fail_all(error);
+          continue;
+        }
         log_error("shared fork: a decode step of {} branches failed ({}); failing them all",
                   live.size(), error.to_string());
         for (const size_t agent : live) fail(agent, error);
@@ -172,6 +209,14 @@ class SharedFork final : public ForkStrategy {
       }
       const auto t1 = Clock::now();
       planner.decoded(plan);
+      if (plan.step.document_tokens > 0 && !planner.streaming()) {
+        result.prefill_ms = stream_time.ms();
+        result.prefill_done_at_ms = ms_between(in.started, t1);
+        result.kv_bytes_per_cell =
+            static_cast<double>(ctx.state_seq_size(0)) / static_cast<double>(prefix.size());
+        log_info("prefix: {} tokens prefilled in {:.1f} ms, streamed with the agents' steps",
+                 prefix.size(), result.prefill_ms);
+      }
       plan.step.ms = ms_between(t0, t1);
       result.decode_steps.push_back(plan.step);
 
