@@ -75,7 +75,8 @@ class SharedFork final : public ForkStrategy {
     options.kv_unified = true;
     options.n_seq_max = in.prepared.budget.n_seq_max;
     options.n_batch = std::max(in.spec.n_batch, options.n_seq_max);  // room for every live branch
-    options.n_ubatch = options.n_batch;
+    options.n_ubatch = stream_if_missing && state.bytes.empty() ? engine_options(in.spec).n_ubatch
+                                                                : options.n_batch;
     auto ctx = std::make_unique<Context>(in.model, options);
     const Stopwatch r;
     if (!streaming)
@@ -90,14 +91,15 @@ class SharedFork final : public ForkStrategy {
     result.contexts = 1;
     result.kv_bytes_per_cell =
         static_cast<double>(state.bytes.size()) / static_cast<double>(prefix.size());
+    result.snapshot = std::move(state.use);
     if (streaming) {
       result.document_prefills = 1;
       log_info(
-          "prefix: {} tokens, prefilled in the shared context as agents start (streaming; "
-          "not published to the snapshot store)",
-          prefix.size());
+          "prefix: {} tokens in a shared context (n_ctx {}, n_seq_max {}), prefilled there as "
+          "agents start (streaming; not published to the snapshot store)",
+          prefix.size(), result.n_ctx, result.n_seq_max);
+      return ctx;
     }
-    result.snapshot = std::move(state.use);
     log_info(
         "prefix: {} tokens in a shared context (n_ctx {}, n_seq_max {}), restored in {:.1f} ms",
         prefix.size(), result.n_ctx, result.n_seq_max, result.restore_ms);
@@ -162,7 +164,7 @@ class SharedFork final : public ForkStrategy {
           b.tracker = std::make_unique<GenerationTracker>(ctx.model(), gen);
           // The fork: no KV byte moves. A watermark agent takes the prefix's
           // cells before its watermark only.
-          const bool cut = admitted.from == 0 && admitted.pos0 < static_cast<Pos>(prefix.size());
+          const bool cut = spec.needs.any();
           ctx.seq_cp(admitted.from, b.seq, cut ? 0 : -1, cut ? admitted.pos0 : -1);
           t.fork = ms_between(b.admitted, Clock::now());
         } catch (...) {

@@ -148,6 +148,10 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
     a.timings_ms.generate = x.predicted_ms;
     a.timings_ms.total = x.total_ms;
     a.timings_ms.done_at = x.done_at_ms;
+    // Sent at the start (concurrent) or after the previous answer (sequential).
+    a.timings_ms.started_at = std::max(0.0, x.done_at_ms - x.total_ms);
+    a.timings_ms.wait = a.timings_ms.started_at;
+    a.timings_ms.first_token_at = a.timings_ms.started_at + x.first_token_ms;
     r.prefill_ms += x.prompt_ms;
     const int64_t slot_cells = static_cast<int64_t>(prompts[i].size() + x.tokens.size());
     cells += slot_cells;
@@ -252,9 +256,10 @@ int run_bench(const BenchArgs& requested) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("--server-kvu '{}': expected on, off or both", args.server_kvu));
   }
-  if (args.arms.empty() || args.arms.front() != "none") {
+  if (args.arms.empty()) throw Error(ErrorCode::kInvalidArgument, "--arms names no arm");
+  if (std::find(args.arms.begin() + 1, args.arms.end(), "none") != args.arms.end()) {
     throw Error(ErrorCode::kInvalidArgument,
-                "--arms must start with none, the reference (speed-ups are relative to it)");
+                "--arms: none, the reference, comes first (speed-ups are relative to it)");
   }
   std::string sweep_key;
   std::vector<std::string> sweep_values{""};
@@ -291,6 +296,7 @@ int run_bench(const BenchArgs& requested) {
                  {"pause_ms", args.pause_ms},
                  {"arms", args.arms},
                  {"sweep", args.sweep},
+                 {"max_live", args.max_live},
                  {"engine", nullptr}};
   json env = {{"cpu", cpu_model()},
               {"cores", std::thread::hardware_concurrency()},
@@ -324,6 +330,7 @@ int run_bench(const BenchArgs& requested) {
       spec.agents.push_back(a);
     }
     spec.n_ctx = args.n_ctx;  // 0: per arm, the smallest multiple of 256 that fits its layout
+    spec.max_live = args.max_live;
     points.push_back(point);
     int kvu_choice = -1;  // server-concurrent's KV layout, decided on the first trial
     for (int trial = 1; trial <= args.trials && !g_interrupted; ++trial) {
@@ -375,6 +382,7 @@ int run_bench(const BenchArgs& requested) {
           while (static_cast<size_t>(d) < mine.size() && static_cast<size_t>(d) < want.size() &&
                  mine[static_cast<size_t>(d)] == want[static_cast<size_t>(d)])
             ++d;
+          r.compared = true;
           r.first_difference.push_back(mine == want ? -1 : d);
           if (mine != want) r.answers_match_reference = false;
         }

@@ -19,7 +19,8 @@ struct BenchArgs {
   int32_t n_predict = 1;      // greedy tokens generated per branch
   uint32_t n_ctx = 0;         // 0: smallest multiple of 256 that fits
   int32_t threads = 0;
-  EngineFlags engine;  // every arm, the server arms too
+  int32_t max_live = 0;  // the shared arm's live branches at most (0 = all that fit)
+  EngineFlags engine;    // every arm, the server arms too
   int32_t trials = 3;
   int32_t pause_ms = 1000;
   std::vector<std::string> arms = {"none", "host"};

@@ -70,42 +70,44 @@ json arm_json(const ArmRun& run) {
     json branch = agent_json(a);
     branch.erase("answer");  // the bench's prompts are synthetic; the tokens are compared instead
     branch["first_difference_vs_reference"] =
-        i < run.first_difference.size() ? run.first_difference[i] : -1;
+        i < run.first_difference.size() ? json(run.first_difference[i]) : json(nullptr);
     branches.push_back(std::move(branch));
   }
   const double prefill_tokens =
       static_cast<double>(r.prefix_tokens) * static_cast<double>(r.document_prefills);
-  return {{"schema_version", kResultSchemaVersion},
-          {"arm", run.arm},
-          {"trial", run.trial},
-          {"order", run.order},
-          {"ok", r.ok()},
-          {"end_to_end_ms", r.total_ms},
-          {"prefill_ms", r.prefill_ms},
-          {"export_ms", r.export_ms},
-          {"snapshot_bytes", r.snapshot_bytes},
-          {"branch2_activation_ms", branch2_activation(r)},
-          {"prefill_tokens_per_s", r.prefill_ms > 0 ? 1000.0 * prefill_tokens / r.prefill_ms : 0.0},
-          {"generate_tokens_per_s",
-           gen_ms > 0 ? 1000.0 * static_cast<double>(gen_tokens) / gen_ms : 0.0},
-          {"peak_rss_kib", run.peak_rss_kib},
-          {"peak_rss_per_arm", run.peak_rss_per_arm},
-          {"n_ctx", r.n_ctx},
-          {"memory",
-           [&] {
-             json m = memory_json(r);
-             // (prefix + sum of branch prompt + generated tokens) x bytes/cell:
-             // the KV the work itself needs, the shared prefix counted once.
-             m["kv_bytes_needed"] = kv_bytes_needed(r);
-             return m;
-           }()},
-          {"decode_steps", r.decode_steps.size()},
-          {"generation_step_ms_by_branches", steps_by_live_branches(r)},
-          {"answers_match_reference", run.answers_match_reference},
-          {"branch_phase_ms", run.branch_phase_ms >= 0 ? json(run.branch_phase_ms) : json(nullptr)},
-          {"agent_done_ms", agent_done(r)},
-          {"branches", branches},
-          {"extra", run.extra}};
+  return {
+      {"schema_version", kResultSchemaVersion},
+      {"arm", run.arm},
+      {"trial", run.trial},
+      {"order", run.order},
+      {"ok", r.ok()},
+      {"end_to_end_ms", r.total_ms},
+      {"prefill_ms", r.prefill_ms},
+      {"export_ms", r.export_ms},
+      {"snapshot_bytes", r.snapshot_bytes},
+      {"branch2_activation_ms", branch2_activation(r)},
+      {"prefill_tokens_per_s", r.prefill_ms > 0 ? 1000.0 * prefill_tokens / r.prefill_ms : 0.0},
+      {"generate_tokens_per_s",
+       gen_ms > 0 ? 1000.0 * static_cast<double>(gen_tokens) / gen_ms : 0.0},
+      {"peak_rss_kib", run.peak_rss_kib},
+      {"peak_rss_per_arm", run.peak_rss_per_arm},
+      {"n_ctx", r.n_ctx},
+      {"memory",
+       [&] {
+         json m = memory_json(r);
+         // (prefix + sum of branch prompt + generated tokens) x bytes/cell:
+         // the KV the work itself needs, the shared prefix counted once.
+         m["kv_bytes_needed"] = kv_bytes_needed(r);
+         return m;
+       }()},
+      {"decode_steps", r.decode_steps.size()},
+      {"generation_step_ms_by_branches", steps_by_live_branches(r)},
+      {"answers_match_reference", run.compared ? json(run.answers_match_reference) : json(nullptr)},
+      {"latency", latency_json(latency_summary(r))},
+      {"branch_phase_ms", run.branch_phase_ms >= 0 ? json(run.branch_phase_ms) : json(nullptr)},
+      {"agent_done_ms", agent_done(r)},
+      {"branches", branches},
+      {"extra", run.extra}};
 }
 
 json summarize(const Point& p, const std::vector<std::string>& arms) {
@@ -133,6 +135,15 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
                  fa = branch2_activation(m.at(fork_arm)->result);
     const double score = 2 * 100 * (ba - fa) / ba + 100 * (be - fe) / be;
     if (score > best_score) best_score = score, best_trial = trial;
+  }
+  if (!std::count(arms.begin(), arms.end(), "none")) {
+    // Without the reference there is no score: the first trial with every arm.
+    for (const auto& [trial, m] : by_trial) {
+      if (m.size() == arms.size()) {
+        best_trial = trial;
+        break;
+      }
+    }
   }
   for (const std::string& arm : arms) {
     if (!e2e.contains(arm)) continue;

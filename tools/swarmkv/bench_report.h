@@ -20,6 +20,7 @@ struct ArmRun {
   long peak_rss_kib = 0;
   bool peak_rss_per_arm = false;  // false: the process's peak so far
   bool answers_match_reference = true;
+  bool compared = false;              // a reference arm (none) ran in the same trial
   std::vector<int> first_difference;  // per branch: first token differing from the reference arm
                                       // (none), -1: none
   nlohmann::json extra =

@@ -229,6 +229,15 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
   std::cout << fmt::format(
       "load {:.0f} ms | prefill {:.1f} ms{} | total {:.1f} ms (model load excluded)\n", load_ms,
       r.prefill_ms, prefill_note, r.total_ms);
+  if (const swarmkv::LatencySummary l = swarmkv::latency_summary(r); l.agents > 1) {
+    const auto p = [](const swarmkv::Percentiles& x) {
+      return fmt::format("{:.0f}/{:.0f}/{:.0f}", x.p50, x.p95, x.p99);
+    };
+    std::cout << fmt::format(
+        "latency p50/p95/p99 ms over {} agents: queue {} | first token {} | inter-token {} | "
+        "done {} (from the run's start)\n",
+        l.agents, p(l.queue), p(l.ttft), p(l.inter_token), p(l.completion));
+  }
   if (r.transfer) {
     std::cout << fmt::format(
         "transfer: snapshot {:.1f} MiB | publish {:.1f} ms | fetch {:.1f} ms (slowest of {} "
@@ -518,10 +527,12 @@ int run(int argc, char** argv) {
   run->add_flag(
       "--json", run_args.json,
       "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
-      "prefill_ms, total_ms, memory, document {status, error} and per agent name, "
+      "prefill_ms, prefill_done_at_ms, total_ms, latency {queue_ms, ttft_ms, inter_token_ms, "
+      "completion_ms: {p50, p95, p99}}, memory, document {status, error} and per agent name, "
       "status, error {code, message} or null, answer, n_tokens, stop_reason, "
-      "timings_ms {wait, fork, restore, prompt, first_token, generate, total, ...}, "
-      "first_token_at_ms; snapshot {source, key, reused_tokens, prefilled_tokens, "
+      "prompt_rendered, timings_ms {wait, fork, restore, prompt, first_token, generate, total, "
+      "...}, started_at_ms, first_token_at_ms, done_at_ms (from the run's start, model load "
+      "excluded); snapshot {source, key, reused_tokens, prefilled_tokens, "
       "bytes, load_ms, verify_ms, ...} or null under --fork none; under --redis each agent's "
       "worker and transfer {bytes, publish_ms, fetch_ms, fetches}");
 
@@ -563,6 +574,12 @@ int run(int argc, char** argv) {
                     "256 that fits its layout)");
   bench->add_option("-t,--threads", bench_args.threads, "CPU threads per context (0 = all cores)")
       ->capture_default_str();
+  bench
+      ->add_option("--max-live", bench_args.max_live,
+                   "the shared arm's branches decoded at once, at most (pipeline key max_live; 0 "
+                   "= all that fit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
   bench_args.engine.add_to(bench);
   bench->add_option("--trials", bench_args.trials, "trials")
       ->capture_default_str()
@@ -573,8 +590,10 @@ int run(int argc, char** argv) {
   bench
       ->add_option(
           "--arms", bench_args.arms,
-          "arms, the reference first: none,host,shared,server-concurrent,server-sequential "
-          "(server-*: llama-server from the same llama.cpp, same tokens, greedy, over HTTP)")
+          "arms: none,host,shared,server-concurrent,server-sequential; none, the reference the "
+          "others' answers and speed-ups are compared with, first (without it nothing is "
+          "compared) (server-*: llama-server from the same llama.cpp, same tokens, greedy, over "
+          "HTTP)")
       ->delimiter(',')
       ->capture_default_str();
   bench->add_option("--sweep", bench_args.sweep,
