@@ -11,7 +11,10 @@ Sections, each a `swarmkv bench` run into OUT/<section>/ (skipped with
              at 8 for the measured ratio;
   arms       --branches AGENTS --arms shared,server-sequential,server-concurrent
              (no reference arm: at 50 agents it alone would take ~25 min);
-  maxlive    --branches AGENTS --arms shared --max-live K for each K.
+  maxlive    --branches AGENTS --arms shared --max-live K for each K;
+  long       with --long-model: --long-agents agents over a synthetic document
+             of --long-doc-tokens tokens on that model (the sliding-window
+             Gemma 3, 32k context), shared only.
 
 Every run: the synthetic document of --doc-tokens tokens, --n-predict
 greedy tokens per agent, 2 threads, one trial (the bench alternates nothing
@@ -44,6 +47,9 @@ ap.add_argument("--doc-tokens", type=int, default=3501)
 ap.add_argument("--n-predict", type=int, default=32)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--max-live", default="5,10,25,50")
+ap.add_argument("--long-model", default=os.environ.get("SWARMKV_TEST_MODEL_GEMMA3", ""))
+ap.add_argument("--long-doc-tokens", type=int, default=16384)
+ap.add_argument("--long-agents", type=int, default=16)
 ap.add_argument("--resume", action="store_true")
 args = ap.parse_args()
 if not args.model:
@@ -54,11 +60,11 @@ common = ["--model", args.model, "--doc-tokens", str(args.doc_tokens), "--n-pred
           str(args.n_predict), "-t", str(args.threads), "--trials", "1", "--server-kvu", "off"]
 
 
-def bench(section, extra):
+def bench(section, extra, base=None):
     out = os.path.join(args.out, section)
     done = os.path.join(out, "best_run.json")
     if not (args.resume and os.path.exists(done)):
-        cmd = [swarmkv, "bench", *common, "--out", out, *extra]
+        cmd = [swarmkv, "bench", *(base or common), "--out", out, *extra]
         print("[many-agents] " + shlex.join(cmd), file=sys.stderr, flush=True)
         t0 = time.monotonic()
         subprocess.run(cmd, check=True)
@@ -81,6 +87,12 @@ sweep = {}
 for k in [int(x) for x in args.max_live.split(",")]:
     sweep[k] = bench(f"maxlive-{k}", ["--branches", str(args.agents), "--arms", "shared",
                                       "--max-live", str(k)])
+
+long_run = None
+if args.long_model:
+    long_common = ["--model", args.long_model, "--doc-tokens", str(args.long_doc_tokens),
+                   "--n-predict", str(args.n_predict), "-t", str(args.threads), "--trials", "1"]
+    long_run = bench("long", ["--branches", str(args.long_agents), "--arms", "shared"], long_common)
 
 rows = []
 
@@ -141,8 +153,17 @@ goals = {
 goals["goal_25x_met"] = goals["shared_vs_extrapolated_baseline_end_to_end"] >= 25
 goals["goal_p99_below_sequential_p50_met"] = (goals["shared_p99_completion_ms"]
                                               < goals["server_sequential_p50_completion_ms"])
-command = "python3 bench/many_agents.py " + shlex.join(sys.argv[1:])
+command = "python3 bench/many_agents.py " + shlex.join(a for a in sys.argv[1:] if a != "--resume")
+long_row = None
+if long_run:
+    a = arm(long_run, "shared")
+    long_row = {"model": os.path.basename(args.long_model), "doc_tokens": args.long_doc_tokens,
+                "agents": args.long_agents, "end_to_end_ms": a["end_to_end_ms"],
+                "prefill_ms": a["prefill_ms"], "n_ctx": a["n_ctx"], "ok": a["ok"],
+                "kv_bytes_peak": a["memory"]["kv_bytes_peak"], "latency": a["latency"],
+                "peak_rss_kib": a["peak_rss_kib"]}
 results = {"params": vars(args), "environment": arms50["environment"], "rows": rows,
+           "long": long_row,
            "extrapolated_baseline": extrapolated, "max_live": maxlive_rows, "goals": goals,
            "command": command}
 with open(os.path.join(args.out, "results.json"), "w") as f:

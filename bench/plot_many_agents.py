@@ -114,7 +114,22 @@ for r in sorted(R["max_live"], key=lambda r: r["max_live"]):
                  f"{r['ttft_p50_ms'] / 1000:.1f} / {r['ttft_p99_ms'] / 1000:.1f} | "
                  f"{r['completion_p50_ms'] / 1000:.1f} / {r['completion_p99_ms'] / 1000:.1f} | "
                  f"{r['inter_token_p50_ms']:.0f} |")
-lines += ["", "![max_live](plots/max_live.png)", "", "## Reproduce", "", "```",
+lines += ["", "![max_live](plots/max_live.png)", ""]
+L = R.get("long")
+if L:
+    lat = L["latency"]
+    lines += [
+        f"## A long document on the second architecture", "",
+        f"{L['agents']} agents x {p['n_predict']} tokens over a synthetic document of "
+        f"{L['doc_tokens']} tokens on {L['model']} (sliding-window attention, 32k context), "
+        f"shared fork, one trial: end to end {L['end_to_end_ms'] / 1000:.1f} s, of which the "
+        f"prefill {L['prefill_ms'] / 1000:.1f} s; n_ctx {L['n_ctx']}, KV in use "
+        f"{L['kv_bytes_peak'] / 1048576:.0f} MiB, peak RSS {L['peak_rss_kib'] / 1024:.0f} MiB; "
+        f"TTFT p50/p99 {lat['ttft_ms']['p50'] / 1000:.1f} / {lat['ttft_ms']['p99'] / 1000:.1f} s, "
+        f"completion p50/p99 {lat['completion_ms']['p50'] / 1000:.1f} / "
+        f"{lat['completion_ms']['p99'] / 1000:.1f} s, inter-token p50 "
+        f"{lat['inter_token_ms']['p50']:.0f} ms. {'ok' if L['ok'] else 'FAILED'}.", ""]
+lines += ["## Reproduce", "", "```",
           R["command"], "```", "",
           "Per-section raw output (each `swarmkv bench` run's best_run.json, all_trials.csv and "
           "server logs) is in the section folders.", ""]

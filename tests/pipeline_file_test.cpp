@@ -129,6 +129,23 @@ TEST_F(PipelineFileTest, PlaceholdersPrioritiesAndMaxLiveAreRead) {
   EXPECT_EQ(spec.agents[0].priority, 2);
   EXPECT_EQ(spec.agents[1].priority, 0);
   EXPECT_EQ(spec.agents[1].prompt, "{{a}} -- why?");
+  const std::string needs_ok = write("needs_ok.yaml",
+                                     "document: {text: x y}\nagents:\n"
+                                     "  - {name: a, prompt: q, needs: {tokens: 64}}\n"
+                                     "  - {name: b, prompt: q, needs: {until: \"y\"}, "
+                                     "fork_from: a}\n");
+  EXPECT_NE(error_of(needs_ok).find("agent 'b': needs and fork_from do not combine"),
+            std::string::npos)
+      << error_of(needs_ok);
+  const PipelineSpec read = load_pipeline_file(
+      write("needs_read.yaml",
+            "document: {text: x y}\nagents:\n  - {name: a, prompt: q, needs: {tokens: 64}}\n"
+            "  - {name: b, prompt: q, needs: {until: \"y\"}}\n  - {name: c, prompt: r}\n"
+            "  - {name: d, prompt: s, fork_from: c}\n"));
+  EXPECT_EQ(read.agents[0].needs.tokens, 64);
+  EXPECT_EQ(read.agents[1].needs.until, "y");
+  EXPECT_FALSE(read.agents[2].needs.any());
+  EXPECT_EQ(read.agents[3].fork_from, "c");
   const std::string needs = write("needs.yaml",
                                   "document: {text: x y}\nagents:\n"
                                   "  - {name: a, prompt: q, needs: {tokens: 64}}\n"

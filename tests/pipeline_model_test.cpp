@@ -107,6 +107,27 @@ Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpe
   return ref;
 }
 
+// The document of the tests whose agents build on each other: shorter under
+// the sanitizers, which look at memory and threads there, not numerics.
+#ifdef SWARMKV_SANITIZED
+constexpr size_t kChainChars = 2500;
+#else
+constexpr size_t kChainChars = 6000;
+#endif
+
+// A shared answer equals the recompute to its end, or up to a step where
+// the recompute itself is a near-tie (best and second-best logits closer
+// than `tie_margin`): a fork or position bug diverges at confident steps.
+void expect_equal_up_to_near_tie(const std::vector<Token>& shared, const Reference& ref,
+                                 float tie_margin, const std::string& name) {
+  if (shared == ref.tokens) return;
+  size_t d = 0;
+  while (d < shared.size() && d < ref.tokens.size() && shared[d] == ref.tokens[d]) ++d;
+  ASSERT_LT(d, ref.margins.size()) << name;
+  EXPECT_LT(ref.margins[d], tie_margin)
+      << name << " (shared) diverged at token " << d << " where the recompute was confident";
+}
+
 class PipelineModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -356,7 +377,7 @@ TEST_P(ForkEquivalenceTest, PlaceholderAgentEqualsRecomputeOfItsRenderedPrompt) 
 #ifdef SWARMKV_SANITIZED_THREAD
   GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
 #endif
-  PipelineSpec spec = document_spec("apache-2.0.txt", 6000, 32,
+  PipelineSpec spec = document_spec("apache-2.0.txt", kChainChars, 32,
                                     {"What does the Grant of Copyright License allow?",
                                      "What does the Grant of Patent License cover?"});
   AgentSpec verdict;
@@ -406,7 +427,7 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
   GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
 #endif
   PipelineSpec spec =
-      document_spec("apache-2.0.txt", 6000, 24,
+      document_spec("apache-2.0.txt", kChainChars, 24,
                     {"What does the Grant of Copyright License allow?",
                      "What is missing from that answer?", "Say it again in five words.",
                      "Which of those gaps matters most?", "What does the patent licence cover?"});
@@ -460,13 +481,7 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
     const Reference ref =
         recompute(model_, spec, prepared.prefix, branch[i], spec.agents[i], /*split=*/true);
     EXPECT_EQ(ref.tokens, none.agents[i].tokens) << name << ": none decodes exactly that";
-    const std::vector<Token>& a = shared.agents[i].tokens;
-    size_t d = 0;
-    while (d < a.size() && d < ref.tokens.size() && a[d] == ref.tokens[d]) ++d;
-    if (a == ref.tokens) continue;
-    ASSERT_LT(d, ref.margins.size());
-    EXPECT_LT(ref.margins[d], tie_margin)
-        << name << " (shared) diverged at token " << d << " where the recompute was confident";
+    expect_equal_up_to_near_tie(shared.agents[i].tokens, ref, tie_margin, name);
   }
   EXPECT_GE(shared.agents[3].timings_ms.started_at, shared.agents[1].timings_ms.done_at);
 }
@@ -481,7 +496,7 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
 #ifdef SWARMKV_SANITIZED_THREAD
   GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
 #endif
-  PipelineSpec spec = document_spec("apache-2.0.txt", 6000, 24,
+  PipelineSpec spec = document_spec("apache-2.0.txt", kChainChars, 24,
                                     {"What is this document?", "Which terms does it define?",
                                      "What does the Grant of Copyright License allow?"});
   spec.agents[0].needs.tokens = 256;
@@ -496,7 +511,8 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
   EXPECT_NE(upto.rfind("\"Legal Entity\" shall mean"), std::string::npos) << upto;
   EXPECT_LE(upto.size() - upto.rfind("\"Legal Entity\" shall mean"), 40u)
       << "the cut falls just after the marker: " << upto;
-  EXPECT_GT(prepared.document_tokens, 1000) << "the document's own tokens";
+  EXPECT_GT(prepared.document_tokens, static_cast<int32_t>(kChainChars / 6))
+      << "the document's own tokens";
   EXPECT_LE(static_cast<size_t>(prepared.document_begin + prepared.document_tokens),
             prepared.prefix.size());
 
@@ -524,13 +540,7 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
     const Reference ref =
         recompute(model_, spec, cut, prepared.branches[i], spec.agents[i], /*split=*/true);
     EXPECT_EQ(ref.tokens, none.agents[i].tokens) << name << ": none decodes exactly that";
-    const std::vector<Token>& a = shared.agents[i].tokens;
-    size_t d = 0;
-    while (d < a.size() && d < ref.tokens.size() && a[d] == ref.tokens[d]) ++d;
-    if (a == ref.tokens) continue;
-    ASSERT_LT(d, ref.margins.size());
-    EXPECT_LT(ref.margins[d], tie_margin)
-        << name << " (shared) diverged at token " << d << " where the recompute was confident";
+    expect_equal_up_to_near_tie(shared.agents[i].tokens, ref, tie_margin, name);
   }
   std::vector<Token> want = prepared.doc_close;
   const std::vector<Token> own = detail::tokenize_branch(*model_, prepared, spec.agents[0].prompt);
