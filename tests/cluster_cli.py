@@ -277,6 +277,24 @@ def redis_down_at_start_fails_fast(c):
 
 
 @case
+def chained_agents_are_refused_before_connecting(c):
+    """Placeholders and fork_from need other agents' answers, which workers do not have yet."""
+    doc = os.path.join(c.source, "examples", "documents", "apache-2.0.txt")
+    for key, agent in (("placeholder", 'prompt: "{{a}} -- why?", depends_on: [a]'),
+                       ("fork_from", "prompt: Why so, fork_from: a")):
+        path = os.path.join(c.tmp, f"{key}.yaml")
+        with open(path, "w") as f:
+            f.write(f"document: {{file: {doc}}}\nagents:\n  - {{name: a, prompt: What is it}}\n"
+                    f"  - {{name: b, {agent}}}\n")
+        p = subprocess.run([c.cli, "run", path, "--model", c.model, "--redis", c.url()],
+                           env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        err = p.stderr.decode()
+        assert p.returncode == 2, (key, p.returncode, err)
+        assert ("swarmkv: error: invalid_argument: agent 'b': placeholders ({{name}}) and "
+                "fork_from do not run on a cluster yet; run this pipeline without --redis") in err, err
+
+
+@case
 def no_live_worker_fails_fast(c):
     c.start_redis()
     t0 = time.monotonic()

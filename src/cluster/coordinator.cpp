@@ -59,12 +59,11 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
   const Stopwatch run;
   const PreparedPipeline prepared = prepare_pipeline(spec, *model);
   for (const AgentSpec& a : spec.agents) {
-    if (!prompt_placeholders(a.prompt).empty()) {
-      throw Error(
-          ErrorCode::kInvalidArgument,
-          fmt::format("agent '{}': placeholders ({{{{name}}}}) do not run on a cluster yet; "
-                      "run this pipeline without --redis",
-                      a.name));
+    if (detail::renders_at_start(a)) {  // its branch needs other agents' answers
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': placeholders ({{{{name}}}}) and fork_from do not run on "
+                              "a cluster yet; run this pipeline without --redis",
+                              a.name));
     }
   }
   redis::Client redis(url);
