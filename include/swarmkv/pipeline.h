@@ -354,6 +354,7 @@ struct PreparedPipeline {
   // `needs`; then the prefix cut after the document tokens it needs, and its
   // branch starts with doc_close.
   std::vector<int32_t> watermarks;
+  // Set when an agent has `needs` (else empty and 0):
   std::vector<Token> doc_close;  // the template's markup after the document, as tokens
   int32_t document_begin = 0;    // prefix tokens before the document's first
   int32_t document_tokens = 0;   // prefix tokens made from the document alone

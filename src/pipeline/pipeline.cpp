@@ -174,6 +174,11 @@ size_t common_prefix(const std::vector<Token>& a, const std::vector<Token>& b) {
 // that merges the document's end with the markup after it is not one).
 void locate_document(const PipelineSpec& spec, const Model& model, const TemplateSplit& split,
                      PreparedPipeline& out) {
+  if (std::none_of(spec.agents.begin(), spec.agents.end(),
+                   [](const AgentSpec& a) { return a.needs.any(); })) {
+    out.watermarks.assign(spec.agents.size(), static_cast<int32_t>(out.prefix.size()));
+    return;  // nothing to cut: spare tokenising the document twice more
+  }
   const auto upto = [&](std::string_view document_part) {
     std::vector<Model::TextPiece> pieces(
         split.head.begin(), split.head.begin() + static_cast<std::ptrdiff_t>(split.document_piece));
