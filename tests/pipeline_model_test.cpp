@@ -500,6 +500,9 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
                                     {"What is this document?", "Which terms does it define?",
                                      "What does the Grant of Copyright License allow?"});
   spec.agents[0].needs.tokens = 256;
+  // Steps of 128 tokens: the prefix left after the first watermark spans
+  // several steps, whatever the document's length under each preset.
+  spec.n_batch = 128;
   spec.agents[1].needs.until = "\"Legal Entity\" shall mean";
   const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
   const size_t w0 = static_cast<size_t>(prepared.watermarks[0]);
