@@ -121,11 +121,12 @@ TEST_F(PipelineFileTest, JsonIsAcceptedToo) {
 
 TEST_F(PipelineFileTest, PlaceholdersPrioritiesAndMaxLiveAreRead) {
   const std::string ok = write("chain.yaml",
-                               "max_live: 3\ndocument: {text: x}\nagents:\n"
+                               "max_live: 3\nexact: true\ndocument: {text: x}\nagents:\n"
                                "  - {name: a, prompt: q, priority: 2}\n"
                                "  - name: b\n    depends_on: a\n    prompt: \"{{a}} -- why?\"\n");
   const PipelineSpec spec = load_pipeline_file(ok);
   EXPECT_EQ(spec.max_live, 3);
+  EXPECT_TRUE(spec.exact);
   EXPECT_EQ(spec.agents[0].priority, 2);
   EXPECT_EQ(spec.agents[1].priority, 0);
   EXPECT_EQ(spec.agents[1].prompt, "{{a}} -- why?");

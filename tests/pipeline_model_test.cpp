@@ -77,9 +77,10 @@ Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpe
   Context ctx(model, o);
   std::vector<Token> all = prefix;
   all.insert(all.end(), prompt.begin(), prompt.end());
-  if (split) {
+  if (split) {  // and in the branch phase's chunks, as every strategy decodes it
     ctx.decode_prompt(prefix, 0, 0, false);
-    ctx.decode_prompt(prompt, static_cast<Pos>(prefix.size()), 0, true);
+    ctx.decode_prompt(prompt, static_cast<Pos>(prefix.size()), 0, true, {},
+                      detail::branch_decoding(spec).max_rows);
   } else {
     ctx.decode_prompt(all, 0, 0, true);
   }
@@ -553,6 +554,147 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ForkEquivalenceTest, SWARMKV_FORK_TEST_MODELS,
+                         test::test_model_name);
+
+// Exact mode (PipelineSpec::exact): the shared fork's answers equal the
+// re-prefill's token for token, with several agents (fork_strategy.h,
+// BranchDecoding, says how). The model is loaded as exact mode needs it:
+// without weight repacking.
+class ExactForkTest : public ::testing::TestWithParam<test::TestModel> {
+ protected:
+  void SetUp() override {
+    PipelineSpec exact;
+    exact.exact = true;
+    model_ = test::load_test_model(GetParam(), model_options(exact));
+    if (!model_) GTEST_SKIP() << GetParam().env << " is not set";
+  }
+
+  // Every agent's answer in `a` equals the one in `b`, token for token.
+  static void expect_same_answers(const PipelineResult& a, const PipelineResult& b,
+                                  const char* what) {
+    ASSERT_TRUE(a.ok()) << describe(a.document_error) << describe(a.agents[0].error);
+    ASSERT_TRUE(b.ok()) << describe(b.document_error) << describe(b.agents[0].error);
+    ASSERT_EQ(a.agents.size(), b.agents.size());
+    int equal = 0;
+    for (size_t i = 0; i < a.agents.size(); ++i) {
+      EXPECT_EQ(a.agents[i].tokens, b.agents[i].tokens) << a.agents[i].name << " (" << what << ")\n"
+                                                        << a.agents[i].answer << "\n"
+                                                        << b.agents[i].answer;
+      equal += a.agents[i].tokens == b.agents[i].tokens ? 1 : 0;
+    }
+    std::cout << what << ": " << equal << " of " << a.agents.size() << " answers equal\n";
+  }
+
+  std::shared_ptr<const Model> model_;
+};
+
+// A prompt longer than one micro-batch of the branch phase (63 rows).
+constexpr const char* kLongPrompt =
+    "Read the whole text above again, clause by clause, and then write a long, careful and "
+    "detailed explanation, in plain English and in complete sentences, of every obligation it "
+    "places on a person who receives a copy, modifies it, or distributes it to others, and of "
+    "every condition, notice and exception that applies to them when they do so.";
+
+// Six agents with prompts of different lengths (one over 63 tokens) over two
+// real documents, 48 greedy tokens each except one that stops after 8
+// while the others go on (its cells stay where they are): shared == none
+// token for token (on Gemma 3 within the near-tie bound, test_models.h) and
+// host == none. The document is long enough (>= 512
+// cells) for one-row steps to take flash attention's split-KV path on
+// several threads, the path exact mode avoids.
+TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
+#ifdef SWARMKV_SANITIZED
+  GTEST_SKIP() << "numerics, not memory: the release build runs it on both models";
+#endif
+  for (const char* file : {"apache-2.0.txt", "mpl-2.0.txt"}) {
+    SCOPED_TRACE(file);
+    PipelineSpec spec = document_spec(
+        file, 2600, 48,
+        {"What is this?", "Name the parties.", "Explain in detail what the first section says.",
+         "Write a detailed paragraph about the definitions in this text, one by one.",
+         "Describe, step by step, what a person must do to redistribute this work.", kLongPrompt});
+    spec.exact = true;
+    spec.agents[1].max_tokens = 8;
+    const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+    EXPECT_GE(prepared.prefix.size(), 520u);
+    EXPECT_GT(prepared.branches[5].size(), static_cast<size_t>(detail::kExactMaxRows));
+    spec.fork = ForkMode::kNone;
+    const PipelineResult none = run_pipeline(spec, model_);
+    spec.fork = ForkMode::kShared;
+    const PipelineResult shared = run_pipeline(spec, model_);
+    if (GetParam().exact_mode_exact) {
+      expect_same_answers(shared, none, "shared vs none");
+    } else {
+      for (size_t i = 0; i < spec.agents.size(); ++i) {
+        const Reference ref = recompute(model_, spec, prepared.prefix, prepared.branches[i],
+                                        spec.agents[i], /*split=*/true);
+        EXPECT_EQ(ref.tokens, none.agents[i].tokens) << spec.agents[i].name;
+        std::cout << spec.agents[i].name << ": shared "
+                  << (shared.agents[i].tokens == none.agents[i].tokens ? "==" : "!=") << " none\n";
+        expect_equal_up_to_near_tie(shared.agents[i].tokens, ref, 2 * GetParam().shared_logit_bound,
+                                    spec.agents[i].name);
+      }
+    }
+    if (file == std::string("apache-2.0.txt")) {
+      spec.fork = ForkMode::kHost;
+      expect_same_answers(run_pipeline(spec, model_), none, "host vs none");
+    }
+    ASSERT_TRUE(shared.ok());
+    EXPECT_TRUE(shared.exact);
+    EXPECT_TRUE(shared.engine.flash_attn);
+    EXPECT_EQ(shared.engine.n_threads, 1);
+    EXPECT_EQ(shared.n_seq_max, 8u) << "6 branches, the document and the park sequence";
+    EXPECT_EQ(shared.agents[1].tokens.size(), 8u);
+    for (size_t i = 0; i < spec.agents.size(); ++i) {
+      if (i != 1 && !GetParam().instruct) {
+        EXPECT_EQ(shared.agents[i].tokens.size(), 48u);
+      }
+    }
+    ASSERT_FALSE(shared.decode_steps.empty());
+    EXPECT_GT(shared.decode_steps[0].prompt_tokens, static_cast<int32_t>(detail::kExactMaxRows))
+        << "the first step carries every prompt: several micro-batches";
+    // No cell is freed while agents run: every branch token decoded stays.
+    int64_t cells = shared.prefix_tokens;
+    for (const AgentResult& a : shared.agents) {  // the last sampled token is never decoded
+      cells += a.prompt_tokens + static_cast<int64_t>(a.tokens.size()) -
+               (a.stop_reason == StopReason::kEndOfGeneration ? 0 : 1);
+    }
+    EXPECT_EQ(shared.kv_cells_peak, cells);
+  }
+}
+
+// More live branches than one micro-batch holds: 70 agents, so each
+// generation step goes to llama.cpp as 63 + 7 rows. Host is the reference
+// here (the test above shows host == none; 70 re-prefills would be slow).
+TEST_P(ExactForkTest, SharedEqualsHostWithMoreLiveBranchesThanOneMicroBatch) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
+#endif
+  const char* topics[] = {"copyright", "patents", "trademarks",    "warranty",       "liability",
+                          "notices",   "sources", "contributions", "redistribution", "termination"};
+  PipelineSpec spec = document_spec("apache-2.0.txt", 1500, 6, {});
+  spec.exact = true;
+  for (int i = 0; i < 70; ++i) {
+    AgentSpec a;
+    a.name = "agent" + std::to_string(i);
+    a.prompt = fmt::format("Question {}: what does the text say about {}?", i, topics[i % 10]);
+    a.max_tokens = 6;
+    spec.agents.push_back(a);
+  }
+  spec.fork = ForkMode::kShared;
+  const PipelineResult shared = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kHost;
+  const PipelineResult host = run_pipeline(spec, model_);
+  expect_same_answers(shared, host, "shared vs host");
+  const auto widest = std::max_element(shared.decode_steps.begin(), shared.decode_steps.end(),
+                                       [](const DecodeStep& a, const DecodeStep& b) {
+                                         return a.generate_tokens < b.generate_tokens;
+                                       });
+  ASSERT_NE(widest, shared.decode_steps.end());
+  EXPECT_EQ(widest->generate_tokens, 70) << "every branch generates in one step";
+}
+
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, ExactForkTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 
 // The canary: the same comparison must fail when branch positions restart at

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pipeline/fork_strategy.h"
 #include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/result_json.h"
@@ -159,6 +160,11 @@ TEST(WatermarkTest, NeedsAreChecked) {
   EXPECT_EQ(validation_error(spec),
             "invalid_argument: agent 'agent0': needs and fork_from do not combine (a child reads "
             "its parent's whole conversation)");
+  spec.agents[0].fork_from.clear();
+  spec.exact = true;
+  EXPECT_EQ(validation_error(spec),
+            "invalid_argument: agent 'agent0': needs does not combine with exact (a cut document "
+            "is not proven token-identical to its re-prefill yet)");
 }
 
 TEST(LatencyTest, PercentilesInterpolateBetweenOrderStatistics) {
@@ -370,6 +376,36 @@ TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
   }
   o.type_v = KvType::kF16;  // a quantised K alone is fine without flash attention
   EXPECT_NO_THROW(validate_context_options(o));
+}
+
+// Exact mode is engine settings first: flash attention on, one-row steps
+// on one thread, the batched ones on as many as before; and the model
+// without weight repacking.
+TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadForOneRowSteps) {
+  PipelineSpec spec = four_agents();
+  spec.n_threads = 2;
+  spec.exact = true;
+  const ContextOptions o = engine_options(spec);
+  EXPECT_TRUE(o.flash_attn);
+  EXPECT_EQ(o.n_threads, 1);
+  EXPECT_EQ(o.n_threads_batch, effective_threads(2));
+  EXPECT_FALSE(model_options(spec).repack_weights);
+  spec.n_threads_batch = 1;
+  EXPECT_EQ(engine_options(spec).n_threads_batch, 1);
+  spec.exact = false;
+  EXPECT_EQ(engine_options(spec).n_threads, effective_threads(2));
+  EXPECT_FALSE(engine_options(spec).flash_attn);
+  EXPECT_TRUE(model_options(spec).repack_weights);
+  // q8_0 needs flash attention, which exact mode brings.
+  spec.kv_type = KvType::kQ8_0;
+  EXPECT_THROW(validate_engine_settings(spec), Error);
+  spec.exact = true;
+  EXPECT_NO_THROW(validate_engine_settings(spec));
+  EXPECT_EQ(detail::branch_decoding(spec).max_rows, 63u);
+  EXPECT_TRUE(detail::branch_decoding(spec).keep_cells);
+  spec.exact = false;
+  EXPECT_EQ(detail::branch_decoding(spec).max_rows, 0u);
+  EXPECT_FALSE(detail::branch_decoding(spec).keep_cells);
 }
 
 TEST(EngineSettingsTest, KvTypesHaveStableNames) {

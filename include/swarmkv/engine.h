@@ -33,6 +33,12 @@ using SeqId = std::int32_t;  // llama_seq_id
 // Options for Model::load.
 struct ModelOptions {
   int32_t n_gpu_layers = 0;  // layers offloaded to a GPU build; 0 = CPU only, -1 = all
+  // Let llama.cpp repack quantised weights into interleaved layouts (its
+  // "extra buffer types"). Faster matmuls, but their multi-row kernel (4
+  // rows at a time) rounds other than their one-row kernel, so a token's
+  // result depends on how many others share its decode call. Off for exact
+  // mode (model_options in pipeline.h).
+  bool repack_weights = true;
 };
 
 struct ChatMessage {
@@ -68,6 +74,7 @@ class Model {
   ~Model();
 
   const std::string& path() const noexcept { return path_; }
+  const ModelOptions& options() const noexcept { return options_; }
   std::string description() const;  // e.g. "llama ?B Q4_1"
   int32_t n_vocab() const noexcept;
   int32_t n_ctx_train() const noexcept;
@@ -119,9 +126,10 @@ class Model {
 
  private:
   friend struct detail::EngineAccess;
-  Model(std::string path, llama_model* model);
+  Model(std::string path, llama_model* model, ModelOptions options);
 
   std::string path_;
+  ModelOptions options_;
   std::unique_ptr<llama_model, detail::ModelDeleter> model_;
   // The control and unknown tokens' texts, longest first (tokenize(pieces)).
   // Set once by load(); immutable after.
@@ -166,8 +174,9 @@ struct KvLayout {
   std::string type_v;
   bool flash_attn = false;
   bool kv_unified = false;
-  int32_t n_swa = 0;      // sliding-window size in tokens; 0: no sliding-window layers
-  uint32_t n_ubatch = 0;  // micro-batch size: decides how a prefill is chunked
+  int32_t n_swa = 0;             // sliding-window size in tokens; 0: no sliding-window layers
+  uint32_t n_ubatch = 0;         // micro-batch size: decides how a prefill is chunked
+  bool repacked_weights = true;  // ModelOptions::repack_weights: other matmul kernels
   bool operator==(const KvLayout&) const = default;
 };
 
@@ -251,14 +260,16 @@ class Context {
   KvLayout kv_layout() const;
 
   // Decodes `tokens` on sequence `seq` at absolute positions pos0, pos0+1, ...
-  // in chunks of at most n_batch tokens. With `logits_last` the last token's
+  // in chunks of at most n_batch tokens (and at most `max_chunk`, when not
+  // 0: one llama_decode, so one micro-batch, per chunk). With `logits_last` the last token's
   // logits are kept (read them with logits(-1)). Throws Error(kBudget) when
   // pos0 + tokens.size() exceeds n_ctx, before decoding anything; on a decode
   // failure (kNoKvSlot, kAborted, kInvalidBatch, kDecodeFatal) the chunks
   // decoded before the failing one stay in the KV cache. `progress`, when
   // set, is called after each chunk with (tokens decoded, tokens in total).
   void decode_prompt(std::span<const Token> tokens, Pos pos0, SeqId seq, bool logits_last = true,
-                     const std::function<void(size_t, size_t)>& progress = {});
+                     const std::function<void(size_t, size_t)>& progress = {},
+                     uint32_t max_chunk = 0);
 
   // Decodes one batch (at most n_batch tokens). Errors as for decode_prompt;
   // on kNoKvSlot/kInvalidBatch the memory is as before the call.

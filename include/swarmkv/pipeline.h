@@ -107,6 +107,13 @@ struct PipelineSpec {
   // prefill's speed to a third to a half here.
   KvType kv_type = KvType::kF16;
   ForkMode fork = ForkMode::kShared;
+  // Batch-invariant decoding, experimental: an agent's answer is meant to
+  // equal what `fork: none` gives with the same settings, whatever the other
+  // agents do (README, "Exact mode", says how far that holds). Turns flash
+  // attention on and decodes one-token steps on one thread (engine_options),
+  // loads the model without weight repacking (model_options), and limits
+  // the branch phase (detail::branch_decoding).
+  bool exact = false;
   // kShared: the most branches decoded at once; 0 = as many as fit
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
   // first admitted agents finish sooner, at the cost of throughput.
@@ -122,8 +129,14 @@ void validate_engine_settings(const PipelineSpec& spec);
 
 // The engine settings of `spec` as context options: n_batch, n_ubatch,
 // threads, flash attention and KV types (n_ctx, n_seq_max and kv_unified
-// left at their defaults for the caller to set).
+// left at their defaults for the caller to set); threads resolved (0: all
+// cores). With spec.exact: flash attention on and n_threads 1.
 ContextOptions engine_options(const PipelineSpec& spec);
+
+// How to load the model for `spec`: exact mode without weight repacking
+// (ModelOptions::repack_weights). prepare_pipeline refuses an exact
+// pipeline on a model loaded otherwise.
+ModelOptions model_options(const PipelineSpec& spec);
 
 // Loads a pipeline file (YAML, or JSON, which YAML reads too) and checks it
 // with validate_pipeline. Relative `document.file` and `model` paths are
@@ -255,6 +268,7 @@ struct TransferFigures {
 
 struct PipelineResult {
   ForkMode fork = ForkMode::kShared;
+  bool exact = false;                // PipelineSpec::exact
   std::optional<GuardPolicy> guard;  // the strategies with branch workers (kHost/kNone) only
   int32_t prefix_tokens = 0;         // the document with its template wrapping
   int32_t document_prefills =
@@ -392,7 +406,9 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
 // Error(kChatTemplate) when the template drops the document or the agent
 // prompt, and Error(kBudget) "agent 'a' needs P positions: prefix_tokens D +
 // prompt_tokens Q + max_tokens M > n_ctx_train T, ..." when one sequence
-// would run past the context the model was trained on.
+// would run past the context the model was trained on, and
+// Error(kInvalidArgument) for an exact pipeline on a model that repacks its
+// weights (model_options).
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model);
 
 // Refuses a run whose contexts and host buffers would not fit in the memory

@@ -57,6 +57,10 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
                                const redis::Url& url, const CoordinatorOptions& options) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_distributed needs a model");
   const Stopwatch run;
+  if (spec.exact) {  // workers load their models with weight repacking
+    throw Error(ErrorCode::kInvalidArgument,
+                "exact does not run on a cluster yet; run this pipeline without --redis");
+  }
   const PreparedPipeline prepared = prepare_pipeline(spec, *model);
   for (const AgentSpec& a : spec.agents) {
     if (detail::renders_at_start(a)) {  // its branch needs other agents' answers
@@ -83,6 +87,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
 
   PipelineResult result;
   result.fork = spec.fork;
+  result.exact = spec.exact;
   if (spec.fork != ForkMode::kShared) result.guard = options.run.guard;
   result.engine = engine_options(spec);
   result.engine.n_threads = 0;  // the workers' own

@@ -151,7 +151,8 @@ void check_decode(int32_t rc, int32_t n_tokens, const ContextOptions& options) {
 
 // ---------------------------------------------------------------- Model
 
-Model::Model(std::string path, llama_model* model) : path_(std::move(path)), model_(model) {}
+Model::Model(std::string path, llama_model* model, ModelOptions options)
+    : path_(std::move(path)), options_(options), model_(model) {}
 Model::~Model() = default;
 
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOptions& options) {
@@ -159,6 +160,7 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOpt
   ensure_backend();
   llama_model_params params = llama_model_default_params();
   params.n_gpu_layers = options.n_gpu_layers;
+  params.use_extra_bufts = options.repack_weights;
   g_llama_errors.clear();
   g_collect_errors = true;
   llama_model* raw = llama_model_load_from_file(path.c_str(), params);
@@ -174,7 +176,7 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOpt
                             std::filesystem::file_size(path, ec), reason));
   }
   // The constructor is private, so make_shared cannot reach it.
-  std::shared_ptr<Model> loaded(new Model(path, raw));
+  std::shared_ptr<Model> loaded(new Model(path, raw, options));
   // The tokens llama_tokenize splits out of text only with parse_special:
   // control and unknown. User-defined tokens (Gemma's whitespace runs) it
   // splits out of plain text too, so tokenize(pieces) leaves them to it.
@@ -581,11 +583,13 @@ KvLayout kv_layout(const Model& model_ref, const ContextOptions& options) {
   layout.kv_unified = options.kv_unified;
   layout.n_swa = llama_model_n_swa(model);
   layout.n_ubatch = std::min(options.n_ubatch, options.n_batch);  // as the constructor clamps it
+  layout.repacked_weights = model_ref.options().repack_weights;
   return layout;
 }
 
 void Context::decode_prompt(std::span<const Token> tokens, Pos pos0, SeqId seq, bool logits_last,
-                            const std::function<void(size_t, size_t)>& progress) {
+                            const std::function<void(size_t, size_t)>& progress,
+                            uint32_t max_chunk) {
   if (tokens.empty()) throw Error(ErrorCode::kInvalidArgument, "decode_prompt: no tokens");
   if (pos0 < 0)
     throw Error(ErrorCode::kInvalidArgument,
@@ -597,7 +601,8 @@ void Context::decode_prompt(std::span<const Token> tokens, Pos pos0, SeqId seq, 
                             "starting at position {})",
                             pos0, end - 1, options_.n_ctx, tokens.size(), pos0));
   }
-  const auto n_batch = static_cast<int32_t>(options_.n_batch);
+  const auto n_batch = static_cast<int32_t>(max_chunk > 0 ? std::min(max_chunk, options_.n_batch)
+                                                          : options_.n_batch);
   Batch batch(n_batch, 1);
   const auto n = static_cast<int32_t>(tokens.size());
   for (int32_t start = 0; start < n; start += n_batch) {

@@ -154,6 +154,7 @@ void BatchPlanner::decoded(const BatchPlan& plan) {
     }
     ++live_branch(t.agent).cells;
     ++cells_;
+    ++decoded_cells_;
   }
   peak_cells_ = std::max(peak_cells_, cells_);
 }

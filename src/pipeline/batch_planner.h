@@ -98,6 +98,8 @@ class BatchPlanner {
   bool finished() const noexcept { return dag_.finished(); }
   int64_t cells() const noexcept { return cells_; }            // branch cells held now
   int64_t peak_cells() const noexcept { return peak_cells_; }  // branch cells at the peak
+  // Branch cells decoded so far, freed ones included.
+  int64_t decoded_cells() const noexcept { return decoded_cells_; }
 
  private:
   struct Branch {
@@ -131,6 +133,7 @@ class BatchPlanner {
   Pos prefix_decoded_ = 0;       // decoded so far
   int64_t cells_ = 0;
   int64_t peak_cells_ = 0;
+  int64_t decoded_cells_ = 0;
 };
 
 }  // namespace swarmkv::detail

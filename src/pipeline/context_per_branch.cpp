@@ -100,7 +100,7 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, Pipelin
   }
 
   const Stopwatch p;
-  ctx->decode_prompt(prompt, pos0, 0, /*logits_last=*/true);
+  ctx->decode_prompt(prompt, pos0, 0, /*logits_last=*/true, {}, branch_decoding(in.spec).max_rows);
   t.prompt = p.ms();
 
   Sampler sampler(ctx->model(), spec.sampling);

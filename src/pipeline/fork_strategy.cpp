@@ -83,6 +83,11 @@ PipelineBudget budget_one_shared_context(int32_t prefix_tokens,
   return b;
 }
 
+BranchDecoding branch_decoding(const PipelineSpec& spec) {
+  if (!spec.exact) return {};
+  return {.max_rows = kExactMaxRows, .keep_cells = true};
+}
+
 std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guard) {
   switch (mode) {
     case ForkMode::kShared:

@@ -54,6 +54,27 @@ class ForkStrategy {
 
 std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guard);
 
+// How the branch phase decodes: what PipelineSpec::exact asks below the
+// engine options (flash attention on, one thread for one-row steps). With
+// flash attention, a micro-batch of 2-63 query rows runs the one-chunk
+// kernel (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk):
+// each row on its own, over its sequence's cells in cell order, skipping
+// masked ones, so a row's result depends neither on the other rows nor on
+// other sequences' cells in between. 64 rows or more take the tiled path,
+// whose tiles start at absolute cell offsets. The document itself is
+// prefilled with the same chunking by every strategy.
+struct BranchDecoding {
+  // The most rows of one branch-phase micro-batch; 0: no limit.
+  uint32_t max_rows = 0;
+  // kShared: a finished branch's cells stay occupied until the run ends
+  // (moved onto a park sequence), so that no later token takes a freed cell
+  // before its own sequence's earlier cells and changes its summation order.
+  bool keep_cells = false;
+};
+// kExactMaxRows and keep_cells with spec.exact; no limits without.
+BranchDecoding branch_decoding(const PipelineSpec& spec);
+constexpr uint32_t kExactMaxRows = 63;  // GGML_FA_TILE_Q (64) - 1
+
 // The pipeline's DAG (node 0 the document, node i + 1 agent i) with the
 // agents' priorities.
 ReadySet ready_set(const PipelineSpec& spec);

@@ -324,6 +324,12 @@ void validate_pipeline(const PipelineSpec& spec) {
                   fmt::format("agent '{}': needs.until: '{}' is not in the document", a.name,
                               a.needs.until));
     }
+    if (a.needs.any() && spec.exact) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': needs does not combine with exact (a cut document is "
+                              "not proven token-identical to its re-prefill yet)",
+                              a.name));
+    }
     if (a.needs.any() && !a.fork_from.empty()) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent '{}': needs and fork_from do not combine (a child reads its "
@@ -440,7 +446,7 @@ void validate_engine_settings(const PipelineSpec& spec) {
   }
   validate_threads(spec.n_threads);
   validate_threads(spec.n_threads_batch);
-  validate_kv_types(spec.kv_type, spec.kv_type, spec.flash_attn);
+  validate_kv_types(spec.kv_type, spec.kv_type, spec.flash_attn || spec.exact);
 }
 
 ContextOptions engine_options(const PipelineSpec& spec) {
@@ -450,11 +456,25 @@ ContextOptions engine_options(const PipelineSpec& spec) {
   o.n_ubatch = spec.n_ubatch > 0                 ? spec.n_ubatch
                : spec.n_batch % kAutoUbatch == 0 ? kAutoUbatch
                                                  : spec.n_batch;
-  o.n_threads = spec.n_threads;
-  o.n_threads_batch = spec.n_threads_batch;
+  o.n_threads = effective_threads(spec.n_threads);
+  o.n_threads_batch =
+      spec.n_threads_batch > 0 ? effective_threads(spec.n_threads_batch) : o.n_threads;
   o.flash_attn = spec.flash_attn;
+  if (spec.exact) {
+    // A one-row step over 512 or more cells with several threads takes
+    // flash attention's split-KV path, whose chunks start at absolute cell
+    // indices; on one thread it is the row kernel every other step uses.
+    o.n_threads = 1;
+    o.flash_attn = true;
+  }
   o.type_k = spec.kv_type;
   o.type_v = spec.kv_type;
+  return o;
+}
+
+ModelOptions model_options(const PipelineSpec& spec) {
+  ModelOptions o;
+  o.repack_weights = !spec.exact;
   return o;
 }
 
@@ -472,6 +492,12 @@ std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model) 
 
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) {
   validate_pipeline(spec);
+  if (spec.exact && model.options().repack_weights) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "exact needs the model loaded without weight repacking "
+                "(ModelOptions::repack_weights false, as model_options() gives): a repacked "
+                "matmul rounds a token differently when other tokens share its decode call");
+  }
   const TemplateSplit split = split_template(spec, model);
 
   PreparedPipeline out;
@@ -530,13 +556,14 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
   }
   const bool trees = std::any_of(spec.agents.begin(), spec.agents.end(),
                                  [](const AgentSpec& a) { return !a.fork_from.empty(); });
-  if (trees && spec.fork == ForkMode::kShared &&
-      spec.agents.size() + 1 > max_parallel_sequences()) {
+  // exact: one more id parks finished branches' cells.
+  const size_t ids = max_parallel_sequences() - (spec.exact ? 1 : 0);
+  if (trees && spec.fork == ForkMode::kShared && spec.agents.size() + 1 > ids) {
     throw Error(ErrorCode::kBudget,
                 fmt::format("fork_from under fork shared keeps a finished parent's sequence until "
                             "its children have forked: at most {} agents (one sequence id each), "
                             "got {}; use fork host or fewer agents",
-                            max_parallel_sequences() - 1, spec.agents.size()));
+                            ids - 1, spec.agents.size()));
   }
   // Each sequence's positions against what the model was trained on; the
   // cells of all sequences together are bounded by memory (check_memory).
@@ -732,10 +759,8 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
 
   PipelineResult result;
   result.fork = spec.fork;
+  result.exact = spec.exact;
   result.engine = engine_options(spec);
-  result.engine.n_threads = effective_threads(spec.n_threads);
-  result.engine.n_threads_batch =
-      spec.n_threads_batch > 0 ? effective_threads(spec.n_threads_batch) : result.engine.n_threads;
   result.prefix_tokens = prepared.budget.prefix_tokens;
   result.n_ctx = prepared.budget.n_ctx;  // the strategy replaces it with llama.cpp's padded value
   result.prepare_ms = run.ms();

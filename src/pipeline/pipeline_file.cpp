@@ -132,7 +132,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   r.check_keys(
       root,
       {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch", "flash_attn",
-       "kv_type", "fork", "max_live", "system", "document", "defaults", "agents"},
+       "kv_type", "fork", "exact", "max_live", "system", "document", "defaults", "agents"},
       "the pipeline");
 
   PipelineSpec spec;
@@ -148,6 +148,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   spec.n_threads_batch = static_cast<int32_t>(
       r.integer(root, "threads_batch", spec.n_threads_batch, 0, hardware_threads(), top));
   spec.flash_attn = r.boolean(root, "flash_attn", spec.flash_attn, top);
+  spec.exact = r.boolean(root, "exact", spec.exact, top);
   spec.max_live = static_cast<int32_t>(r.integer(root, "max_live", spec.max_live, 0, 1 << 16, top));
   if (root["kv_type"]) {
     try {

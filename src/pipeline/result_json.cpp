@@ -10,10 +10,17 @@ nlohmann::json error_json(const std::optional<ErrorValue>& error) {
 }
 
 nlohmann::json kv_layout_json(const KvLayout& l) {
-  return {{"architecture", l.architecture}, {"n_layer", l.n_layer},       {"n_embd_k", l.n_embd_k},
-          {"n_embd_v", l.n_embd_v},         {"type_k", l.type_k},         {"type_v", l.type_v},
-          {"flash_attn", l.flash_attn},     {"kv_unified", l.kv_unified}, {"n_swa", l.n_swa},
-          {"n_ubatch", l.n_ubatch}};
+  return {{"architecture", l.architecture},
+          {"n_layer", l.n_layer},
+          {"n_embd_k", l.n_embd_k},
+          {"n_embd_v", l.n_embd_v},
+          {"type_k", l.type_k},
+          {"type_v", l.type_v},
+          {"flash_attn", l.flash_attn},
+          {"kv_unified", l.kv_unified},
+          {"n_swa", l.n_swa},
+          {"n_ubatch", l.n_ubatch},
+          {"repacked_weights", l.repacked_weights}};
 }
 
 nlohmann::json timings_json(const AgentTimings& t) {
@@ -95,6 +102,7 @@ nlohmann::json result_json(const PipelineResult& r) {
   for (const AgentResult& a : r.agents) agents.push_back(agent_json(a));
   return {{"schema_version", kResultSchemaVersion},
           {"fork", std::string(to_string(r.fork))},
+          {"exact", r.exact},
           {"guard",
            r.guard ? nlohmann::json(std::string(to_string(*r.guard))) : nlohmann::json(nullptr)},
           {"ok", r.ok()},

@@ -75,8 +75,12 @@ class SharedFork final : public ForkStrategy {
     options.kv_unified = true;
     options.n_seq_max = in.prepared.budget.n_seq_max;
     options.n_batch = std::max(in.spec.n_batch, options.n_seq_max);  // room for every live branch
+    const BranchDecoding decoding = branch_decoding(in.spec);
+    if (decoding.keep_cells)  // one more id: the park sequence
+      options.n_seq_max = std::min(options.n_seq_max + 1, max_parallel_sequences());
     options.n_ubatch = stream_if_missing && state.bytes.empty() ? engine_options(in.spec).n_ubatch
-                                                                : options.n_batch;
+                       : decoding.max_rows > 0 ? std::min(options.n_batch, decoding.max_rows)
+                                               : options.n_batch;
     auto ctx = std::make_unique<Context>(in.model, options);
     const Stopwatch r;
     if (!streaming)
@@ -115,10 +119,13 @@ class SharedFork final : public ForkStrategy {
       for (size_t p = 0; p < n && !parent.empty(); ++p)
         if (in.spec.agents[p].name == parent) parents[a] = p;
     }
-    BatchPlanner planner(dag, in.prepared.budgeted_prompt_tokens, in.branch_pos0,
-                         static_cast<int32_t>(ctx.options().n_seq_max),
-                         static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live,
-                         std::move(parents));
+    // keep_cells: the last id parks finished branches' cells (see BranchDecoding).
+    const bool keep_cells = branch_decoding(in.spec).keep_cells;
+    const auto n_seq = static_cast<int32_t>(ctx.options().n_seq_max);
+    const SeqId park = keep_cells ? n_seq - 1 : -1;
+    BatchPlanner planner(
+        dag, in.prepared.budgeted_prompt_tokens, in.branch_pos0, keep_cells ? n_seq - 1 : n_seq,
+        static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live, std::move(parents));
     if (std::any_of(in.spec.agents.begin(), in.spec.agents.end(),
                     [](const AgentSpec& a) { return a.needs.any(); }))
       planner.set_watermarks(in.prepared.watermarks);
@@ -132,7 +139,10 @@ class SharedFork final : public ForkStrategy {
 
     while (!planner.finished()) {
       const std::vector<BatchPlanner::Admission> admissions = planner.admit();
-      for (const SeqId seq : planner.take_freed()) ctx.seq_rm(seq);  // before any fork into it
+      for (const SeqId seq : planner.take_freed()) {  // before any fork into it
+        if (keep_cells) ctx.seq_cp(seq, park);
+        ctx.seq_rm(seq);
+      }
       for (const BatchPlanner::Admission& admitted : admissions) {
         Branch& b = branches[admitted.agent];
         const AgentSpec& spec = in.spec.agents[admitted.agent];
@@ -263,7 +273,8 @@ class SharedFork final : public ForkStrategy {
         b.prompt = {};
       }
     }
-    result.kv_cells_peak = static_cast<int64_t>(in.prepared.prefix.size()) + planner.peak_cells();
+    result.kv_cells_peak = static_cast<int64_t>(in.prepared.prefix.size()) +
+                           (keep_cells ? planner.decoded_cells() : planner.peak_cells());
   }
 };
 

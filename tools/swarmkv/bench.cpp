@@ -281,7 +281,9 @@ int run_bench(const BenchArgs& requested) {
   }
 
   const std::string model_path = resolve_model_path(args.model);
-  auto model = Model::load(model_path);
+  PipelineSpec engine_spec;  // the engine flags alone decide how the model loads
+  args.engine.apply(engine_spec);
+  auto model = Model::load(model_path, model_options(engine_spec));
   const std::string file_doc = args.doc_file.empty() ? "" : read_file(args.doc_file);
 
   json params = {{"model", model_path},

@@ -179,8 +179,8 @@ struct RunArgs {
 
 void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
                 const std::string& model_path, double load_ms) {
-  std::cout << fmt::format("pipeline {} | model {} | fork {}", spec.name, model_path,
-                           swarmkv::to_string(r.fork));
+  std::cout << fmt::format("pipeline {} | model {} | fork {}{}", spec.name, model_path,
+                           swarmkv::to_string(r.fork), r.exact ? " (exact)" : "");
   if (r.guard) std::cout << fmt::format(" | guard {}", swarmkv::to_string(*r.guard));
   std::cout << fmt::format(" | document {} tokens", r.prefix_tokens);
   std::cout << fmt::format(" | flash_attn {} kv {} n_ubatch {}", r.engine.flash_attn ? "on" : "off",
@@ -284,7 +284,7 @@ int run_pipeline_cmd(const RunArgs& args) {
   if (args.redis) swarmkv::redis::resolve_url(*args.redis);  // a bad URL before the model loads
   const std::string model_path = swarmkv::resolve_model_path(spec.model);
   const swarmkv::Stopwatch load;
-  auto model = swarmkv::Model::load(model_path);
+  auto model = swarmkv::Model::load(model_path, swarmkv::model_options(spec));
   const double load_ms = load.ms();
   swarmkv::PipelineResult result;
   if (args.redis) {
@@ -456,12 +456,12 @@ int run(int argc, char** argv) {
       "Run a pipeline file: prefill the document once, fork every agent from its KV state, "
       "print each answer, a timing table and the KV memory used.\n"
       "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, n_ubatch, threads, "
-      "threads_batch, flash_attn, kv_type, fork, system, document "
+      "threads_batch, flash_attn, kv_type, fork, exact, max_live, system, document "
       "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
       "prompt, max_tokens, "
       "temperature, top_p, top_k, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
       "presence_penalty, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, stop, "
-      "depends_on). See examples/pipelines/ and README.md.\n"
+      "depends_on, priority, fork_from, needs). See examples/pipelines/ and README.md.\n"
       "Exit status: 0 when every agent succeeded, 1 otherwise (the causes go to stderr), 2 when "
       "the file or the options are refused before the run.");
   run->add_option("pipeline", run_args.pipeline, "pipeline file (.yaml or .json)")->required();
@@ -473,6 +473,7 @@ int run(int argc, char** argv) {
          "        seq_cp (no bytes copied); all agents decoded together, one llama_decode per "
          "step;\n"
          "        answers repeat run to run and equal --fork none's up to the first near-tie\n"
+         "        (--exact: equal in every case tested, README \"Exact mode\")\n"
          "host: prefill once, copy + restore a host snapshot into each agent's context;\n"
          "        answers bit-identical to --fork none's\n"
          "none: the reference, every agent re-prefills the whole document in its own context")

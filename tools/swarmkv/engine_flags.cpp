@@ -22,6 +22,13 @@ void EngineFlags::add_to(CLI::App* app) {
                   "memory and every snapshot, cuts the prefill to a third to a half of its "
                   "speed here, needs flash attention")
       ->check(CLI::IsMember({"f16", "q8_0"}));
+  app->add_flag_function(
+      "--exact,!--no-exact", [this](int64_t count) { exact = count > 0; },
+      "exact mode, experimental (file key exact; default off): batch-invariant decoding so "
+      "that answers equal --fork none --exact's, under every fork strategy: flash attention "
+      "on, micro-batches of at most 63 rows, one thread for one-row steps, no weight "
+      "repacking; not yet a guarantee on every model, and about 3x the shared fork's "
+      "branch-phase time (README, \"Exact mode\")");
 }
 
 void EngineFlags::apply(PipelineSpec& spec) const {
@@ -30,6 +37,7 @@ void EngineFlags::apply(PipelineSpec& spec) const {
   if (threads_batch) spec.n_threads_batch = *threads_batch;
   if (!flash_attn.empty()) spec.flash_attn = flash_attn == "on";
   if (!kv_type.empty()) spec.kv_type = parse_kv_type(kv_type);
+  if (exact) spec.exact = *exact;
 }
 
 }  // namespace swarmkv::cli

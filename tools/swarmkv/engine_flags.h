@@ -19,8 +19,10 @@ struct EngineFlags {
   std::optional<int32_t> threads_batch;
   std::string flash_attn;  // "on" | "off" | "" (keep)
   std::string kv_type;     // "f16" | "q8_0" | "" (keep)
+  std::optional<bool> exact;
 
-  // Adds -b/--n-batch, --n-ubatch, --threads-batch, --flash-attn, --kv-type.
+  // Adds -b/--n-batch, --n-ubatch, --threads-batch, --flash-attn, --kv-type,
+  // --exact/--no-exact.
   void add_to(CLI::App* app);
   // Sets the given flags in `spec`; validate_pipeline checks the result.
   void apply(PipelineSpec& spec) const;

@@ -199,7 +199,7 @@ int SnapshotCommands::run_prefill() {
   }
   options.on_prefill_progress = prefill_progress();
   const std::string model_path = resolve_model_path(spec.model);
-  auto model = Model::load(model_path);
+  auto model = Model::load(model_path, model_options(spec));
   const PrefillReport r = prefill_document(spec, model, options, out_);
   if (json_) {
     nlohmann::json out = {
