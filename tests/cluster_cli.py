@@ -278,7 +278,8 @@ def redis_down_at_start_fails_fast(c):
 
 @case
 def chained_agents_are_refused_before_connecting(c):
-    """Placeholders and fork_from need other agents' answers, which workers do not have yet."""
+    """Placeholders and fork_from need other agents' answers, which workers do not have yet;
+    exact mode needs workers that load their models for it."""
     doc = os.path.join(c.source, "examples", "documents", "apache-2.0.txt")
     for key, agent in (("placeholder", 'prompt: "{{a}} -- why?", depends_on: [a]'),
                        ("fork_from", "prompt: Why so, fork_from: a")):
@@ -292,6 +293,16 @@ def chained_agents_are_refused_before_connecting(c):
         assert p.returncode == 2, (key, p.returncode, err)
         assert ("swarmkv: error: invalid_argument: agent 'b': placeholders ({{name}}) and "
                 "fork_from do not run on a cluster yet; run this pipeline without --redis") in err, err
+    # Exact mode needs workers whose models load without repacking: not yet.
+    path = os.path.join(c.tmp, "exact.yaml")
+    with open(path, "w") as f:
+        f.write(f"exact: true\ndocument: {{file: {doc}}}\nagents:\n  - {{name: a, prompt: What is it}}\n")
+    p = subprocess.run([c.cli, "run", path, "--model", c.model, "--redis", c.url()],
+                       env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    err = p.stderr.decode()
+    assert p.returncode == 2, ("exact", p.returncode, err)
+    assert ("swarmkv: error: invalid_argument: exact does not run on a cluster yet; run this "
+            "pipeline without --redis") in err, err
 
 
 @case

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pipeline/fork_strategy.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
@@ -417,6 +418,87 @@ TEST_P(EngineModelForkTest, UnifiedBatchedLogitsStayWithinBound) {
   EXPECT_EQ(shared.seq_pos_max(0), static_cast<Pos>(prefix.size()) - 1);
   EXPECT_EQ(shared.seq_pos_max(1), static_cast<Pos>(prefix.size() + prompts[0].size()) - 1);
 }
+
+// Exact mode's kernels (ModelOptions::batch_invariant, engine_options
+// with exact): one agent's tokens decoded alone, as the re-prefill does, and
+// beside another agent's in a unified cache, as the shared fork does, give
+// bit-identical logits at every step: its prompt 4 rows at a time alone and
+// all at once beside the other's (the tiled K-quant matmul starts at 8
+// rows), its one-row generation
+// steps alone and as two-row steps (llamafile's sgemm serves one row only
+// with our patch), over more than 512 cells (flash attention's split-KV
+// path on one thread). With the default options the same comparison
+// differs in nearly every logit (measured: SmolLM2 49,150 of 49,152, up to
+// 0.03; Gemma 3 all of them, up to 0.9).
+class ExactKernelTest : public ::testing::TestWithParam<test::TestModel> {};
+
+TEST_P(ExactKernelTest, ARowDecodesTheSameAloneAndBesideAnother) {
+  PipelineSpec spec = load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) +
+                                         "/examples/pipelines/apache-license.yaml");
+  spec.exact = true;
+  spec.n_threads = 2;
+  std::shared_ptr<const Model> model;
+  try {
+    model = test::load_test_model(GetParam(), model_options(spec));
+  } catch (const Error& e) {  // another test of this process decoded first
+    GTEST_SKIP() << "needs a process of its own (ctest runs each case alone): " << e.what();
+  }
+  if (!model) GTEST_SKIP() << GetParam().env << " is not set";
+  const PreparedPipeline p = prepare_pipeline(spec, *model);
+  ASSERT_GT(p.prefix.size(), 600u);
+  const std::vector<Token>& mine = p.branches[3];
+  const std::vector<Token>& other = p.branches[1];
+  ASSERT_GT(mine.size() % 4, 0u) << "a chunk of fewer than 4 rows at the end";
+  const auto P = static_cast<Pos>(p.prefix.size());
+  ContextOptions solo_options = engine_options(spec);
+  solo_options.n_ctx = 4096;
+  ContextOptions pair_options = solo_options;
+  pair_options.kv_unified = true;
+  pair_options.n_seq_max = 3;
+  pair_options.n_ubatch = detail::kExactMaxRows;
+  Context solo(model, solo_options);
+  Context pair(model, pair_options);
+  solo.decode_prompt(p.prefix, 0, 0, false);
+  {  // the document's cells as the prefill made them, as the shared fork restores them
+    std::vector<uint8_t> state(solo.state_size());
+    state.resize(solo.state_get(state));
+    pair.state_set(state);
+  }
+  pair.seq_cp(0, 1);
+  pair.seq_cp(0, 2);
+  solo.decode_prompt(mine, P, 0, true, {}, 4);  // 4 rows at a time, the pair's all in one
+  Batch batch(64, 1);
+  for (size_t i = 0; i < mine.size(); ++i)
+    batch.add(mine[i], P + static_cast<Pos>(i), 1, i + 1 == mine.size());
+  const int32_t mine_row = batch.size() - 1;
+  for (size_t i = 0; i < other.size(); ++i)
+    batch.add(other[i], P + static_cast<Pos>(i), 2, i + 1 == other.size());
+  pair.decode(batch);
+  int32_t row = mine_row, other_row = batch.size() - 1;
+  Pos pos = P + static_cast<Pos>(mine.size()), other_pos = P + static_cast<Pos>(other.size());
+  for (int step = 0; step < 12; ++step) {
+    const std::span<const float> a = solo.logits(-1);
+    const std::span<const float> b = pair.logits(row);
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i] ? 1 : 0;
+    ASSERT_EQ(differ, 0u) << "step " << step << ": of " << a.size() << " logits";
+    const auto next = static_cast<Token>(std::max_element(a.begin(), a.end()) - a.begin());
+    const std::span<const float> o = pair.logits(other_row);
+    const auto other_next = static_cast<Token>(std::max_element(o.begin(), o.end()) - o.begin());
+    Batch one(1, 1);
+    one.add(next, pos, 0, true);
+    solo.decode(one);
+    batch.clear();
+    batch.add(next, pos++, 1, true);
+    batch.add(other_next, other_pos++, 2, true);
+    pair.decode(batch);
+    row = 0;
+    other_row = 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, ExactKernelTest, SWARMKV_FORK_TEST_MODELS,
+                         test::test_model_name);
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, EngineModelForkTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);

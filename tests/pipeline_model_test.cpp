@@ -559,13 +559,17 @@ INSTANTIATE_TEST_SUITE_P(BothArchitectures, ForkEquivalenceTest, SWARMKV_FORK_TE
 // Exact mode (PipelineSpec::exact): the shared fork's answers equal the
 // re-prefill's token for token, with several agents (fork_strategy.h,
 // BranchDecoding, says how). The model is loaded as exact mode needs it:
-// without weight repacking.
+// with batch-invariant kernels.
 class ExactForkTest : public ::testing::TestWithParam<test::TestModel> {
  protected:
   void SetUp() override {
     PipelineSpec exact;
     exact.exact = true;
-    model_ = test::load_test_model(GetParam(), model_options(exact));
+    try {
+      model_ = test::load_test_model(GetParam(), model_options(exact));
+    } catch (const Error& e) {  // another test of this process decoded first
+      GTEST_SKIP() << "needs a process of its own (ctest runs each case alone): " << e.what();
+    }
     if (!model_) GTEST_SKIP() << GetParam().env << " is not set";
   }
 
@@ -597,9 +601,8 @@ constexpr const char* kLongPrompt =
 
 // Six agents with prompts of different lengths (one over 63 tokens) over two
 // real documents, 48 greedy tokens each except one that stops after 8
-// while the others go on (its cells stay where they are): shared == none
-// token for token (on Gemma 3 within the near-tie bound, test_models.h) and
-// host == none. The document is long enough (>= 512
+// while the others go on (its cells stay where they are): shared == none and
+// host == none, token for token. The document is long enough (>= 512
 // cells) for one-row steps to take flash attention's split-KV path on
 // several threads, the path exact mode avoids.
 TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
@@ -622,19 +625,7 @@ TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
     const PipelineResult none = run_pipeline(spec, model_);
     spec.fork = ForkMode::kShared;
     const PipelineResult shared = run_pipeline(spec, model_);
-    if (GetParam().exact_mode_exact) {
-      expect_same_answers(shared, none, "shared vs none");
-    } else {
-      for (size_t i = 0; i < spec.agents.size(); ++i) {
-        const Reference ref = recompute(model_, spec, prepared.prefix, prepared.branches[i],
-                                        spec.agents[i], /*split=*/true);
-        EXPECT_EQ(ref.tokens, none.agents[i].tokens) << spec.agents[i].name;
-        std::cout << spec.agents[i].name << ": shared "
-                  << (shared.agents[i].tokens == none.agents[i].tokens ? "==" : "!=") << " none\n";
-        expect_equal_up_to_near_tie(shared.agents[i].tokens, ref, 2 * GetParam().shared_logit_bound,
-                                    spec.agents[i].name);
-      }
-    }
+    expect_same_answers(shared, none, "shared vs none");
     if (file == std::string("apache-2.0.txt")) {
       spec.fork = ForkMode::kHost;
       expect_same_answers(run_pipeline(spec, model_), none, "host vs none");

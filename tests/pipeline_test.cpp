@@ -380,7 +380,7 @@ TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
 
 // Exact mode is engine settings first: flash attention on, one-row steps
 // on one thread, the batched ones on as many as before; and the model
-// without weight repacking.
+// with batch-invariant kernels.
 TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadForOneRowSteps) {
   PipelineSpec spec = four_agents();
   spec.n_threads = 2;
@@ -389,13 +389,13 @@ TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadForOneRowStep
   EXPECT_TRUE(o.flash_attn);
   EXPECT_EQ(o.n_threads, 1);
   EXPECT_EQ(o.n_threads_batch, effective_threads(2));
-  EXPECT_FALSE(model_options(spec).repack_weights);
+  EXPECT_TRUE(model_options(spec).batch_invariant);
   spec.n_threads_batch = 1;
   EXPECT_EQ(engine_options(spec).n_threads_batch, 1);
   spec.exact = false;
   EXPECT_EQ(engine_options(spec).n_threads, effective_threads(2));
   EXPECT_FALSE(engine_options(spec).flash_attn);
-  EXPECT_TRUE(model_options(spec).repack_weights);
+  EXPECT_FALSE(model_options(spec).batch_invariant);
   // q8_0 needs flash attention, which exact mode brings.
   spec.kv_type = KvType::kQ8_0;
   EXPECT_THROW(validate_engine_settings(spec), Error);

@@ -36,32 +36,26 @@ struct TestModel {
   // An instruct model ends some answers early at its end of turn (SmolLM2);
   // the base model (Gemma 3) runs to max_tokens.
   bool instruct;
-  // Whether exact mode's shared fork has been token-identical to the
-  // re-prefill on every case tested: yes on SmolLM2; on Gemma 3 one answer
-  // of six parts at a near-tie (README, "Exact mode"), so its tests hold it
-  // to the near-tie bound instead.
-  bool exact_mode_exact;
 };
 
 inline const TestModel kSmolLM2{
-    "smollm2", "SWARMKV_TEST_MODEL", SWARMKV_TEST_MODEL_PATH, 0.25f, false, true, true};
+    "smollm2", "SWARMKV_TEST_MODEL", SWARMKV_TEST_MODEL_PATH, 0.25f, false, true};
 inline const TestModel kGemma3{
-    "gemma3", "SWARMKV_TEST_MODEL_GEMMA3", SWARMKV_TEST_MODEL_GEMMA3_PATH, 2.5f, false, false,
-    false};
+    "gemma3", "SWARMKV_TEST_MODEL_GEMMA3", SWARMKV_TEST_MODEL_GEMMA3_PATH, 2.5f, false, false};
 
 inline std::ostream& operator<<(std::ostream& out, const TestModel& m) {
   return out << m.name;
 }
 
 // The model, loaded once per process and set of options (exact mode loads
-// it without weight repacking); nullptr when neither its variable nor the
+// it with batch-invariant kernels); nullptr when neither its variable nor the
 // build names one (the caller skips).
 inline std::shared_ptr<const Model> load_test_model(const TestModel& m,
                                                     const ModelOptions& options = {}) {
   static std::mutex mutex;
   static std::map<std::string, std::shared_ptr<const Model>> loaded;
   std::lock_guard lock(mutex);
-  const std::string key = std::string(m.name) + (options.repack_weights ? "" : "/no-repack");
+  const std::string key = std::string(m.name) + (options.batch_invariant ? "/batch-invariant" : "");
   auto it = loaded.find(key);
   if (it != loaded.end()) return it->second;
   const char* path = std::getenv(m.env);

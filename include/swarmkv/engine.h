@@ -33,12 +33,17 @@ using SeqId = std::int32_t;  // llama_seq_id
 // Options for Model::load.
 struct ModelOptions {
   int32_t n_gpu_layers = 0;  // layers offloaded to a GPU build; 0 = CPU only, -1 = all
-  // Let llama.cpp repack quantised weights into interleaved layouts (its
-  // "extra buffer types"). Faster matmuls, but their multi-row kernel (4
-  // rows at a time) rounds other than their one-row kernel, so a token's
-  // result depends on how many others share its decode call. Off for exact
-  // mode (model_options in pipeline.h).
-  bool repack_weights = true;
+  // Matmul kernels whose result for a row does not depend on how many rows
+  // share the call (exact mode; model_options in pipeline.h). By default
+  // llama.cpp picks the kernel by the number of rows — repacked quantised
+  // weights (its "extra buffer types"), ggml's tiled K-quant matmul from 8
+  // rows, llamafile's sgemm from 2 rows, ggml's vec_dot for one — and each
+  // rounds a row differently. On: no repacking and, process-wide,
+  // GGML_CPU_TILED_MM=0 and GGML_CPU_SGEMM_SINGLE_ROW=1 (our llama.cpp
+  // patch), which ggml reads once, at the first such matmul: Model::load
+  // with this on throws Error(kInvalidArgument) once any context of the
+  // process exists, unless both variables were set already.
+  bool batch_invariant = false;
 };
 
 struct ChatMessage {
@@ -176,7 +181,7 @@ struct KvLayout {
   bool kv_unified = false;
   int32_t n_swa = 0;             // sliding-window size in tokens; 0: no sliding-window layers
   uint32_t n_ubatch = 0;         // micro-batch size: decides how a prefill is chunked
-  bool repacked_weights = true;  // ModelOptions::repack_weights: other matmul kernels
+  bool batch_invariant = false;  // ModelOptions::batch_invariant: other matmul kernels
   bool operator==(const KvLayout&) const = default;
 };
 

@@ -107,12 +107,12 @@ struct PipelineSpec {
   // prefill's speed to a third to a half here.
   KvType kv_type = KvType::kF16;
   ForkMode fork = ForkMode::kShared;
-  // Batch-invariant decoding, experimental: an agent's answer is meant to
-  // equal what `fork: none` gives with the same settings, whatever the other
-  // agents do (README, "Exact mode", says how far that holds). Turns flash
-  // attention on and decodes one-token steps on one thread (engine_options),
-  // loads the model without weight repacking (model_options), and limits
-  // the branch phase (detail::branch_decoding).
+  // Batch-invariant decoding, experimental: every agent's answer equals,
+  // token for token, what `fork: none` gives with the same settings, whatever
+  // the other agents do (README, "Exact mode"). Turns flash attention on and
+  // decodes one-token steps on one thread (engine_options), loads the model
+  // with batch-invariant kernels (model_options), and limits the branch
+  // phase (detail::branch_decoding).
   bool exact = false;
   // kShared: the most branches decoded at once; 0 = as many as fit
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
@@ -133,8 +133,8 @@ void validate_engine_settings(const PipelineSpec& spec);
 // cores). With spec.exact: flash attention on and n_threads 1.
 ContextOptions engine_options(const PipelineSpec& spec);
 
-// How to load the model for `spec`: exact mode without weight repacking
-// (ModelOptions::repack_weights). prepare_pipeline refuses an exact
+// How to load the model for `spec`: exact mode with batch-invariant kernels
+// (ModelOptions::batch_invariant). prepare_pipeline refuses an exact
 // pipeline on a model loaded otherwise.
 ModelOptions model_options(const PipelineSpec& spec);
 

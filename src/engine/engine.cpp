@@ -6,8 +6,10 @@
 #include <llama.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <map>
@@ -155,12 +157,44 @@ Model::Model(std::string path, llama_model* model, ModelOptions options)
     : path_(std::move(path)), options_(options), model_(model) {}
 Model::~Model() = default;
 
+namespace {
+
+// Set by the first Context: ggml reads its process-wide kernel switches at
+// the first matmul of each kind, which any context's decode may run.
+std::atomic<bool> g_kernels_chosen{false};
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// ggml's tiled K-quant matmul (ggml-cpu/tiled) takes over at 8 rows or
+// more, and llamafile's sgemm serves 2 rows or more (one row goes to ggml's
+// vec_dot): each rounds a row other than the kernel below it. Both switches
+// are process-wide and read once; the second exists with our patch only
+// (scripts/patches/ggml-sgemm-single-row.patch).
+void row_invariant_kernels() {
+  if (env_is("GGML_CPU_TILED_MM", "0") && env_is("GGML_CPU_SGEMM_SINGLE_ROW", "1")) return;
+  if (g_kernels_chosen) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "a model with batch-invariant kernels (exact mode) must be loaded before any context "
+        "of this process has decoded: ggml chooses its matmul kernels once per process "
+        "(or set GGML_CPU_TILED_MM=0 and GGML_CPU_SGEMM_SINGLE_ROW=1 at its start)");
+  }
+  setenv("GGML_CPU_TILED_MM", "0", /*overwrite=*/1);  // before any thread reads it
+  setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
+}
+
+}  // namespace
+
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOptions& options) {
   require_regular_file(path, "model file");
   ensure_backend();
   llama_model_params params = llama_model_default_params();
   params.n_gpu_layers = options.n_gpu_layers;
-  params.use_extra_bufts = options.repack_weights;
+  params.use_extra_bufts = !options.batch_invariant;
+  if (options.batch_invariant) row_invariant_kernels();
   g_llama_errors.clear();
   g_collect_errors = true;
   llama_model* raw = llama_model_load_from_file(path.c_str(), params);
@@ -436,6 +470,7 @@ void Batch::add(Token token, Pos pos, std::span<const SeqId> seqs, bool logits) 
 Context::Context(std::shared_ptr<const Model> model, const ContextOptions& options)
     : model_(std::move(model)), options_(options) {
   if (!model_) throw Error(ErrorCode::kInvalidArgument, "Context needs a model");
+  g_kernels_chosen = true;  // from its first decode on, ggml's kernel switches are read
   validate_context_options(options);
   llama_context_params params = llama_context_default_params();
   params.n_ctx = options.n_ctx;
@@ -583,7 +618,7 @@ KvLayout kv_layout(const Model& model_ref, const ContextOptions& options) {
   layout.kv_unified = options.kv_unified;
   layout.n_swa = llama_model_n_swa(model);
   layout.n_ubatch = std::min(options.n_ubatch, options.n_batch);  // as the constructor clamps it
-  layout.repacked_weights = model_ref.options().repack_weights;
+  layout.batch_invariant = model_ref.options().batch_invariant;
   return layout;
 }
 

@@ -474,7 +474,7 @@ ContextOptions engine_options(const PipelineSpec& spec) {
 
 ModelOptions model_options(const PipelineSpec& spec) {
   ModelOptions o;
-  o.repack_weights = !spec.exact;
+  o.batch_invariant = spec.exact;
   return o;
 }
 
@@ -492,11 +492,11 @@ std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model) 
 
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) {
   validate_pipeline(spec);
-  if (spec.exact && model.options().repack_weights) {
+  if (spec.exact && !model.options().batch_invariant) {
     throw Error(ErrorCode::kInvalidArgument,
-                "exact needs the model loaded without weight repacking "
-                "(ModelOptions::repack_weights false, as model_options() gives): a repacked "
-                "matmul rounds a token differently when other tokens share its decode call");
+                "exact needs the model loaded with batch-invariant kernels "
+                "(ModelOptions::batch_invariant, as model_options() gives): otherwise a matmul "
+                "rounds a token differently when other tokens share its decode call");
   }
   const TemplateSplit split = split_template(spec, model);
 

@@ -20,7 +20,7 @@ nlohmann::json kv_layout_json(const KvLayout& l) {
           {"kv_unified", l.kv_unified},
           {"n_swa", l.n_swa},
           {"n_ubatch", l.n_ubatch},
-          {"repacked_weights", l.repacked_weights}};
+          {"batch_invariant", l.batch_invariant}};
 }
 
 nlohmann::json timings_json(const AgentTimings& t) {

@@ -61,7 +61,7 @@ KvLayout layout_from(const nlohmann::json& j) {
   l.kv_unified = j.at("kv_unified").get<bool>();
   l.n_swa = j.at("n_swa").get<int32_t>();
   l.n_ubatch = j.at("n_ubatch").get<uint32_t>();
-  l.repacked_weights = j.value("repacked_weights", true);  // files from before the key: repacked
+  l.batch_invariant = j.value("batch_invariant", false);  // files from before the key: not
   return l;
 }
 
@@ -450,8 +450,8 @@ void check_binding(const std::string& path, const SnapshotBinding& snapshot,
   if (a.kv_unified != b.kv_unified) refuse("kv_unified", a.kv_unified, b.kv_unified);
   if (a.n_swa != b.n_swa) refuse("n_swa", a.n_swa, b.n_swa);
   if (a.n_ubatch != b.n_ubatch) refuse("n_ubatch", a.n_ubatch, b.n_ubatch);
-  if (a.repacked_weights != b.repacked_weights)
-    refuse("repacked_weights", a.repacked_weights, b.repacked_weights);
+  if (a.batch_invariant != b.batch_invariant)
+    refuse("batch_invariant", a.batch_invariant, b.batch_invariant);
 }
 
 std::string_view to_string(SnapshotCacheMode mode) noexcept {

@@ -473,7 +473,7 @@ int run(int argc, char** argv) {
          "        seq_cp (no bytes copied); all agents decoded together, one llama_decode per "
          "step;\n"
          "        answers repeat run to run and equal --fork none's up to the first near-tie\n"
-         "        (--exact: equal in every case tested, README \"Exact mode\")\n"
+         "        (--exact: token for token, README \"Exact mode\")\n"
          "host: prefill once, copy + restore a host snapshot into each agent's context;\n"
          "        answers bit-identical to --fork none's\n"
          "none: the reference, every agent re-prefills the whole document in its own context")

@@ -26,9 +26,8 @@ void EngineFlags::add_to(CLI::App* app) {
       "--exact,!--no-exact", [this](int64_t count) { exact = count > 0; },
       "exact mode, experimental (file key exact; default off): batch-invariant decoding so "
       "that answers equal --fork none --exact's, under every fork strategy: flash attention "
-      "on, micro-batches of at most 63 rows, one thread for one-row steps, no weight "
-      "repacking; not yet a guarantee on every model, and about 3x the shared fork's "
-      "branch-phase time (README, \"Exact mode\")");
+      "on, micro-batches of at most 63 rows, one thread for one-row steps, batch-invariant "
+      "matmuls; the shared fork's branch phase 3-6x slower (README, \"Exact mode\")");
 }
 
 void EngineFlags::apply(PipelineSpec& spec) const {
