@@ -350,9 +350,9 @@ TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
   spec.kv_type = KvType::kQ8_0;
   ContextOptions o = engine_options(spec);
   EXPECT_EQ(o.n_batch, 256u);
-  EXPECT_EQ(o.n_ubatch, 256u);  // 0 = n_batch
-  EXPECT_EQ(o.n_threads, 1);
-  EXPECT_EQ(o.n_threads_batch, 2);
+  EXPECT_EQ(o.n_ubatch, 256u);                   // 0 = n_batch
+  EXPECT_EQ(o.n_threads, effective_threads(1));  // resolved ($SWARMKV_MAX_THREADS caps them)
+  EXPECT_EQ(o.n_threads_batch, effective_threads(2));
   EXPECT_TRUE(o.flash_attn);
   EXPECT_EQ(o.type_k, KvType::kQ8_0);
   EXPECT_EQ(o.type_v, KvType::kQ8_0);
