@@ -423,8 +423,8 @@ TEST_P(EngineModelForkTest, UnifiedBatchedLogitsStayWithinBound) {
 // with exact): one agent's tokens decoded alone, as the re-prefill does, and
 // beside another agent's in a unified cache, as the shared fork does, give
 // bit-identical logits at every step: its prompt 4 rows at a time alone and
-// all at once beside the other's (the tiled K-quant matmul starts at 8
-// rows), its one-row generation
+// all at once after the other's, in one batch of more than 63 rows (the
+// tiled K-quant matmul starts at 8 rows, tiled attention at 64), its one-row generation
 // steps alone and as two-row steps (llamafile's sgemm serves one row only
 // with our patch), over more than 512 cells (flash attention's split-KV
 // path on one thread). With the default options the same comparison
@@ -447,7 +447,13 @@ TEST_P(ExactKernelTest, ARowDecodesTheSameAloneAndBesideAnother) {
   const PreparedPipeline p = prepare_pipeline(spec, *model);
   ASSERT_GT(p.prefix.size(), 600u);
   const std::vector<Token>& mine = p.branches[3];
-  const std::vector<Token>& other = p.branches[1];
+  // The other agent's prompt goes first and is long, so that the pair's
+  // batch is over 63 rows and exact mode's micro-batch limit must split it.
+  std::vector<Token> other;
+  for (int twice = 0; twice < 2; ++twice)
+    for (size_t b = 0; b < 3; ++b)
+      other.insert(other.end(), p.branches[b].begin(), p.branches[b].end());
+  ASSERT_GT(other.size() + mine.size(), static_cast<size_t>(detail::kExactMaxRows) + 1);
   ASSERT_GT(mine.size() % 4, 0u) << "a chunk of fewer than 4 rows at the end";
   const auto P = static_cast<Pos>(p.prefix.size());
   ContextOptions solo_options = engine_options(spec);
@@ -455,7 +461,7 @@ TEST_P(ExactKernelTest, ARowDecodesTheSameAloneAndBesideAnother) {
   ContextOptions pair_options = solo_options;
   pair_options.kv_unified = true;
   pair_options.n_seq_max = 3;
-  pair_options.n_ubatch = detail::kExactMaxRows;
+  pair_options.n_ubatch = detail::branch_decoding(spec).max_rows;  // as the shared fork sets it
   Context solo(model, solo_options);
   Context pair(model, pair_options);
   solo.decode_prompt(p.prefix, 0, 0, false);
@@ -467,14 +473,14 @@ TEST_P(ExactKernelTest, ARowDecodesTheSameAloneAndBesideAnother) {
   pair.seq_cp(0, 1);
   pair.seq_cp(0, 2);
   solo.decode_prompt(mine, P, 0, true, {}, 4);  // 4 rows at a time, the pair's all in one
-  Batch batch(64, 1);
-  for (size_t i = 0; i < mine.size(); ++i)
-    batch.add(mine[i], P + static_cast<Pos>(i), 1, i + 1 == mine.size());
-  const int32_t mine_row = batch.size() - 1;
+  Batch batch(static_cast<int32_t>(pair_options.n_batch), 1);
   for (size_t i = 0; i < other.size(); ++i)
     batch.add(other[i], P + static_cast<Pos>(i), 2, i + 1 == other.size());
+  const int32_t first_other_row = batch.size() - 1;
+  for (size_t i = 0; i < mine.size(); ++i)
+    batch.add(mine[i], P + static_cast<Pos>(i), 1, i + 1 == mine.size());
   pair.decode(batch);
-  int32_t row = mine_row, other_row = batch.size() - 1;
+  int32_t row = batch.size() - 1, other_row = first_other_row;
   Pos pos = P + static_cast<Pos>(mine.size()), other_pos = P + static_cast<Pos>(other.size());
   for (int step = 0; step < 12; ++step) {
     const std::span<const float> a = solo.logits(-1);

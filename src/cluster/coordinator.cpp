@@ -57,7 +57,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
                                const redis::Url& url, const CoordinatorOptions& options) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_distributed needs a model");
   const Stopwatch run;
-  if (spec.exact) {  // workers load their models with weight repacking
+  if (spec.exact) {  // workers load their models without batch-invariant kernels
     throw Error(ErrorCode::kInvalidArgument,
                 "exact does not run on a cluster yet; run this pipeline without --redis");
   }
