@@ -633,7 +633,9 @@ TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
     ASSERT_TRUE(shared.ok());
     EXPECT_TRUE(shared.exact);
     EXPECT_TRUE(shared.engine.flash_attn);
-    EXPECT_EQ(shared.engine.n_threads, 1);
+    // One-row steps on one thread unless ggml has our attention kernel.
+    EXPECT_EQ(shared.engine.n_threads,
+              attention_batch_invariant() ? shared.engine.n_threads_batch : 1);
     EXPECT_EQ(shared.n_seq_max, 8u) << "6 branches, the document and the park sequence";
     EXPECT_EQ(shared.agents[1].tokens.size(), 8u);
     for (size_t i = 0; i < spec.agents.size(); ++i) {
@@ -658,8 +660,8 @@ TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
 // generation step goes to llama.cpp as 63 + 7 rows. Host is the reference
 // here (the test above shows host == none; 70 re-prefills would be slow).
 TEST_P(ExactForkTest, SharedEqualsHostWithMoreLiveBranchesThanOneMicroBatch) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
+#ifdef SWARMKV_SANITIZED
+  GTEST_SKIP() << "numerics, not memory: the release build runs it on both models";
 #endif
   const char* topics[] = {"copyright", "patents", "trademarks",    "warranty",       "liability",
                           "notices",   "sources", "contributions", "redistribution", "termination"};

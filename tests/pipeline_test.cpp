@@ -1,4 +1,5 @@
 // Pipeline validation and budgets, without a model.
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -387,7 +388,7 @@ TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadForOneRowStep
   spec.exact = true;
   const ContextOptions o = engine_options(spec);
   EXPECT_TRUE(o.flash_attn);
-  EXPECT_EQ(o.n_threads, 1);
+  EXPECT_EQ(o.n_threads, attention_batch_invariant() ? effective_threads(2) : 1);
   EXPECT_EQ(o.n_threads_batch, effective_threads(2));
   EXPECT_TRUE(model_options(spec).batch_invariant);
   spec.n_threads_batch = 1;
@@ -406,6 +407,23 @@ TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadForOneRowStep
   spec.exact = false;
   EXPECT_EQ(detail::branch_decoding(spec).max_rows, 0u);
   EXPECT_FALSE(detail::branch_decoding(spec).keep_cells);
+}
+
+TEST(EngineSettingsTest, WithoutTheAttentionKernelExactModeRunsOneRowStepsOnOneThread) {
+  // The unit tests decode nothing, so ggml has not read the switch yet.
+  const char* before = std::getenv("GGML_CPU_FA_BATCH_INVARIANT");
+  const std::string saved = before != nullptr ? before : "";
+  setenv("GGML_CPU_FA_BATCH_INVARIANT", "0", /*overwrite=*/1);
+  PipelineSpec spec = four_agents();
+  spec.n_threads = 2;
+  spec.exact = true;
+  EXPECT_FALSE(attention_batch_invariant());
+  EXPECT_EQ(engine_options(spec).n_threads, 1);
+  if (before != nullptr) {
+    setenv("GGML_CPU_FA_BATCH_INVARIANT", saved.c_str(), /*overwrite=*/1);
+  } else {
+    unsetenv("GGML_CPU_FA_BATCH_INVARIANT");
+  }
 }
 
 TEST(EngineSettingsTest, KvTypesHaveStableNames) {

@@ -39,10 +39,11 @@ struct ModelOptions {
   // weights (its "extra buffer types"), ggml's tiled K-quant matmul from 8
   // rows, llamafile's sgemm from 2 rows, ggml's vec_dot for one — and each
   // rounds a row differently. On: no repacking and, process-wide,
-  // GGML_CPU_TILED_MM=0 and GGML_CPU_SGEMM_SINGLE_ROW=1 (our llama.cpp
-  // patch), which ggml reads once, at the first such matmul: Model::load
-  // with this on throws Error(kInvalidArgument) once any context of the
-  // process exists, unless both variables were set already.
+  // GGML_CPU_TILED_MM=0, GGML_CPU_SGEMM_SINGLE_ROW=1 and (unless set)
+  // GGML_CPU_FA_BATCH_INVARIANT=1 (our llama.cpp patches), which ggml reads
+  // once, at the first such kernel: Model::load with this on throws
+  // Error(kInvalidArgument) once any context of the process exists, unless
+  // the three variables were set already.
   bool batch_invariant = false;
 };
 
@@ -187,6 +188,15 @@ struct KvLayout {
 
 // The KV layout a context with `options` on `model` has (no context needed).
 KvLayout kv_layout(const Model& model, const ContextOptions& options);
+
+// Whether flash attention gives a query row the same bits whatever the
+// other rows of its decode call, its cells' positions and the thread count:
+// true when the linked ggml has our row kernel
+// (scripts/patches/ggml-fa-batch-invariant.patch) and
+// GGML_CPU_FA_BATCH_INVARIANT is not 0 (Model::load with
+// ModelOptions::batch_invariant sets it to 1 where it is unset). Without it
+// flash attention is batch-invariant only on 2 to 63 rows and on one thread.
+bool attention_batch_invariant() noexcept;
 
 // Hardware threads of this machine (at least 1): the most `n_threads` a
 // context accepts.

@@ -157,6 +157,10 @@ Model::Model(std::string path, llama_model* model, ModelOptions options)
     : path_(std::move(path)), options_(options), model_(model) {}
 Model::~Model() = default;
 
+// Defined by our patch scripts/patches/ggml-fa-batch-invariant.patch only;
+// null with any other ggml.
+extern "C" __attribute__((weak)) int ggml_cpu_has_fa_batch_invariant(void);
+
 namespace {
 
 // Set by the first Context: ggml reads its process-wide kernel switches at
@@ -170,23 +174,34 @@ bool env_is(const char* name, const char* value) {
 
 // ggml's tiled K-quant matmul (ggml-cpu/tiled) takes over at 8 rows or
 // more, and llamafile's sgemm serves 2 rows or more (one row goes to ggml's
-// vec_dot): each rounds a row other than the kernel below it. Both switches
-// are process-wide and read once; the second exists with our patch only
-// (scripts/patches/ggml-sgemm-single-row.patch).
+// vec_dot): each rounds a row other than the kernel below it. The third
+// switch turns on the flash-attention row kernel (attention_batch_invariant);
+// it is left as it is when set, so that GGML_CPU_FA_BATCH_INVARIANT=0
+// measures exact mode without it. All are process-wide and read once; the
+// last two exist with our patches only (scripts/patches/).
 void row_invariant_kernels() {
-  if (env_is("GGML_CPU_TILED_MM", "0") && env_is("GGML_CPU_SGEMM_SINGLE_ROW", "1")) return;
+  if (env_is("GGML_CPU_TILED_MM", "0") && env_is("GGML_CPU_SGEMM_SINGLE_ROW", "1") &&
+      std::getenv("GGML_CPU_FA_BATCH_INVARIANT") != nullptr) {
+    return;
+  }
   if (g_kernels_chosen) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        "a model with batch-invariant kernels (exact mode) must be loaded before any context "
-        "of this process has decoded: ggml chooses its matmul kernels once per process "
-        "(or set GGML_CPU_TILED_MM=0 and GGML_CPU_SGEMM_SINGLE_ROW=1 at its start)");
+    throw Error(ErrorCode::kInvalidArgument,
+                "a model with batch-invariant kernels (exact mode) must be loaded before any "
+                "context of this process has decoded: ggml chooses its kernels once per process "
+                "(or set GGML_CPU_TILED_MM=0, GGML_CPU_SGEMM_SINGLE_ROW=1 and "
+                "GGML_CPU_FA_BATCH_INVARIANT=1 at its start)");
   }
   setenv("GGML_CPU_TILED_MM", "0", /*overwrite=*/1);  // before any thread reads it
   setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
+  setenv("GGML_CPU_FA_BATCH_INVARIANT", "1", /*overwrite=*/0);
 }
 
 }  // namespace
+
+bool attention_batch_invariant() noexcept {
+  return ggml_cpu_has_fa_batch_invariant != nullptr && ggml_cpu_has_fa_batch_invariant() == 1 &&
+         !env_is("GGML_CPU_FA_BATCH_INVARIANT", "0");
+}
 
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOptions& options) {
   require_regular_file(path, "model file");

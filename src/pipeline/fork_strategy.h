@@ -55,14 +55,16 @@ class ForkStrategy {
 std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guard);
 
 // How the branch phase decodes: what PipelineSpec::exact asks below the
-// engine options (flash attention on, one thread for one-row steps). With
-// flash attention, a micro-batch of 2-63 query rows runs the one-chunk
-// kernel (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk):
-// each row on its own, over its sequence's cells in cell order, skipping
-// masked ones, so a row's result depends neither on the other rows nor on
-// other sequences' cells in between. 64 rows or more take the tiled path,
-// whose tiles start at absolute cell offsets. The document itself is
-// prefilled with the same chunking by every strategy.
+// engine options (flash attention on; one thread for one-row steps unless
+// attention_batch_invariant()). With flash attention, a micro-batch of 2-63
+// query rows runs the one-chunk kernel (ggml-cpu ops.cpp,
+// ggml_compute_forward_flash_attn_ext_f16_one_chunk) or, with our patch, the
+// row kernel that gives the same bits: each row on its own, over its
+// sequence's cells in cell order, skipping masked ones, so a row's result
+// depends neither on the other rows nor on other sequences' cells in
+// between. 64 rows or more take the tiled path, whose tiles start at
+// absolute cell offsets. The document itself is prefilled with the same
+// chunking by every strategy.
 struct BranchDecoding {
   // The most rows of one branch-phase micro-batch; 0: no limit.
   uint32_t max_rows = 0;

@@ -461,10 +461,11 @@ ContextOptions engine_options(const PipelineSpec& spec) {
       spec.n_threads_batch > 0 ? effective_threads(spec.n_threads_batch) : o.n_threads;
   o.flash_attn = spec.flash_attn;
   if (spec.exact) {
-    // A one-row step over 512 or more cells with several threads takes
-    // flash attention's split-KV path, whose chunks start at absolute cell
-    // indices; on one thread it is the row kernel every other step uses.
-    o.n_threads = 1;
+    // Without our attention kernel, a one-row step over 512 or more cells
+    // with several threads takes flash attention's split-KV path, whose
+    // chunks start at absolute cell indices; on one thread it is the row
+    // kernel every other step uses.
+    if (!attention_batch_invariant()) o.n_threads = 1;
     o.flash_attn = true;
   }
   o.type_k = spec.kv_type;

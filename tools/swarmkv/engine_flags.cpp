@@ -26,8 +26,9 @@ void EngineFlags::add_to(CLI::App* app) {
       "--exact,!--no-exact", [this](int64_t count) { exact = count > 0; },
       "exact mode, experimental (file key exact; default off): batch-invariant decoding so "
       "that answers equal --fork none --exact's, under every fork strategy: flash attention "
-      "on, micro-batches of at most 63 rows, one thread for one-row steps, batch-invariant "
-      "matmuls; the shared fork's branch phase 3-6x slower (README, \"Exact mode\")");
+      "on, micro-batches of at most 63 rows, batch-invariant matmuls and attention kernel "
+      "(our llama.cpp patches; without the attention one, one-row steps on one thread); the "
+      "shared fork's branch phase 1.2-1.5x slower (README, \"Exact mode\")");
 }
 
 void EngineFlags::apply(PipelineSpec& spec) const {
