@@ -28,7 +28,7 @@ void EngineFlags::add_to(CLI::App* app) {
       "that answers equal --fork none --exact's, under every fork strategy: flash attention "
       "on, micro-batches of at most 63 rows, batch-invariant matmuls and attention kernel "
       "(our llama.cpp patches; without the attention one, one-row steps on one thread); the "
-      "shared fork's branch phase 1.2-1.5x slower (README, \"Exact mode\")");
+      "shared fork's branch phase 1.3-1.7x slower (README, \"Exact mode\")");
 }
 
 void EngineFlags::apply(PipelineSpec& spec) const {
