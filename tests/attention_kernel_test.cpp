@@ -166,20 +166,6 @@ Rows each_row_alone(const Case& c) {
   return rows;
 }
 
-int dump() {
-  for (const Case& c : kCases) {
-    for (const auto& row : each_row_alone(c)) {
-      for (uint32_t w : row) std::printf("%08x", w);
-      std::printf("\n");
-    }
-  }
-  return std::fflush(stdout) == 0 ? 0 : 1;
-}
-
-bool patched() {
-  return ggml_cpu_has_fa_batch_invariant != nullptr && ggml_cpu_has_fa_batch_invariant() == 1;
-}
-
 std::string hex(const std::vector<uint32_t>& row) {
   std::string s;
   char buf[9];
@@ -188,6 +174,17 @@ std::string hex(const std::vector<uint32_t>& row) {
     s += buf;
   }
   return s;
+}
+
+int dump() {
+  for (const Case& c : kCases) {
+    for (const auto& row : each_row_alone(c)) std::printf("%s\n", hex(row).c_str());
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+bool patched() {
+  return ggml_cpu_has_fa_batch_invariant != nullptr && ggml_cpu_has_fa_batch_invariant() == 1;
 }
 
 TEST(AttentionKernelTest, ARowGetsTheSameBitsInAnyBatchOnAnyThreadsAtAnyCells) {

@@ -380,9 +380,9 @@ TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
 }
 
 // Exact mode is engine settings first: flash attention on, one-row steps
-// on one thread, the batched ones on as many as before; and the model
-// with batch-invariant kernels.
-TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadForOneRowSteps) {
+// on one thread unless the attention row kernel is there, the batched ones
+// on as many as before; and the model with batch-invariant kernels.
+TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadOnlyWithoutTheRowKernel) {
   PipelineSpec spec = four_agents();
   spec.n_threads = 2;
   spec.exact = true;
