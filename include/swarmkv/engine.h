@@ -431,6 +431,8 @@ class GenerationTracker {
   bool accept(Token token);
   bool done() const noexcept { return done_; }
   size_t n_tokens() const noexcept { return out_.tokens.size(); }
+  // The answer's text so far (a stop string, once matched, cut off).
+  const std::string& text() const noexcept { return out_.text; }
   // The answer so far; call once, when done() (or to salvage a partial one).
   Generation take() noexcept { return std::move(out_); }
 

@@ -14,6 +14,7 @@
 #include "bench.h"
 #include "engine_flags.h"
 #include "progress.h"
+#include "serve_cmd.h"
 #include "snapshot_cmd.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/engine.h"
@@ -612,6 +613,7 @@ int run(int argc, char** argv) {
 
   swarmkv::cli::SnapshotCommands snapshot_commands(app);
   swarmkv::cli::WorkerCommand worker_command(app);
+  swarmkv::cli::ServeCommand serve_command(app);
 
   std::string info_model;
   CLI::App* info =
@@ -675,6 +677,8 @@ int run(int argc, char** argv) {
       status = swarmkv::cli::run_bench(bench_args);
     } else if (worker_command.chosen()) {
       status = worker_command.run();
+    } else if (serve_command.chosen()) {
+      status = serve_command.run();
     } else if (const std::optional<int> s = snapshot_commands.run()) {
       status = *s;
     }

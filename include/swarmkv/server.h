@@ -1,0 +1,64 @@
+// `swarmkv serve`: an OpenAI-compatible HTTP server on one model whose
+// concurrent requests share one KV cache. Each request is forked from the
+// longest token prefix already decoded (src/server/completion_engine.h), so
+// agents that send the same long document prefill it once.
+//
+// Routes: POST /v1/chat/completions (with "stream": true as server-sent
+// events), GET /v1/models, GET /health (no key needed), GET /metrics
+// (Prometheus text). Errors are OpenAI's error JSON; README, "Use it from any
+// OpenAI client".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "swarmkv/engine.h"
+
+namespace swarmkv {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";         // loopback unless told otherwise
+  int port = 8080;                        // 0: any free port (Server::port() tells which)
+  std::string api_key;                    // non-empty: every route but /health needs "Bearer <key>"
+  std::string model_name;                 // the id /v1/models lists; empty: the model file's name
+  ContextOptions context{.n_ctx = 8192};  // the one context all requests share
+  int32_t max_live = 16;                  // completions decoding at once
+  int32_t max_cached = 16;                // finished sequences kept for prefix reuse
+  int32_t max_concurrent = 64;            // requests in flight; more get 429 with Retry-After
+  size_t max_body_bytes = 8u << 20;       // larger bodies get 413
+  int32_t max_messages = 256;
+  int32_t max_tokens = 4096;          // the most max_tokens a request may ask for
+  int32_t default_max_tokens = 1024;  // when a request gives none (capped by the context)
+  int32_t max_n = 8;                  // completions per request
+  double drain_s = 30;                // stop(): seconds in-flight requests may still take
+};
+
+// Thread-safe: stop() from any thread (not from a signal handler).
+class Server {
+ public:
+  // Creates the shared context and binds host:port. Throws Error: kIo when
+  // the address cannot be bound (in use, no such host), kInvalidArgument for
+  // inconsistent options, what Context throws.
+  Server(std::shared_ptr<const Model> model, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound port.
+  int port() const noexcept;
+  // Serves until stop(); returns once every request has been answered or
+  // failed (after the drain deadline, with kAborted "the server is shutting
+  // down").
+  void run();
+  // Stops accepting connections; requests in flight may finish for
+  // drain_s seconds, then fail. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace swarmkv

@@ -1,0 +1,163 @@
+// The server's scheduler: one context, one thread, every live completion
+// decoded in the same batches (continuous batching), and every request forked
+// from the longest common token prefix already in the KV cache.
+//
+// Each completion is a sequence. A new request's prompt is matched against
+// the tokens of every sequence the context holds — live ones (also those
+// still prefilling: the request then waits until the shared part is decoded,
+// instead of prefilling it again) and finished ones kept for reuse — and
+// forks the longest common prefix (seq_cp, no copy of the cells); only the
+// rest of its prompt is prefilled. `n` > 1 completions of one prompt fork
+// from the first one. Finished sequences stay cached, least recently used
+// evicted first when a new request needs their id or cells.
+//
+// Answers: a lone request's greedy answer equals a fresh re-prefill of its
+// prompt with the same settings (the same chunks, one-row steps). Requests
+// that share batches get the shared fork's numerics (README, "Fork
+// strategies": equal to a re-prefill except at near-ties).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/error.h"
+
+namespace swarmkv::server {
+
+struct EngineOptions {
+  ContextOptions context;   // n_seq_max is set to max_live + max_cached; kv_unified on
+  int32_t max_live = 16;    // completions decoding at once (each of a request's n counts)
+  int32_t max_cached = 16;  // finished sequences kept for their prefix (0: none)
+};
+
+struct CompletionRequest {
+  std::vector<Token> prompt;  // the rendered chat, tokenised (>= 1 token)
+  SamplingOptions sampling;   // choice i samples with seed + i
+  int32_t max_tokens = 128;
+  std::vector<std::string> stop;
+  int32_t n = 1;
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;  // all choices together
+  int32_t cached_tokens = 0;      // prompt tokens forked from the cache, not prefilled
+};
+
+// What the engine tells a request, in this order: kDelta events of each
+// choice as text arrives, one kChoiceDone per choice, then kFinished; or
+// kFailed once, after which nothing.
+struct Event {
+  enum class Kind { kDelta, kChoiceDone, kFinished, kFailed };
+  Kind kind = Kind::kDelta;
+  int32_t choice = 0;
+  // kDelta: new answer text in whole UTF-8 characters, with what could
+  // still turn out to be the start of a stop string held back.
+  std::string text;
+  StopReason stop_reason = StopReason::kMaxTokens;  // kChoiceDone
+  Usage usage;                                      // kFinished
+  ErrorValue error;                                 // kFailed
+};
+
+class CompletionEngine;
+
+// A submitted request as its HTTP handler sees it. Thread-safe.
+class Job {
+ public:
+  // The next event; nullopt when none came within `timeout`.
+  std::optional<Event> next(std::chrono::milliseconds timeout);
+  // The client is gone: the engine frees the request's sequences at its
+  // next step and sends nothing more.
+  void cancel();
+
+ private:
+  friend class CompletionEngine;
+  explicit Job(CompletionEngine* engine) : engine_(engine) {}
+  void push(Event event);
+
+  CompletionEngine* engine_;  // outlives every job's use of cancel(): the engine's owner joins
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Event> events_;  // guarded by mutex_
+  std::atomic<bool> cancelled_{false};
+};
+
+// Counters and gauges for /metrics. Taken under the engine's lock: one
+// consistent moment.
+struct EngineStats {
+  uint64_t requests = 0;           // admitted
+  uint64_t prompt_tokens = 0;      // in requests' prompts
+  uint64_t prefilled_tokens = 0;   // prompt tokens really decoded
+  uint64_t reused_tokens = 0;      // prompt tokens forked from the cache instead
+  uint64_t completion_tokens = 0;  // generated
+  uint64_t decode_steps = 0;
+  uint64_t cancelled = 0;      // requests whose client went away first
+  int32_t live_sequences = 0;  // waiting, prefilling or generating
+  int32_t cached_sequences = 0;
+  int32_t kv_cells_used = 0;  // distinct cells any sequence holds
+  int32_t kv_cells_total = 0;
+  int32_t queued = 0;  // submitted, not admitted yet
+};
+
+// Thread-safe: submit() and stats() from any thread; the context lives on
+// the engine's own thread.
+class CompletionEngine {
+ public:
+  // Creates the context (throws what Context throws) and starts the thread.
+  CompletionEngine(std::shared_ptr<const Model> model, EngineOptions options);
+  // Fails what is still queued or live with kAborted and joins the thread.
+  ~CompletionEngine();
+  CompletionEngine(const CompletionEngine&) = delete;
+  CompletionEngine& operator=(const CompletionEngine&) = delete;
+
+  const Model& model() const noexcept { return *model_; }
+  // The options really in use (n_ctx as llama.cpp padded it, n_seq_max).
+  const EngineOptions& options() const noexcept { return options_; }
+
+  // Queues a request. Throws Error(kBudget) "prompt_tokens P + max_tokens M
+  // = R > n_ctx N ..." when it could never fit, Error(kInvalidArgument) for
+  // an empty prompt, n outside 1..max_live or bad sampling, and
+  // Error(kAborted) once shutdown() began.
+  std::shared_ptr<Job> submit(CompletionRequest request);
+  // Fails every queued and live request with kAborted `reason` (they get
+  // kFailed) and stops the thread; idempotent.
+  void shutdown(const std::string& reason = "the server is shutting down");
+
+  EngineStats stats() const;
+
+ private:
+  struct Slot;
+  struct Pending {
+    std::shared_ptr<Job> job;
+    CompletionRequest request;
+  };
+  void loop();
+  void wake();
+  friend class Job;
+
+  std::shared_ptr<const Model> model_;
+  EngineOptions options_;
+  // Engine thread only (created on the caller's thread before the engine
+  // thread starts, used only there after).
+  std::unique_ptr<Context> ctx_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;
+  std::deque<Pending> inbox_;  // guarded by mutex_
+  bool stopping_ = false;      // guarded by mutex_
+  std::string stop_reason_;    // guarded by mutex_
+  EngineStats stats_;          // guarded by mutex_ (written by the engine thread)
+  std::thread thread_;         // last: started once everything above exists
+};
+
+}  // namespace swarmkv::server

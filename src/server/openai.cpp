@@ -1,0 +1,238 @@
+#include "server/openai.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "swarmkv/paths.h"
+
+namespace swarmkv::server {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void refuse(std::string_view field, std::string_view what) {
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", field, what));
+}
+
+std::string shown(const json& value) {
+  std::string s = value.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+// A number field within [lo, hi] (an open bound where `open_lo`).
+float number(const json& body, std::string_view field, float lo, float hi, float fallback,
+             bool open_lo = false) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_number()) refuse(field, fmt::format("must be a number (got {})", shown(*it)));
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v > hi || v < lo || (open_lo && v <= lo)) {
+    refuse(field, fmt::format("must be in {}{}, {}] (got {})", open_lo ? "(" : "[", lo, hi, v));
+  }
+  return static_cast<float>(v);
+}
+
+std::optional<int64_t> integer(const json& body, std::string_view field, int64_t lo, int64_t hi) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) {
+    refuse(field, fmt::format("must be an integer (got {})", shown(*it)));
+  }
+  const bool above = it->is_number_unsigned()
+                         ? it->get<uint64_t>() > static_cast<uint64_t>(std::max<int64_t>(hi, 0))
+                         : it->get<int64_t>() > hi;
+  if (above || (!it->is_number_unsigned() && it->get<int64_t>() < lo) ||
+      (it->is_number_unsigned() && lo > 0 && it->get<uint64_t>() < static_cast<uint64_t>(lo))) {
+    refuse(field, fmt::format("must be in [{}, {}] (got {})", lo, hi, it->dump()));
+  }
+  return it->get<int64_t>();
+}
+
+bool boolean(const json& body, std::string_view field) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return false;
+  if (!it->is_boolean()) refuse(field, fmt::format("must be true or false (got {})", shown(*it)));
+  return it->get<bool>();
+}
+
+// A message's content: a string, or an array of {"type": "text", "text"}
+// parts, joined.
+std::string content_of(const json& message, const std::string& field) {
+  const auto it = message.find("content");
+  if (it == message.end() || it->is_null()) {
+    refuse(field + ".content", "is missing (a string or an array of text parts)");
+  }
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) {
+    refuse(field + ".content",
+           fmt::format("must be a string or an array of text parts (got {})", shown(*it)));
+  }
+  std::string text;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& part = (*it)[i];
+    const std::string at = fmt::format("{}.content[{}]", field, i);
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      refuse(at, fmt::format("must be {{\"type\": \"text\", \"text\": ...}}; only text is "
+                             "supported (got {})",
+                             shown(part)));
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& limits) {
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::exception& e) {
+    refuse("body", fmt::format("not JSON ({})", e.what()));
+  }
+  if (!body.is_object()) refuse("body", fmt::format("must be a JSON object (got {})", shown(body)));
+
+  ChatRequest r;
+  if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) refuse("model", fmt::format("must be a string (got {})", shown(*it)));
+    r.model = it->get<std::string>();
+  }
+
+  const auto messages = body.find("messages");
+  if (messages == body.end() || !messages->is_array() || messages->empty()) {
+    refuse("messages", "must be a non-empty array of {\"role\", \"content\"} objects");
+  }
+  if (messages->size() > static_cast<size_t>(limits.max_messages)) {
+    refuse("messages", fmt::format("at most {} messages per request (got {})", limits.max_messages,
+                                   messages->size()));
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string field = fmt::format("messages[{}]", i);
+    if (!m.is_object()) refuse(field, fmt::format("must be an object (got {})", shown(m)));
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      refuse(field + ".role", "is missing (system, user or assistant)");
+    }
+    std::string name = role->get<std::string>();
+    if (name == "developer") name = "system";  // OpenAI's newer name for it
+    if (name != "system" && name != "user" && name != "assistant") {
+      refuse(field + ".role",
+             fmt::format("must be system, user or assistant (got {})", shown(*role)));
+    }
+    if (m.contains("tool_calls")) refuse(field + ".tool_calls", "tools are not supported");
+    ChatMessage message{std::move(name), content_of(m, field)};
+    require_text(message.content, field + ".content");
+    r.messages.push_back(std::move(message));
+  }
+
+  for (const char* unsupported : {"tools", "functions", "tool_choice", "function_call"}) {
+    if (const auto it = body.find(unsupported); it != body.end() && !it->is_null()) {
+      if (!(it->is_array() && it->empty()) && *it != "none") {
+        refuse(unsupported, "tools are not supported by swarmkv serve");
+      }
+    }
+  }
+  if (boolean(body, "logprobs")) refuse("logprobs", "not supported by swarmkv serve");
+  if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || it->value("type", json()) != "text") {
+      refuse("response_format", "only {\"type\": \"text\"} is supported");
+    }
+  }
+
+  const auto max_tokens = integer(body, "max_tokens", 1, limits.max_tokens);
+  const auto max_completion = integer(body, "max_completion_tokens", 1, limits.max_tokens);
+  if (max_tokens && max_completion && *max_tokens != *max_completion) {
+    refuse("max_completion_tokens", fmt::format("differs from max_tokens ({} vs {}); give one",
+                                                *max_completion, *max_tokens));
+  }
+  r.max_tokens = static_cast<int32_t>(max_completion.value_or(max_tokens.value_or(0)));
+
+  r.sampling.temperature = number(body, "temperature", 0.0f, 2.0f, 1.0f);
+  r.sampling.top_p = number(body, "top_p", 0.0f, 1.0f, 1.0f, /*open_lo=*/true);
+  r.sampling.frequency_penalty = number(body, "frequency_penalty", -2.0f, 2.0f, 0.0f);
+  r.sampling.presence_penalty = number(body, "presence_penalty", -2.0f, 2.0f, 0.0f);
+  if (const auto seed = integer(body, "seed", INT64_MIN, INT64_MAX)) {
+    r.sampling.seed = static_cast<uint32_t>(*seed);
+  }
+  // OpenAI counts penalties over the whole completion.
+  if (r.sampling.penalties_on()) r.sampling.repeat_last_n = limits.max_tokens;
+  r.n = static_cast<int32_t>(integer(body, "n", 1, limits.max_n).value_or(1));
+
+  if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (size_t i = 0; i < it->size(); ++i) {
+        if (!(*it)[i].is_string()) {
+          refuse(fmt::format("stop[{}]", i),
+                 fmt::format("must be a string (got {})", shown((*it)[i])));
+        }
+        r.stop.push_back((*it)[i].get<std::string>());
+      }
+    } else {
+      refuse("stop", fmt::format("must be a string or an array of strings (got {})", shown(*it)));
+    }
+    if (r.stop.size() > static_cast<size_t>(limits.max_stop)) {
+      refuse("stop",
+             fmt::format("at most {} stop strings (got {})", limits.max_stop, r.stop.size()));
+    }
+    for (const std::string& s : r.stop) {
+      if (s.empty()) refuse("stop", "an empty stop string would end every answer at once");
+    }
+  }
+
+  r.stream = boolean(body, "stream");
+  if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) refuse("stream_options", "must be an object");
+    if (!r.stream) refuse("stream_options", "is only allowed with \"stream\": true");
+    r.include_usage = boolean(*it, "include_usage");
+  }
+  return r;
+}
+
+std::string param_of(const std::string& message) {
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos) return "";
+  const std::string head = message.substr(0, colon);
+  if (head == "body" || head.find(' ') != std::string::npos) return "";
+  return head;
+}
+
+HttpError http_error(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kTokenize:
+    case ErrorCode::kChatTemplate:
+    case ErrorCode::kGraph:
+      return {400, "invalid_request_error", ""};
+    case ErrorCode::kBudget:
+      return {400, "invalid_request_error", "context_length_exceeded"};
+    case ErrorCode::kNotFound:
+      return {404, "invalid_request_error", ""};
+    case ErrorCode::kNoKvSlot:
+    case ErrorCode::kAborted:
+      return {503, "server_error", ""};
+    default:
+      return {500, "server_error", ""};
+  }
+}
+
+nlohmann::json error_body(const ErrorValue& error, const HttpError& as) {
+  const std::string param = param_of(error.message);
+  return {{"error",
+           {{"message", error.message},
+            {"type", as.type},
+            {"param", param.empty() ? json() : json(param)},
+            {"code", std::string(as.code.empty() ? to_string(error.code) : as.code)}}}};
+}
+
+std::string_view finish_reason(StopReason reason) noexcept {
+  return reason == StopReason::kMaxTokens ? "length" : "stop";
+}
+
+}  // namespace swarmkv::server

@@ -1,0 +1,66 @@
+// The OpenAI chat-completions shapes `swarmkv serve` speaks: the request
+// parsed and checked field by field, the response and stream-chunk objects,
+// and the one map from ErrorCode to an HTTP status and OpenAI's error JSON.
+// Pure functions, no engine, no sockets (unit-tested alone).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/error.h"
+
+namespace swarmkv::server {
+
+// What one request may ask for (ServerOptions carries them).
+struct RequestLimits {
+  int32_t max_messages = 256;
+  int32_t max_tokens = 4096;  // the most max_tokens a request may ask for
+  int32_t max_n = 8;          // completions per request
+  int32_t max_stop = 4;       // OpenAI's own limit
+};
+
+struct ChatRequest {
+  std::string model;  // echoed back; any value is accepted (one model per server)
+  std::vector<ChatMessage> messages;
+  int32_t max_tokens = 0;  // 0: not given (the server's default applies)
+  SamplingOptions sampling;
+  std::vector<std::string> stop;
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Parses and checks a /v1/chat/completions body. Throws
+// Error(kInvalidArgument) whose message starts with the offending field's
+// path, e.g. "messages[1].role: must be system, user or assistant (got
+// \"tool\")" or "body: not JSON (...)"; param_of() recovers the path.
+ChatRequest parse_chat_request(std::string_view body, const RequestLimits& limits);
+
+// The field path an error message of parse_chat_request starts with ("" if
+// none): OpenAI's error "param".
+std::string param_of(const std::string& message);
+
+// An error as HTTP: the status, OpenAI's error "type" and "code".
+struct HttpError {
+  int status = 500;
+  std::string_view type = "server_error";  // "invalid_request_error", ...
+  std::string_view code;  // OpenAI's own code ("invalid_api_key", ...); empty: the ErrorCode's name
+};
+// The one ErrorCode -> HTTP map: bad input 400, not found 404, budget 400
+// (OpenAI's context_length_exceeded), no KV slot and shutdown 503, other
+// engine failures 500.
+HttpError http_error(ErrorCode code) noexcept;
+// {"error": {"message", "type", "param", "code"}}: "param" the field the
+// message starts with (param_of) or null.
+nlohmann::json error_body(const ErrorValue& error, const HttpError& as);
+
+// OpenAI's finish_reason for a stop reason: "stop" or "length".
+std::string_view finish_reason(StopReason reason) noexcept;
+
+}  // namespace swarmkv::server

@@ -1,0 +1,552 @@
+#include "swarmkv/server.h"
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <sys/socket.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/completion_engine.h"
+#include "server/openai.h"
+#include "swarmkv/error.h"
+#include "swarmkv/log.h"
+
+namespace swarmkv {
+namespace {
+
+using nlohmann::json;
+using server::Event;
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A Prometheus histogram with fixed buckets, in seconds. Thread-safe.
+class Histogram {
+ public:
+  void observe(double s) {
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < kBounds.size(); ++i) {
+      if (s <= kBounds[i]) ++counts_[i];
+    }
+    ++count_;
+    sum_ += s;
+  }
+  void write(std::string& out, std::string_view name, std::string_view help) const {
+    std::lock_guard lock(mutex_);
+    out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+    for (size_t i = 0; i < kBounds.size(); ++i) {
+      out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, kBounds[i], counts_[i]);
+    }
+    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name,
+                       sum_, name, count_);
+  }
+
+ private:
+  static constexpr std::array<double, 12> kBounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                     1,    2.5,   5,    10,  30,   60};
+  mutable std::mutex mutex_;
+  std::array<uint64_t, kBounds.size()> counts_{};  // guarded by mutex_
+  uint64_t count_ = 0;                             // guarded by mutex_
+  double sum_ = 0;                                 // guarded by mutex_
+};
+
+// Markers the chat template renders in place of each message's content, so
+// that contents stay plain text (a message cannot open or close a turn).
+std::string marker(size_t i) {
+  return fmt::format("\x1f<swarmkv-message-{}>\x1f", i);
+}
+
+}  // namespace
+
+struct Server::Impl {
+  std::shared_ptr<const Model> model;
+  ServerOptions options;
+  server::RequestLimits limits;
+  std::string model_id;
+  std::unique_ptr<server::CompletionEngine> engine;
+  httplib::Server http;
+  int port = 0;
+  int listen_fd = -1;  // the listening socket, as set_socket_options saw it
+  std::atomic<int32_t> in_flight{0};
+  std::atomic<bool> draining{false};
+  std::atomic<uint64_t> next_id{1};
+  std::mutex stop_mutex;
+  std::thread drain_thread;  // guarded by stop_mutex; joined by ~Impl
+  // Metrics: {status -> count} per route, guarded by metrics_mutex.
+  std::mutex metrics_mutex;
+  std::map<std::pair<std::string, int>, uint64_t> responses;
+  Histogram ttft;
+  Histogram duration;
+
+  void count(const std::string& route, int status) {
+    std::lock_guard lock(metrics_mutex);
+    ++responses[{route, status}];
+  }
+
+  // The chat as tokens: the model's chat template with the contents as
+  // plain text; a model without one (a base model) gets "content\n\n" per
+  // system or user message, "Answer: content\n\n" per assistant message, and
+  // "Answer:" to open the answer.
+  std::vector<Token> render(const std::vector<ChatMessage>& messages) const {
+    std::vector<std::string> markers;
+    for (size_t i = 0; i < messages.size(); ++i) markers.push_back(marker(i));
+    std::vector<Model::Placeholder> contents;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      contents.emplace_back(markers[i], messages[i].content);
+    }
+    std::string rendered;
+    if (model->has_chat_template()) {
+      std::vector<ChatMessage> marked;
+      for (size_t i = 0; i < messages.size(); ++i) marked.push_back({messages[i].role, markers[i]});
+      rendered = model->apply_chat_template(marked, /*add_assistant=*/true);
+    } else {
+      for (size_t i = 0; i < messages.size(); ++i) {
+        rendered += (messages[i].role == "assistant" ? "Answer: " : "") + markers[i] + "\n\n";
+      }
+      rendered += "Answer:";
+    }
+    return model->tokenize(Model::fill_placeholders(rendered, contents), /*add_special=*/true);
+  }
+
+  // `as` overrides the ErrorCode's mapping for the HTTP layer's own
+  // refusals (401, 413, 429).
+  void send_error(httplib::Response& res, const ErrorValue& e,
+                  std::optional<server::HttpError> as = std::nullopt) {
+    const server::HttpError h = as.value_or(server::http_error(e.code));
+    res.status = h.status;
+    res.set_content(dump(server::error_body(e, h)), "application/json");
+  }
+
+  bool authorised(const httplib::Request& req) const {
+    if (options.api_key.empty()) return true;
+    const std::string header = req.get_header_value("Authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    const std::string given = header.rfind(kBearer, 0) == 0 ? header.substr(kBearer.size()) : "";
+    // Equal-length digests compared in constant time: neither the key's
+    // length nor its bytes leak through timing.
+    unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), a);
+    SHA256(reinterpret_cast<const unsigned char*>(options.api_key.data()), options.api_key.size(),
+           b);
+    return !given.empty() && CRYPTO_memcmp(a, b, sizeof a) == 0;
+  }
+
+  std::string metrics() {
+    const server::EngineStats s = engine->stats();
+    std::string out;
+    const auto metric = [&](std::string_view name, std::string_view type, std::string_view help,
+                            double value) {
+      out +=
+          fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+    };
+    {
+      std::lock_guard lock(metrics_mutex);
+      out +=
+          "# HELP swarmkv_http_responses_total HTTP responses by route and status.\n"
+          "# TYPE swarmkv_http_responses_total counter\n";
+      for (const auto& [key, n] : responses) {
+        out += fmt::format("swarmkv_http_responses_total{{route=\"{}\",status=\"{}\"}} {}\n",
+                           key.first, key.second, n);
+      }
+    }
+    metric("swarmkv_requests_total", "counter", "Completion requests admitted to the engine.",
+           static_cast<double>(s.requests));
+    metric("swarmkv_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+           static_cast<double>(s.prompt_tokens));
+    metric("swarmkv_prefilled_tokens_total", "counter", "Prompt tokens decoded (not forked).",
+           static_cast<double>(s.prefilled_tokens));
+    metric("swarmkv_reused_tokens_total", "counter",
+           "Prompt tokens forked from a sequence in the KV cache instead of prefilled.",
+           static_cast<double>(s.reused_tokens));
+    metric("swarmkv_completion_tokens_total", "counter", "Tokens generated.",
+           static_cast<double>(s.completion_tokens));
+    metric("swarmkv_cancelled_total", "counter",
+           "Requests whose client went away before the answer was complete.",
+           static_cast<double>(s.cancelled));
+    metric("swarmkv_decode_steps_total", "counter", "llama_decode calls.",
+           static_cast<double>(s.decode_steps));
+    metric("swarmkv_live_sequences", "gauge", "Completions waiting, prefilling or generating.",
+           s.live_sequences);
+    metric("swarmkv_cached_sequences", "gauge", "Finished sequences kept for prefix reuse.",
+           s.cached_sequences);
+    metric("swarmkv_kv_cells_used", "gauge", "KV cells held by any sequence.", s.kv_cells_used);
+    metric("swarmkv_kv_cells_total", "gauge", "KV cells of the shared context.", s.kv_cells_total);
+    metric("swarmkv_queue_length", "gauge", "Requests waiting for room in the engine.", s.queued);
+    metric("swarmkv_requests_in_flight", "gauge", "HTTP completion requests being answered.",
+           in_flight.load());
+    ttft.write(out, "swarmkv_time_to_first_token_seconds",
+               "From a request's arrival to its first answer text.");
+    duration.write(out, "swarmkv_request_duration_seconds",
+                   "From a completion request's arrival to its last byte.");
+    return out;
+  }
+
+  json response_json(const std::string& id, const std::vector<std::string>& texts,
+                     const std::vector<StopReason>& reasons, const server::Usage& usage) const {
+    json choices = json::array();
+    for (size_t i = 0; i < texts.size(); ++i) {
+      choices.push_back({{"index", i},
+                         {"message", {{"role", "assistant"}, {"content", texts[i]}}},
+                         {"logprobs", nullptr},
+                         {"finish_reason", server::finish_reason(reasons[i])}});
+    }
+    return {{"id", id},
+            {"object", "chat.completion"},
+            {"created", static_cast<int64_t>(std::time(nullptr))},
+            {"model", model_id},
+            {"system_fingerprint", engine_id()},
+            {"choices", choices},
+            {"usage", usage_json(usage)}};
+  }
+
+  static json usage_json(const server::Usage& u) {
+    return {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  }
+
+  json chunk_json(const std::string& id, int64_t created, json choices) const {
+    return {
+        {"id", id},          {"object", "chat.completion.chunk"}, {"created", created},
+        {"model", model_id}, {"system_fingerprint", engine_id()}, {"choices", std::move(choices)}};
+  }
+
+  void chat(const httplib::Request& req, httplib::Response& res);
+};
+
+namespace {
+
+// Counts a request in flight for as long as it lives.
+class InFlight {
+ public:
+  explicit InFlight(std::atomic<int32_t>& n) : n_(&n) { ++*n_; }
+  ~InFlight() {
+    if (n_ != nullptr) --*n_;
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::atomic<int32_t>* n_;
+};
+
+}  // namespace
+
+void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto since = [t0] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (draining.load()) {
+    send_error(res, {ErrorCode::kAborted, "the server is shutting down"},
+               {{503, "server_error", ""}});
+    return;
+  }
+  auto guard = std::make_shared<InFlight>(in_flight);
+  if (in_flight.load() > options.max_concurrent) {
+    res.set_header("Retry-After", "1");
+    send_error(res,
+               {ErrorCode::kBudget,
+                fmt::format("{} requests are in flight, the most this server takes (--max-"
+                            "concurrent); retry later",
+                            options.max_concurrent)},
+               {{429, "rate_limit_error", "rate_limit_exceeded"}});
+    return;
+  }
+  std::shared_ptr<server::Job> job;
+  server::ChatRequest chat;
+  try {
+    chat = server::parse_chat_request(req.body, limits);
+    server::CompletionRequest c;
+    c.prompt = render(chat.messages);
+    c.sampling = chat.sampling;
+    c.stop = chat.stop;
+    c.n = chat.n;
+    c.max_tokens = chat.max_tokens > 0 ? chat.max_tokens : options.default_max_tokens;
+    if (chat.max_tokens == 0) {
+      // No max_tokens: whatever the context leaves, up to the default.
+      const int64_t room = static_cast<int64_t>(engine->options().context.n_ctx) -
+                           static_cast<int64_t>(c.prompt.size());
+      c.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(room, 1, c.max_tokens));
+    }
+    job = engine->submit(std::move(c));
+  } catch (const Error& e) {
+    send_error(res, e.value());
+    return;
+  }
+  const std::string id = fmt::format("chatcmpl-swarmkv-{}", next_id.fetch_add(1));
+
+  if (!chat.stream) {
+    std::vector<std::string> texts(static_cast<size_t>(chat.n));
+    std::vector<StopReason> reasons(static_cast<size_t>(chat.n), StopReason::kMaxTokens);
+    bool first = true;
+    for (;;) {
+      const std::optional<Event> e = job->next(std::chrono::milliseconds(500));
+      if (!e) continue;
+      if (e->kind == Event::Kind::kDelta) {
+        if (first) ttft.observe(since());
+        first = false;
+        texts[static_cast<size_t>(e->choice)] += e->text;
+      } else if (e->kind == Event::Kind::kChoiceDone) {
+        reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
+      } else if (e->kind == Event::Kind::kFinished) {
+        res.set_content(dump(response_json(id, texts, reasons, e->usage)), "application/json");
+        duration.observe(since());
+        return;
+      } else {
+        send_error(res, e->error);
+        return;
+      }
+    }
+  }
+
+  // Streaming: one chunk per event, then [DONE]. A write that fails means
+  // the client went away: the job is cancelled and its sequences freed.
+  struct Stream {
+    std::shared_ptr<server::Job> job;
+    std::shared_ptr<InFlight> guard;
+    bool started = false;
+    bool first_text = true;
+    bool finished = false;
+  };
+  auto st = std::make_shared<Stream>(Stream{job, guard});
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  const int32_t n = chat.n;
+  const bool include_usage = chat.include_usage;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st, id, created, n, include_usage, since](size_t, httplib::DataSink& sink) {
+        const auto send = [&](const json& j) {
+          const std::string line = "data: " + dump(j) + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        if (!st->started) {
+          st->started = true;
+          json choices = json::array();
+          for (int32_t i = 0; i < n; ++i) {
+            choices.push_back({{"index", i},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}});
+          }
+          if (!send(chunk_json(id, created, choices))) {
+            st->job->cancel();
+            return false;
+          }
+        }
+        const std::optional<Event> e = st->job->next(std::chrono::milliseconds(200));
+        if (!e) {
+          if (sink.is_writable()) return true;
+          st->job->cancel();
+          return false;
+        }
+        bool ok = true;
+        switch (e->kind) {
+          case Event::Kind::kDelta:
+            if (st->first_text) ttft.observe(since());
+            st->first_text = false;
+            ok = send(chunk_json(id, created,
+                                 json::array({{{"index", e->choice},
+                                               {"delta", {{"content", e->text}}},
+                                               {"logprobs", nullptr},
+                                               {"finish_reason", nullptr}}})));
+            break;
+          case Event::Kind::kChoiceDone:
+            ok = send(chunk_json(
+                id, created,
+                json::array({{{"index", e->choice},
+                              {"delta", json::object()},
+                              {"logprobs", nullptr},
+                              {"finish_reason", server::finish_reason(e->stop_reason)}}})));
+            break;
+          case Event::Kind::kFinished: {
+            if (include_usage) {
+              json last = chunk_json(id, created, json::array());
+              last["usage"] = usage_json(e->usage);
+              ok = send(last);
+            }
+            const std::string done = "data: [DONE]\n\n";
+            ok = ok && sink.write(done.data(), done.size());
+            st->finished = true;
+            duration.observe(since());
+            if (ok) sink.done();
+            break;
+          }
+          case Event::Kind::kFailed: {
+            ok = send(server::error_body(e->error, server::http_error(e->error.code)));
+            st->finished = true;
+            if (ok) sink.done();
+            break;
+          }
+        }
+        if (!ok) st->job->cancel();
+        return ok;
+      },
+      [st](bool) {
+        if (!st->finished) st->job->cancel();
+      });
+}
+
+Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.model = std::move(model);
+  s.options = std::move(options);
+  const ServerOptions& o = s.options;
+  if (o.max_concurrent < 1 || o.max_messages < 1 || o.max_tokens < 1 || o.default_max_tokens < 1 ||
+      o.max_n < 1 || o.max_body_bytes < 1 || !(o.drain_s >= 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need max_concurrent, max_messages, max_tokens, default_max_tokens, "
+                            "max_n, max_body_bytes >= 1 and drain_s >= 0 (got {}, {}, {}, {}, "
+                            "{}, {}, {})",
+                            o.max_concurrent, o.max_messages, o.max_tokens, o.default_max_tokens,
+                            o.max_n, o.max_body_bytes, o.drain_s));
+  }
+  s.limits = {.max_messages = o.max_messages,
+              .max_tokens = o.max_tokens,
+              .max_n = std::min(o.max_n, o.max_live)};
+  s.model_id = o.model_name.empty() ? std::filesystem::path(s.model->path()).filename().string()
+                                    : o.model_name;
+  s.engine = std::make_unique<server::CompletionEngine>(
+      s.model, server::EngineOptions{
+                   .context = o.context, .max_live = o.max_live, .max_cached = o.max_cached});
+
+  // Handler threads: every request in flight holds one (a stream for its
+  // whole answer), plus room to answer the ones over the limit with 429.
+  const size_t threads = static_cast<size_t>(o.max_concurrent) + 8;
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.http.set_payload_max_length(o.max_body_bytes);
+  s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
+    if (req.path == "/health" || s.authorised(req))
+      return httplib::Server::HandlerResponse::Unhandled;
+    s.send_error(res,
+                 {ErrorCode::kInvalidArgument,
+                  "missing or wrong API key: send the header 'Authorization: Bearer <key>'"},
+                 {{401, "invalid_request_error", "invalid_api_key"}});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  s.http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler's own error JSON
+    if (res.status == 413) {
+      s.send_error(res,
+                   {ErrorCode::kInvalidArgument,
+                    fmt::format("body: larger than {} bytes, the most this server takes",
+                                s.options.max_body_bytes)},
+                   {{413, "invalid_request_error", ""}});
+    } else if (res.status == 404) {
+      s.send_error(res, {ErrorCode::kNotFound, fmt::format("no route {} {}", req.method, req.path)},
+                   {{404, "invalid_request_error", ""}});
+    } else {
+      s.send_error(res, {ErrorCode::kInvalidArgument, fmt::format("HTTP {}", res.status)},
+                   {{res.status, "invalid_request_error", ""}});
+    }
+  });
+  s.http.set_exception_handler(
+      [&s](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        try {
+          std::rethrow_exception(ep);
+        } catch (...) {
+          s.send_error(res, current_error_value(), {{500, "server_error", ""}});
+        }
+      });
+  s.http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) {
+    s.count(req.path, res.status);
+  });
+  s.http.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump({{"status", s.draining.load() ? "draining" : "ok"}}), "application/json");
+    if (s.draining.load()) res.status = 503;
+  });
+  s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump({{"object", "list"},
+                          {"data", json::array({{{"id", s.model_id},
+                                                 {"object", "model"},
+                                                 {"created", 0},
+                                                 {"owned_by", "swarmkv"}}})}}),
+                    "application/json");
+  });
+  s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(s.metrics(), "text/plain; version=0.0.4");
+  });
+  s.http.Post("/v1/chat/completions",
+              [&s](const httplib::Request& req, httplib::Response& res) { s.chat(req, res); });
+
+  if (o.port < 0 || o.port > 65535) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("port must be in [0, 65535] (got {})", o.port));
+  }
+  // This httplib listens with a backlog of 5: a burst of agents connecting
+  // at once (or before the accept loop runs) would overflow it and stall
+  // or fail connections. The socket is kept here to listen again with the
+  // system's most.
+  s.http.set_socket_options([&s](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    s.listen_fd = sock;
+  });
+  if (o.port == 0) {
+    s.port = s.http.bind_to_any_port(o.host);
+    if (s.port < 0) s.port = 0;
+  } else if (s.http.bind_to_port(o.host, o.port)) {
+    s.port = o.port;
+  }
+  if (s.port <= 0) {
+    throw Error(
+        ErrorCode::kIo,
+        fmt::format("cannot listen on {}:{} (in use, or no such local address)", o.host, o.port));
+  }
+  if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);
+}
+
+Server::~Server() {
+  stop();
+  std::lock_guard lock(impl_->stop_mutex);
+  if (impl_->drain_thread.joinable()) impl_->drain_thread.join();
+  impl_->engine->shutdown();
+}
+
+int Server::port() const noexcept {
+  return impl_->port;
+}
+
+void Server::run() {
+  if (impl_->draining.load()) return;
+  log_info("serve: listening on http://{}:{} ({} KV cells, {} live completions)",
+           impl_->options.host, impl_->port, impl_->engine->options().context.n_ctx,
+           impl_->options.max_live);
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.stop_mutex);
+  if (s.draining.exchange(true)) return;
+  // The listening socket closes at once; listen_after_bind() then joins the
+  // handlers in flight, which get drain_s before the engine fails what is
+  // left with kAborted, so that every one of them returns.
+  s.http.stop();
+  s.drain_thread = std::thread([&s] {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(s.options.drain_s);
+    while (s.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    s.engine->shutdown();
+  });
+}
+
+}  // namespace swarmkv

@@ -1,0 +1,614 @@
+// `swarmkv serve` over real HTTP on loopback with a real model: answers
+// against a fresh re-prefill, the prefix prefilled once for concurrent
+// agents, OpenAI's shapes (streaming too), every refusal's status, a client
+// that goes away, the drain, and a bounded load.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <csignal>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/error.h"
+#include "swarmkv/paths.h"
+#include "swarmkv/server.h"
+#include "test_models.h"
+
+namespace swarmkv {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string document(size_t n_chars, const std::string& file = "apache-2.0.txt") {
+  return read_file(std::string(SWARMKV_SOURCE_DIR) + "/examples/documents/" + file)
+      .substr(0, n_chars);
+}
+
+// A server on a free loopback port, serving on its own thread until the
+// test ends.
+class Running {
+ public:
+  Running(std::shared_ptr<const Model> model, ServerOptions options) {
+    std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return
+    options.host = "127.0.0.1";
+    options.port = 0;
+    server_ = std::make_unique<Server>(std::move(model), options);
+    thread_ = std::thread([this] { server_->run(); });
+  }
+  ~Running() { stop(); }
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+
+  int port() const { return server_->port(); }
+  Server& server() { return *server_; }
+  void stop() {
+    server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::unique_ptr<httplib::Client> client(const std::string& key = "") const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port());
+    c->set_read_timeout(600, 0);
+    if (!key.empty()) c->set_bearer_token_auth(key.c_str());
+    return c;
+  }
+
+ private:
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+};
+
+// One metric's value from /metrics (-1 when absent).
+double metric(httplib::Client& c, const std::string& name) {
+  const auto res = c.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  const std::string& body = res->body;
+  for (size_t at = 0; (at = body.find(name + " ", at)) != std::string::npos; ++at) {
+    if (at == 0 || body[at - 1] == '\n') return std::stod(body.substr(at + name.size() + 1));
+  }
+  return -1;
+}
+
+// Polls until metric `name` equals `value` (bounded: 20 s).
+bool await_metric(httplib::Client& c, const std::string& name, double value) {
+  for (int i = 0; i < 400; ++i) {
+    if (metric(c, name) == value) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+// POST /v1/chat/completions whose response body goes to `receive` as it
+// arrives (return false to hang up); this httplib's Post has no receiver.
+httplib::Result post_receiving(httplib::Client& c, const json& body,
+                               std::function<bool(const char*, size_t)> receive) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [receive](const char* data, size_t len, uint64_t, uint64_t) {
+    return receive(data, len);
+  };
+  return c.send(req);
+}
+
+json chat_body(const std::string& system, const std::string& user, int max_tokens) {
+  json messages = json::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  messages.push_back({{"role", "user"}, {"content", user}});
+  return {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}};
+}
+
+// A non-streamed answer's JSON; fails the test on another status.
+json post_chat(httplib::Client& c, const json& body) {
+  const auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  EXPECT_TRUE(res) << "no response";
+  if (!res) return {};
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  return json::parse(res->body);
+}
+
+// The shapes a strict OpenAI client reads from a completion.
+void expect_completion_shape(const json& j, int n) {
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_TRUE(j["id"].is_string());
+  EXPECT_TRUE(j["created"].is_number_integer());
+  EXPECT_TRUE(j["model"].is_string());
+  ASSERT_TRUE(j["choices"].is_array());
+  ASSERT_EQ(j["choices"].size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const json& c = j["choices"][static_cast<size_t>(i)];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["message"]["role"], "assistant");
+    EXPECT_TRUE(c["message"]["content"].is_string());
+    EXPECT_TRUE(c["finish_reason"] == "stop" || c["finish_reason"] == "length");
+  }
+  const json& u = j["usage"];
+  EXPECT_EQ(u["total_tokens"].get<int>(),
+            u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
+  EXPECT_TRUE(u["prompt_tokens_details"]["cached_tokens"].is_number_integer());
+}
+
+// A streamed answer: the text of each choice, the finish reasons, the
+// usage chunk, after checking every chunk's shape and the [DONE] end.
+struct Streamed {
+  std::vector<std::string> texts;
+  std::vector<std::string> finish;
+  json usage;
+  int status = 0;
+};
+Streamed post_stream(httplib::Client& c, json body, int n = 1) {
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  Streamed out;
+  out.texts.resize(static_cast<size_t>(n));
+  out.finish.resize(static_cast<size_t>(n));
+  std::string buffer;
+  bool done = false;
+  const auto res = post_receiving(c, body, [&](const char* data, size_t len) {
+    buffer.append(data, len);
+    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+      EXPECT_FALSE(done) << "an event after [DONE]";
+      const std::string payload = event.substr(6);
+      if (payload == "[DONE]") {
+        done = true;
+        continue;
+      }
+      const json chunk = json::parse(payload);
+      EXPECT_EQ(chunk["object"], "chat.completion.chunk") << payload;
+      if (chunk.contains("usage")) {
+        EXPECT_TRUE(chunk["choices"].empty());
+        out.usage = chunk["usage"];
+        continue;
+      }
+      for (const json& choice : chunk["choices"]) {
+        const auto i = choice["index"].get<size_t>();
+        if (choice["delta"].contains("content")) out.texts[i] += choice["delta"]["content"];
+        if (!choice["finish_reason"].is_null()) out.finish[i] = choice["finish_reason"];
+      }
+    }
+    return true;
+  });
+  EXPECT_TRUE(res);
+  if (res) {
+    out.status = res->status;
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  }
+  EXPECT_TRUE(done) << "no [DONE]";
+  EXPECT_TRUE(buffer.empty()) << buffer;
+  return out;
+}
+
+// A re-prefill of the rendered chat in a fresh context with the server's
+// settings: its greedy answer, with the margin between the best two logits
+// at each step.
+struct Reference {
+  std::vector<Token> prompt;
+  std::vector<std::string> pieces;
+  std::vector<float> margins;
+  std::string text;
+};
+
+std::vector<Token> render(const Model& model, const std::string& system, const std::string& user) {
+  if (model.has_chat_template()) {
+    std::vector<ChatMessage> chat;
+    if (!system.empty()) chat.push_back({"system", system});
+    chat.push_back({"user", user});
+    return model.tokenize(model.apply_chat_template(chat, true), true);
+  }
+  // A model without a chat template (README, "Use it from any OpenAI client").
+  return model.tokenize((system.empty() ? "" : system + "\n\n") + user + "\n\nAnswer:", true);
+}
+
+Reference reprefill(const std::shared_ptr<const Model>& model, const ServerOptions& options,
+                    const std::string& system, const std::string& user, int max_tokens) {
+  ContextOptions o = options.context;
+  o.n_seq_max = static_cast<uint32_t>(options.max_live + options.max_cached);
+  o.kv_unified = true;
+  Context ctx(model, o);
+  Reference ref;
+  ref.prompt = render(*model, system, user);
+  ctx.decode_prompt(ref.prompt, 0, 0, true);
+  GenerateOptions g;
+  g.max_tokens = max_tokens;
+  GenerationTracker tracker(*model, g);
+  Batch batch(1);
+  auto pos = static_cast<Pos>(ref.prompt.size());
+  for (;;) {
+    const std::span<const float> logits = ctx.logits(-1);
+    std::vector<float> sorted(logits.begin(), logits.end());
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    const auto best =
+        static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ref.margins.push_back(sorted[0] - sorted[1]);
+    if (tracker.accept(best)) break;
+    batch.clear();
+    batch.add(best, pos++, 0, true);
+    ctx.decode(batch);
+  }
+  const Generation answer = tracker.take();
+  for (Token t : answer.tokens) ref.pieces.push_back(model->token_to_piece(t));
+  ref.text = answer.text;
+  return ref;
+}
+
+// The server's answer equals the re-prefill's, or parts from it at a step
+// where the re-prefill itself was a near-tie (README, "Fork strategies").
+void expect_equal_up_to_near_tie(const std::string& answer, const Reference& ref, float margin,
+                                 const std::string& name) {
+  if (answer == ref.text) return;
+  size_t d = 0, at = 0;
+  while (d < ref.pieces.size() && answer.compare(at, ref.pieces[d].size(), ref.pieces[d]) == 0) {
+    at += ref.pieces[d].size();
+    ++d;
+  }
+  ASSERT_LT(d, ref.margins.size()) << name;
+  EXPECT_LT(ref.margins[d], margin)
+      << name << " parted from the re-prefill at token " << d
+      << " where it was confident:\n  served: " << answer << "\n  re-prefill: " << ref.text;
+}
+
+ServerOptions small_options() {
+  ServerOptions o;
+  o.context.n_ctx = 4096;
+  o.context.n_batch = 512;
+  o.context.n_ubatch = 512;
+  o.max_live = 8;
+  o.max_cached = 8;
+  return o;
+}
+
+// ------------------------------------------------------------ both models
+
+class ServerForkTest : public ::testing::TestWithParam<test::TestModel> {
+ protected:
+  void SetUp() override {
+    model_ = test::load_test_model(GetParam());
+    if (!model_) GTEST_SKIP() << GetParam().env << " is not set";
+  }
+  std::shared_ptr<const Model> model_;
+};
+
+TEST_P(ServerForkTest, ALoneRequestEqualsAReprefillBitForBit) {
+  const ServerOptions options = small_options();
+  const std::string doc = document(1500);
+  const std::string user = doc + "\n\nWhat is this document about?";
+  const Reference ref = reprefill(model_, options, "Answer briefly.", user, 24);
+  Running server(model_, options);
+  auto c = server.client();
+  const json j = post_chat(*c, chat_body("Answer briefly.", user, 24));
+  expect_completion_shape(j, 1);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], ref.text);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], ref.prompt.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], ref.pieces.size());
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+// Six agents send the same document at once, each with its own question:
+// the document is prefilled once, every other request forks it (and waits
+// for it while it is still being prefilled), and each answer equals its own
+// re-prefill up to the shared fork's near-tie bound.
+TEST_P(ServerForkTest, ConcurrentAgentsOverOneDocumentPrefillItOnce) {
+  const ServerOptions options = small_options();
+  const std::string doc = document(3000);
+  const std::vector<std::string> questions = {"Who is the Licensor?",
+                                              "What is a Contribution?",
+                                              "What does the patent grant cover?",
+                                              "What must a redistribution include?",
+                                              "Does the license grant trademark rights?",
+                                              "Is there a warranty?"};
+  std::vector<Reference> refs;
+  for (const std::string& q : questions) {
+    refs.push_back(reprefill(model_, options, "", doc + "\n\n" + q, 32));
+  }
+  Running server(model_, options);
+  std::vector<std::future<std::pair<std::string, json>>> answers;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      auto c = server.client();
+      const json body = chat_body("", doc + "\n\n" + questions[i], 32);
+      if (i % 2 == 1) {  // half of them streamed
+        const Streamed s = post_stream(*c, body);
+        EXPECT_EQ(s.status, 200);
+        return std::pair{s.texts[0], s.usage};
+      }
+      const json j = post_chat(*c, body);
+      expect_completion_shape(j, 1);
+      return std::pair{j["choices"][0]["message"]["content"].get<std::string>(), j["usage"]};
+    }));
+  }
+  int64_t fresh = 0, forked = 0;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    const auto [text, usage] = answers[i].get();
+    expect_equal_up_to_near_tie(text, refs[i], 2 * GetParam().shared_logit_bound, questions[i]);
+    EXPECT_EQ(usage["prompt_tokens"], refs[i].prompt.size());
+    const int64_t cached = usage["prompt_tokens_details"]["cached_tokens"];
+    fresh += usage["prompt_tokens"].get<int64_t>() - cached;
+    // All but the first forked at least the document's tokens.
+    if (cached > static_cast<int64_t>(refs[i].prompt.size()) - 40) ++forked;
+  }
+  EXPECT_GE(forked, static_cast<int64_t>(questions.size()) - 1);
+  auto c = server.client();
+  EXPECT_EQ(metric(*c, "swarmkv_prefilled_tokens_total"), static_cast<double>(fresh));
+  // One prompt's worth, plus the questions.
+  EXPECT_LT(fresh, static_cast<int64_t>(refs[0].prompt.size()) + 40 * 6);
+  EXPECT_EQ(metric(*c, "swarmkv_live_sequences"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerForkTest, SWARMKV_FORK_TEST_MODELS,
+                         test::test_model_name);
+
+// ------------------------------------------------------------ HTTP behaviour
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = test::load_test_model(test::kSmolLM2);
+    if (!model_) GTEST_SKIP() << "SWARMKV_TEST_MODEL is not set";
+  }
+  std::shared_ptr<const Model> model_;
+};
+
+TEST_F(ServerTest, AKeyIsNeededOnEveryRouteButHealth) {
+  ServerOptions o = small_options();
+  o.api_key = "sekret";
+  Running server(model_, o);
+  auto anon = server.client();
+  auto wrong = server.client("sekre");
+  auto right = server.client("sekret");
+  EXPECT_EQ(anon->Get("/health")->status, 200);
+  for (const char* path : {"/v1/models", "/metrics"}) {
+    const auto res = anon->Get(path);
+    EXPECT_EQ(res->status, 401) << path;
+    const json e = json::parse(res->body);
+    EXPECT_EQ(e["error"]["code"], "invalid_api_key");
+    EXPECT_EQ(e["error"]["message"],
+              "missing or wrong API key: send the header 'Authorization: Bearer <key>'");
+    EXPECT_EQ(wrong->Get(path)->status, 401) << path;
+    EXPECT_EQ(right->Get(path)->status, 200) << path;
+  }
+  const json body = chat_body("", "Hi", 2);
+  EXPECT_EQ(anon->Post("/v1/chat/completions", body.dump(), "application/json")->status, 401);
+  EXPECT_EQ(right->Post("/v1/chat/completions", body.dump(), "application/json")->status, 200);
+  const json models = json::parse(right->Get("/v1/models")->body);
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "SmolLM2-135M-Instruct.F16.gguf");
+  EXPECT_EQ(models["data"][0]["object"], "model");
+}
+
+TEST_F(ServerTest, EachBadRequestGetsItsStatusAndOpenAIsErrorShape) {
+  ServerOptions o = small_options();
+  o.max_body_bytes = 2048;
+  o.context.n_ctx = 256;
+  Running server(model_, o);
+  auto c = server.client();
+  const auto post = [&](const std::string& body) {
+    return c->Post("/v1/chat/completions", body, "application/json");
+  };
+  auto res = post(R"({"messages": [)");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["type"], "invalid_request_error");
+  EXPECT_EQ(e["param"], nullptr);
+  EXPECT_EQ(e["message"].get<std::string>().rfind("body: not JSON", 0), 0u) << e;
+
+  res = post(R"({"messages": [{"role": "user", "content": "x"}], "temperature": 9})");
+  EXPECT_EQ(res->status, 400);
+  e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["param"], "temperature");
+  EXPECT_EQ(e["message"], "temperature: must be in [0, 2] (got 9)");
+
+  res = post(chat_body("", std::string(3000, 'a'), 4).dump());
+  EXPECT_EQ(res->status, 413);
+  EXPECT_EQ(json::parse(res->body)["error"]["message"],
+            "body: larger than 2048 bytes, the most this server takes");
+
+  res = post(chat_body("", document(1200), 100).dump());
+  EXPECT_EQ(res->status, 400);
+  e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "context_length_exceeded");
+  EXPECT_NE(e["message"].get<std::string>().find("+ max_tokens 100 = "), std::string::npos) << e;
+  EXPECT_NE(e["message"].get<std::string>().find("> n_ctx 256"), std::string::npos) << e;
+
+  res = c->Get("/v1/nothing");
+  EXPECT_EQ(res->status, 404);
+  EXPECT_EQ(json::parse(res->body)["error"]["message"], "no route GET /v1/nothing");
+}
+
+// n completions of one prompt fork from the first: its prompt is
+// prefilled once, each other choice decodes only the prompt's last token.
+TEST_F(ServerTest, NCompletionsForkFromOnePrompt) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  json body = chat_body("", "Name a colour.", 12);
+  body["n"] = 3;
+  const json j = post_chat(*c, body);
+  expect_completion_shape(j, 3);
+  EXPECT_EQ(j["choices"][1]["message"]["content"], j["choices"][0]["message"]["content"]);
+  EXPECT_EQ(j["choices"][2]["message"]["content"], j["choices"][0]["message"]["content"]);
+  const int prompt = j["usage"]["prompt_tokens"];
+  EXPECT_EQ(metric(*c, "swarmkv_prefilled_tokens_total"), prompt + 2);
+  const Streamed s = post_stream(*c, body, 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.texts[static_cast<size_t>(i)], j["choices"][0]["message"]["content"]);
+  }
+  EXPECT_EQ(s.usage["completion_tokens"], j["usage"]["completion_tokens"]);
+}
+
+// A stop string ends the answer before it, streamed or not, and no byte of
+// it is streamed.
+TEST_F(ServerTest, StopStringsEndTheAnswerAndAreNeverStreamed) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  const json plain = post_chat(*c, chat_body("", "Describe the sea in two sentences.", 40));
+  const std::string full = plain["choices"][0]["message"]["content"];
+  ASSERT_GT(full.size(), 20u) << full;
+  const std::string stop = full.substr(full.size() / 2, 4);
+  const std::string expected = full.substr(0, full.find(stop));
+  json body = chat_body("", "Describe the sea in two sentences.", 40);
+  body["stop"] = json::array({stop, "never-in-it"});
+  const json j = post_chat(*c, body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], expected);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  const Streamed s = post_stream(*c, body);
+  EXPECT_EQ(s.texts[0], expected);
+  EXPECT_EQ(s.finish[0], "stop");
+}
+
+// A prompt the model answers at length, for the tests that need a request
+// still running a while later.
+json long_answer_body(int max_tokens) {
+  return chat_body("", "Write a long story about a cat.", max_tokens);
+}
+
+TEST_F(ServerTest, AClientThatDisconnectsMidStreamFreesItsSequence) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  json body = long_answer_body(2000);
+  body["stream"] = true;
+  int chunks = 0;
+  const auto res = post_receiving(*c, body, [&](const char*, size_t) { return ++chunks < 4; });
+  EXPECT_FALSE(res);  // we hung up
+  auto m = server.client();
+  EXPECT_TRUE(await_metric(*m, "swarmkv_live_sequences", 0));
+  EXPECT_EQ(metric(*m, "swarmkv_cancelled_total"), 1);
+  EXPECT_LT(metric(*m, "swarmkv_completion_tokens_total"), 2000);
+  EXPECT_EQ(metric(*m, "swarmkv_requests_in_flight"), 0);
+}
+
+TEST_F(ServerTest, AFullServerAnswers429WithRetryAfter) {
+  ServerOptions o = small_options();
+  o.max_concurrent = 1;
+  Running server(model_, o);
+  auto first = server.client();
+  std::atomic<bool> streaming{false};
+  std::atomic<bool> hang_up{false};
+  std::thread holder([&] {
+    json body = long_answer_body(2000);
+    body["stream"] = true;
+    (void)post_receiving(*first, body, [&](const char*, size_t) {
+      streaming.store(true);
+      return !hang_up.load();
+    });
+  });
+  for (int i = 0; i < 400 && !streaming.load(); ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(streaming.load());
+  auto second = server.client();
+  const auto res =
+      second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json");
+  hang_up.store(true);
+  holder.join();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429);
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "rate_limit_exceeded");
+  EXPECT_EQ(e["message"],
+            "1 requests are in flight, the most this server takes (--max-concurrent); retry "
+            "later");
+  // Once the first is gone, the server takes requests again.
+  EXPECT_TRUE(await_metric(*second, "swarmkv_requests_in_flight", 0));
+  EXPECT_EQ(second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json")
+                ->status,
+            200);
+}
+
+// stop() closes the listening socket at once; the request in flight still
+// gets its whole answer, then run() returns.
+TEST_F(ServerTest, StopLetsTheRequestInFlightFinish) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  auto answer = std::async(std::launch::async, [&] {
+    auto mine = server.client();
+    return mine->Post("/v1/chat/completions", long_answer_body(48).dump(), "application/json");
+  });
+  ASSERT_TRUE(await_metric(*c, "swarmkv_live_sequences", 1));
+  server.stop();  // joins run()
+  const auto res = answer.get();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 48) << j;
+  httplib::Client late("127.0.0.1", server.port());
+  EXPECT_FALSE(late.Get("/health"));
+}
+
+// Resident memory of this process in bytes (Linux).
+int64_t rss_bytes() {
+  const std::string status = read_file("/proc/self/status");
+  const size_t at = status.find("VmRSS:");
+  return at == std::string::npos ? -1 : std::stoll(status.substr(at + 6)) * 1024;
+}
+
+// A bounded load: 200 requests at concurrency 16, each a different question
+// over one document, then 50 over five documents interleaved. Every one is
+// answered, and the engine ends with nothing live, queued or in flight and
+// (no cache) no KV cell in use; memory stays where a warm-up left it.
+TEST_F(ServerTest, ABoundedLoadIsAnsweredAndLeavesNothingBehind) {
+  ServerOptions o = small_options();
+  o.max_live = 16;
+  o.max_cached = 0;  // concurrent requests still fork from each other's live sequences
+  Running server(model_, o);
+  const std::vector<std::string> docs = {document(600), document(600, "mpl-2.0.txt"),
+                                         document(1200).substr(600), document(500) + " (copy)",
+                                         document(900, "mpl-2.0.txt").substr(400)};
+  std::atomic<int> next{0}, ok{0}, other{0};
+  const auto worker = [&](int total, bool interleave) {
+    auto c = server.client();
+    for (int i; (i = next.fetch_add(1)) < total;) {
+      const std::string& doc = docs[interleave ? static_cast<size_t>(i) % docs.size() : 0];
+      const auto res = c->Post(
+          "/v1/chat/completions",
+          chat_body("", doc + "\n\nQuestion " + std::to_string(i) + ": what is this about?", 8)
+              .dump(),
+          "application/json");
+      (res && res->status == 200 ? ok : other).fetch_add(1);
+      if (!res || res->status != 200) {
+        ADD_FAILURE() << "request " << i << ": "
+                      << (res ? std::to_string(res->status) + " " + res->body
+                              : httplib::to_string(res.error()));
+      }
+    }
+  };
+  int64_t rss_warm = 0;
+  for (const auto& [total, interleave] :
+       {std::pair{16, true}, std::pair{200, false}, std::pair{50, true}}) {
+    if (rss_warm == 0 && total != 16) rss_warm = rss_bytes();
+    next.store(0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 16; ++t) threads.emplace_back(worker, total, interleave);
+    for (auto& t : threads) t.join();
+  }
+  EXPECT_EQ(ok.load(), 266);
+  EXPECT_EQ(other.load(), 0);
+  auto c = server.client();
+  EXPECT_EQ(metric(*c, "swarmkv_requests_total"), 266);
+  EXPECT_EQ(metric(*c, "swarmkv_live_sequences"), 0);
+  EXPECT_EQ(metric(*c, "swarmkv_queue_length"), 0);
+  EXPECT_EQ(metric(*c, "swarmkv_requests_in_flight"), 0);
+  EXPECT_EQ(metric(*c, "swarmkv_cached_sequences"), 0);
+  EXPECT_EQ(metric(*c, "swarmkv_kv_cells_used"), 0);
+  EXPECT_GT(metric(*c, "swarmkv_reused_tokens_total"),
+            metric(*c, "swarmkv_prefilled_tokens_total"));
+#ifndef SWARMKV_SANITIZED  // the sanitizers' own bookkeeping grows under load
+  EXPECT_LT(rss_bytes() - rss_warm, int64_t{64} << 20);
+#endif
+}
+
+}  // namespace
+}  // namespace swarmkv

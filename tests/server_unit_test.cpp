@@ -1,0 +1,154 @@
+// The OpenAI request parser and the error map of `swarmkv serve`, without a
+// model or a socket: each refusal names its field, in OpenAI's error shape.
+#include <gtest/gtest.h>
+
+#include "server/openai.h"
+
+namespace swarmkv::server {
+namespace {
+
+ChatRequest parse(const std::string& body) {
+  return parse_chat_request(body, RequestLimits{});
+}
+
+// The message of the Error(kInvalidArgument) parsing `body` throws.
+std::string refusal(const std::string& body) {
+  try {
+    (void)parse(body);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << body;
+    return e.message();
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return "";
+}
+
+TEST(ChatRequestTest, AFullRequestIsReadFieldByField) {
+  const ChatRequest r = parse(R"({
+    "model": "m", "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi, "}, {"type": "text", "text": "you"}]},
+      {"role": "assistant", "content": "Hello."},
+      {"role": "developer", "content": "Now answer."}],
+    "max_completion_tokens": 12, "temperature": 0, "top_p": 0.5, "seed": 7, "stop": ["\n\n", "END"],
+    "n": 2, "frequency_penalty": 0.5, "presence_penalty": -1, "stream": true,
+    "stream_options": {"include_usage": true}, "user": "ignored", "tools": []})");
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[1].content, "Hi, you");
+  EXPECT_EQ(r.messages[3].role, "system");  // OpenAI's "developer" is the system role
+  EXPECT_EQ(r.max_tokens, 12);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.seed, 7u);
+  EXPECT_EQ(r.sampling.frequency_penalty, 0.5f);
+  EXPECT_EQ(r.sampling.presence_penalty, -1.0f);
+  EXPECT_EQ(r.sampling.repeat_last_n, RequestLimits{}.max_tokens);  // the whole answer counts
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_EQ(r.n, 2);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(ChatRequestTest, DefaultsAreOpenAIs) {
+  const ChatRequest r = parse(R"({"messages": [{"role": "user", "content": "x"}]})");
+  EXPECT_EQ(r.max_tokens, 0);  // the server's default applies
+  EXPECT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.sampling.penalties_on());
+}
+
+TEST(ChatRequestTest, EachRefusalNamesItsField) {
+  EXPECT_EQ(refusal(R"([1])"), "body: must be a JSON object (got [1])");
+  EXPECT_EQ(refusal(R"({})"),
+            "messages: must be a non-empty array of {\"role\", \"content\"} objects");
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "tool", "content": "x"}]})"),
+            "messages[0].role: must be system, user or assistant (got \"tool\")");
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "user"}]})"),
+            "messages[0].content: is missing (a string or an array of text parts)");
+  EXPECT_EQ(
+      refusal(
+          R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})"),
+      "messages[0].content[0]: must be {\"type\": \"text\", \"text\": ...}; only text is "
+      "supported (got {\"image_url\":{},\"type\":\"image_url\"})");
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "user", "content": "a\u0000b"}]})"),
+            "messages[0].content contains a NUL byte at offset 1 (a binary file?)");
+  const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
+  EXPECT_EQ(refusal(m + R"("max_tokens": 0})"), "max_tokens: must be in [1, 4096] (got 0)");
+  EXPECT_EQ(refusal(m + R"("max_tokens": 1.5})"), "max_tokens: must be an integer (got 1.5)");
+  EXPECT_EQ(refusal(m + R"("max_tokens": 3, "max_completion_tokens": 4})"),
+            "max_completion_tokens: differs from max_tokens (4 vs 3); give one");
+  EXPECT_EQ(refusal(m + R"("temperature": 3})"), "temperature: must be in [0, 2] (got 3)");
+  EXPECT_EQ(refusal(m + R"("temperature": "hot"})"), "temperature: must be a number (got \"hot\")");
+  EXPECT_EQ(refusal(m + R"("top_p": 0})"), "top_p: must be in (0, 1] (got 0)");
+  EXPECT_EQ(refusal(m + R"("n": 9})"), "n: must be in [1, 8] (got 9)");
+  EXPECT_EQ(refusal(m + R"("stop": ["a", 1]})"), "stop[1]: must be a string (got 1)");
+  EXPECT_EQ(refusal(m + R"("stop": ""})"),
+            "stop: an empty stop string would end every answer at once");
+  EXPECT_EQ(refusal(m + R"("stop": ["a", "b", "c", "d", "e"]})"),
+            "stop: at most 4 stop strings (got 5)");
+  EXPECT_EQ(refusal(m + R"("stream": "yes"})"), "stream: must be true or false (got \"yes\")");
+  EXPECT_EQ(refusal(m + R"("stream_options": {"include_usage": true}})"),
+            "stream_options: is only allowed with \"stream\": true");
+  EXPECT_EQ(refusal(m + R"("tools": [{"type": "function"}]})"),
+            "tools: tools are not supported by swarmkv serve");
+  EXPECT_EQ(refusal(m + R"("logprobs": true})"), "logprobs: not supported by swarmkv serve");
+  EXPECT_EQ(refusal(m + R"("response_format": {"type": "json_object"}})"),
+            "response_format: only {\"type\": \"text\"} is supported");
+  const RequestLimits two{.max_messages = 2};
+  EXPECT_THROW((void)parse_chat_request(R"({"messages": [{"role": "user", "content": "x"},
+        {"role": "user", "content": "x"}, {"role": "user", "content": "x"}]})",
+                                        two),
+               Error);
+}
+
+TEST(ChatRequestTest, NotJsonIsRefusedWithThePosition) {
+  const std::string m = refusal(R"({"messages": )");
+  EXPECT_EQ(m.rfind("body: not JSON ([json.exception.parse_error.101] parse error at line 1, "
+                    "column 14",
+                    0),
+            0u)
+      << m;
+  // Invalid UTF-8 is not JSON either.
+  EXPECT_EQ(refusal("{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}")
+                .rfind("body: not JSON", 0),
+            0u);
+}
+
+TEST(OpenAIErrorTest, CodesMapToStatusesInOnePlace) {
+  EXPECT_EQ(http_error(ErrorCode::kInvalidArgument).status, 400);
+  EXPECT_EQ(http_error(ErrorCode::kBudget).status, 400);
+  EXPECT_EQ(http_error(ErrorCode::kChatTemplate).status, 400);
+  EXPECT_EQ(http_error(ErrorCode::kNotFound).status, 404);
+  EXPECT_EQ(http_error(ErrorCode::kNoKvSlot).status, 503);
+  EXPECT_EQ(http_error(ErrorCode::kAborted).status, 503);
+  EXPECT_EQ(http_error(ErrorCode::kDecodeFatal).status, 500);
+  EXPECT_EQ(http_error(ErrorCode::kInternal).type, "server_error");
+}
+
+TEST(OpenAIErrorTest, TheBodyHasOpenAIsShapeAndNamesTheParam) {
+  const nlohmann::json j = error_body({ErrorCode::kInvalidArgument,
+                                       "messages[0].role: must be system, user or "
+                                       "assistant (got \"tool\")"},
+                                      http_error(ErrorCode::kInvalidArgument));
+  EXPECT_EQ(j, nlohmann::json::parse(R"js({"error": {
+    "message": "messages[0].role: must be system, user or assistant (got \"tool\")",
+    "type": "invalid_request_error", "param": "messages[0].role", "code": "invalid_argument"}})js"));
+  const nlohmann::json budget =
+      error_body({ErrorCode::kBudget, "prompt_tokens 9 + max_tokens 9 = 18 > n_ctx 16"},
+                 http_error(ErrorCode::kBudget));
+  EXPECT_EQ(budget["error"]["param"], nullptr);
+  EXPECT_EQ(budget["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(param_of("body: not JSON"), "");
+  EXPECT_EQ(param_of("stop[1]: must be a string (got 1)"), "stop[1]");
+}
+
+TEST(OpenAIErrorTest, FinishReasons) {
+  EXPECT_EQ(finish_reason(StopReason::kMaxTokens), "length");
+  EXPECT_EQ(finish_reason(StopReason::kEndOfGeneration), "stop");
+  EXPECT_EQ(finish_reason(StopReason::kStopString), "stop");
+}
+
+}  // namespace
+}  // namespace swarmkv::server

@@ -1,0 +1,123 @@
+#include "serve_cmd.h"
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include <pthread.h>
+
+#include <fmt/format.h>
+
+#include "swarmkv/error.h"
+#include "swarmkv/log.h"
+#include "swarmkv/paths.h"
+
+namespace swarmkv::cli {
+
+ServeCommand::ServeCommand(CLI::App& app) {
+  sub_ = app.add_subcommand(
+      "serve",
+      "Serve an OpenAI-compatible API (POST /v1/chat/completions, streaming too; GET /v1/models, "
+      "/health, /metrics) on one model. Concurrent requests share one KV cache: each forks the "
+      "longest token prefix already decoded (a document every agent sends is prefilled once) "
+      "and all are decoded in the same batches. Bound to 127.0.0.1 unless --host says "
+      "otherwise. SIGTERM or Ctrl-C stop accepting, let requests in flight finish for --drain "
+      "seconds and exit 0. Logs at info level unless --log-level says otherwise. See README.md, "
+      "\"Use it from any OpenAI client\".");
+  sub_->add_option("--host", options_.host, "address to listen on")->capture_default_str();
+  sub_->add_option("--port", options_.port, "TCP port (0: any free one, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  sub_->add_option("-m,--model", model_, "GGUF model (default: see above)");
+  sub_->add_option("--model-name", options_.model_name,
+                   "the model id /v1/models lists and responses carry (default: the file name)");
+  sub_->add_option("--api-key", options_.api_key,
+                   "require 'Authorization: Bearer KEY' on every route but /health (default: "
+                   "$SWARMKV_API_KEY; none: no auth)");
+  sub_->add_option("-c,--n-ctx", options_.context.n_ctx,
+                   "KV cells of the one context all requests share")
+      ->capture_default_str()
+      ->check(CLI::Range(64u, 1u << 22));
+  sub_->add_option("-b,--n-batch", options_.context.n_batch, "most tokens per decode step")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 16));
+  sub_->add_option("-t,--threads", options_.context.n_threads, "CPU threads (0 = all cores)")
+      ->capture_default_str();
+  sub_->add_option("--flash-attn", flash_attn_, "flash attention: on or off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub_->add_option("--max-live", options_.max_live,
+                   "completions decoded at once (more wait in a queue)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 128));
+  sub_->add_option("--max-cached", options_.max_cached,
+                   "finished sequences kept for prefix reuse (least recently used evicted)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 128));
+  sub_->add_option("--max-concurrent", options_.max_concurrent,
+                   "HTTP requests in flight; more get 429 with Retry-After")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  sub_->add_option("--max-body", options_.max_body_bytes, "largest request body in bytes (413)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30));
+  sub_->add_option("--max-tokens", options_.max_tokens, "the most max_tokens a request may ask")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub_->add_option("--default-max-tokens", options_.default_max_tokens,
+                   "max_tokens of a request that gives none")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub_->add_option("--drain", options_.drain_s, "seconds requests in flight may take after SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+}
+
+int ServeCommand::run() {
+  ServerOptions options = options_;
+  if (options.api_key.empty()) {
+    if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) options.api_key = key;
+  }
+  options.context.flash_attn = flash_attn_ == "on";
+  options.context.n_ubatch = options.context.n_batch;
+  validate_context_options(options.context);
+  // SIGTERM and SIGINT are taken by one thread (sigwait), blocked in all
+  // others, which inherit this mask; a client gone mid-write is an error
+  // return, not SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const std::string model_path = resolve_model_path(model_);
+  if (std::getenv("SWARMKV_LOG_LEVEL") == nullptr) set_log_level(LogLevel::kInfo);
+  auto model = Model::load(model_path);
+  Server server(model, options);
+  std::cerr << fmt::format("swarmkv serve: http://{}:{}/v1 (model {})\n", options.host,
+                           server.port(), model_path)
+            << std::flush;
+
+  std::atomic<bool> done{false};
+  std::thread signals([&] {
+    const timespec tick{0, 200'000'000};
+    while (!done.load()) {
+      siginfo_t info;
+      if (sigtimedwait(&stop_signals, &info, &tick) > 0) {
+        log_info("serve: signal {}: draining (up to {} s)", info.si_signo, options.drain_s);
+        server.stop();
+        return;
+      }
+    }
+  });
+  server.run();
+  done.store(true);
+  signals.join();
+  log_info("serve: stopped");
+  return 0;
+}
+
+}  // namespace swarmkv::cli

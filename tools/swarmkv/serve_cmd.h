@@ -1,0 +1,26 @@
+// `swarmkv serve`: the OpenAI-compatible server (swarmkv/server.h).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "swarmkv/server.h"
+
+namespace swarmkv::cli {
+
+class ServeCommand {
+ public:
+  explicit ServeCommand(CLI::App& app);
+  bool chosen() const { return sub_->parsed(); }
+  // Serves until SIGTERM or SIGINT, which drain (stop accepting, let the
+  // requests in flight finish for --drain seconds) and return 0. Throws
+  // Error.
+  int run();
+
+ private:
+  CLI::App* sub_ = nullptr;
+  std::string model_;
+  std::string flash_attn_ = "off";
+  ServerOptions options_;
+};
+
+}  // namespace swarmkv::cli
