@@ -304,7 +304,11 @@ TEST_P(ServerForkTest, ALoneRequestEqualsAReprefillBitForBit) {
 // re-prefill up to the shared fork's near-tie bound.
 TEST_P(ServerForkTest, ConcurrentAgentsOverOneDocumentPrefillItOnce) {
   const ServerOptions options = small_options();
+#ifdef SWARMKV_SANITIZED  // the sanitizers look at the threads, not the numerics
+  const std::string doc = document(1000);
+#else
   const std::string doc = document(3000);
+#endif
   const std::vector<std::string> questions = {"Who is the Licensor?",
                                               "What is a Contribution?",
                                               "What does the patent grant cover?",
@@ -347,6 +351,36 @@ TEST_P(ServerForkTest, ConcurrentAgentsOverOneDocumentPrefillItOnce) {
   // One prompt's worth, plus the questions.
   EXPECT_LT(fresh, static_cast<int64_t>(refs[0].prompt.size()) + 40 * 6);
   EXPECT_EQ(metric(*c, "swarmkv_live_sequences"), 0);
+}
+
+// A finished request's sequence stays cached, far past the document once it
+// has answered at length. On plain attention the next request over the
+// same document forks the document from it; on sliding-window layers the
+// cells that left that sequence's window may already hold its later
+// tokens, so the next request must not fork there — both answers stay
+// within the re-prefill's near-tie bound.
+TEST_P(ServerForkTest, ALaterRequestForksOnlyWhatTheCacheStillHolds) {
+  ServerOptions options = small_options();
+  options.context.n_ctx = 2048;
+  const std::string doc = document(1000);
+  const int first_tokens = GetParam().instruct ? 200 : 700;  // the base model runs to the end
+  Running server(model_, options);
+  auto c = server.client();
+  const json first = post_chat(*c, chat_body("", doc + "\n\nRetell this text.", first_tokens));
+  const Reference ref = reprefill(model_, options, "", doc + "\n\nWho is the Licensor?", 24);
+  const json second = post_chat(*c, chat_body("", doc + "\n\nWho is the Licensor?", 24));
+  expect_equal_up_to_near_tie(second["choices"][0]["message"]["content"], ref,
+                              2 * GetParam().shared_logit_bound, "the later request");
+  const int cached = second["usage"]["prompt_tokens_details"]["cached_tokens"];
+  const int doc_tokens = static_cast<int>(ref.prompt.size()) - 20;
+  if (kv_layout(*model_, options.context).n_swa > 0) {
+    EXPECT_LT(cached, doc_tokens) << "forked cells the sliding window may have overwritten";
+  } else {
+    EXPECT_GE(cached, doc_tokens);
+  }
+  EXPECT_EQ(first["usage"]["prompt_tokens"].get<int>() +
+                second["usage"]["prompt_tokens"].get<int>() - cached,
+            metric(*c, "swarmkv_prefilled_tokens_total"));
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerForkTest, SWARMKV_FORK_TEST_MODELS,

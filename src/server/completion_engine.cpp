@@ -194,6 +194,7 @@ void CompletionEngine::loop() {
   Context& ctx = *ctx_;
   const int32_t n_slots = static_cast<int32_t>(options_.context.n_seq_max);
   const size_t n_ctx = options_.context.n_ctx;
+  const bool sliding_window = ctx.kv_layout().n_swa > 0;
   std::vector<Slot> slots(static_cast<size_t>(n_slots));
   for (int32_t i = 0; i < n_slots; ++i) slots[static_cast<size_t>(i)].seq = i;
   std::deque<Pending> queue;  // admitted in order; the head blocks the rest (FIFO)
@@ -339,21 +340,25 @@ void CompletionEngine::loop() {
     }
     const CompletionRequest& req = p.request;
     if (live_count() + req.n > options_.max_live) return false;
-    // The longest common prefix among the sequences that hold tokens.
+    // The longest common prefix among the sequences that hold tokens; each
+    // completion decodes at least its last prompt token itself.
     int source = -1;
     size_t best = 0;
     for (size_t i = 0; i < slots.size(); ++i) {
       const Slot& s = slots[i];
       if (!s.holds_tokens()) continue;
-      const size_t l = common_prefix(req.prompt, s.tokens);
+      const size_t l = std::min(common_prefix(req.prompt, s.tokens), req.prompt.size() - 1);
+      // Sliding-window layers let a sequence's cells that left its window
+      // be overwritten, and a fork needs the window before its first own
+      // position: fork only from a sequence not yet past the shared part.
+      if (sliding_window && s.decoded() > l) continue;
       if (l > best ||
           (l == best && l > 0 && s.decoded() > slots[static_cast<size_t>(source)].decoded())) {
         best = l;
         source = static_cast<int>(i);
       }
     }
-    // Each completion decodes at least its last prompt token itself.
-    const size_t shared = std::min(best, req.prompt.size() - 1);
+    const size_t shared = best;
     if (shared == 0) source = -1;
     const size_t need = (req.prompt.size() - shared) + static_cast<size_t>(req.max_tokens) +
                         static_cast<size_t>(req.n - 1) * (1 + static_cast<size_t>(req.max_tokens));
@@ -496,9 +501,17 @@ void CompletionEngine::loop() {
     size_t prefilled = 0;
     for (size_t i : prefilling) {
       Slot& s = slots[i];
+      // A chunk ends where a waiting request forks, so that it forks a
+      // sequence not past the shared part (sliding windows, above).
+      size_t end = s.prompt_len;
+      for (const Slot& w : slots) {
+        if (w.state == Slot::State::kWaiting && w.source == static_cast<int>(i) &&
+            w.fork_len > s.decoded()) {
+          end = std::min(end, w.fork_len);
+        }
+      }
       size_t n = 0;
-      for (size_t pos = s.decoded(); pos < s.prompt_len && batch.size() < batch.capacity();
-           ++pos, ++n) {
+      for (size_t pos = s.decoded(); pos < end && batch.size() < batch.capacity(); ++pos, ++n) {
         const bool last = pos + 1 == s.prompt_len;
         if (last) rows.push_back({i, batch.size()});
         batch.add(s.tokens[pos], static_cast<Pos>(pos), s.seq, last);

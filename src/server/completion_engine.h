@@ -7,7 +7,11 @@
 // still prefilling: the request then waits until the shared part is decoded,
 // instead of prefilling it again) and finished ones kept for reuse — and
 // forks the longest common prefix (seq_cp, no copy of the cells); only the
-// rest of its prompt is prefilled. `n` > 1 completions of one prompt fork
+// rest of its prompt is prefilled. On models with sliding-window layers
+// (Gemma 3) a sequence's cells that left its window may be overwritten, so
+// there a request forks only from a sequence not yet past the shared part:
+// one still prefilling (whose chunk then ends where the request forks) or
+// one that holds exactly that prefix. `n` > 1 completions of one prompt fork
 // from the first one. Finished sequences stay cached, least recently used
 // evicted first when a new request needs their id or cells.
 //

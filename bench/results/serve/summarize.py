@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Summarises client.py's runs against both servers: report.md,
+summary.json, summary.csv and plots/ (argument: this directory)."""
+import csv, json, os, re, statistics, sys
+
+d = sys.argv[1]
+
+def pct(xs, q):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+def metric(path, name):
+    for line in open(path):
+        m = re.match(re.escape(name) + r"(?:\{[^}]*\})? ([0-9.e+]+)$", line.strip())
+        if m:
+            return float(m.group(1))
+    return None
+
+rows = {}
+for arm, prefilled_name in (("swarmkv", "swarmkv_prefilled_tokens_total"),
+                            ("llama-server", "llamacpp:prompt_tokens_total")):
+    run = json.load(open(os.path.join(d, arm + ".json")))
+    reqs = run["requests"]
+    ttft = [r["ttft_s"] for r in reqs if r["ttft_s"] is not None]
+    end = [r["end_s"] for r in reqs]
+    rows[arm] = {
+        "arm": arm,
+        "agents": run["agents"],
+        "ok": sum(1 for r in reqs if r["status"] == 200),
+        "end_to_end_s": round(run["end_to_end_s"], 2),
+        "ttft_p50_s": round(pct(ttft, 50), 2), "ttft_p95_s": round(pct(ttft, 95), 2),
+        "ttft_p99_s": round(pct(ttft, 99), 2),
+        "completion_p50_s": round(pct(end, 50), 2),
+        "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in reqs if r["usage"]),
+        "prompt_tokens_each": reqs[0]["usage"]["prompt_tokens"] if reqs[0]["usage"] else None,
+        "prefilled_tokens": metric(os.path.join(d, arm + ".metrics"), prefilled_name),
+        "completion_tokens": sum(r["usage"]["completion_tokens"] for r in reqs if r["usage"]),
+        "texts": [r["text"] for r in reqs],
+    }
+s, l = rows["swarmkv"], rows["llama-server"]
+same = sum(1 for a, b in zip(s["texts"], l["texts"]) if a == b)
+summary = {"arms": [{k: v for k, v in r.items() if k != "texts"} for r in rows.values()],
+           "speedup_end_to_end": round(l["end_to_end_s"] / s["end_to_end_s"], 2),
+           "answers_equal_between_servers": same}
+json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=2)
+keys = [k for k in summary["arms"][0]]
+with open(os.path.join(d, "summary.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, keys)
+    w.writeheader()
+    w.writerows(summary["arms"])
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(os.path.join(d, "plots"), exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for arm in rows:
+        run = json.load(open(os.path.join(d, arm + ".json")))
+        ax.plot(sorted(r["ttft_s"] for r in run["requests"]), range(1, run["agents"] + 1),
+                marker="o", label=arm)
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (s, log)")
+    ax.set_ylabel("requests answered")
+    ax.set_title("16 concurrent chat requests, same 3.5k-token document")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(d, "plots", "ttft.png"), dpi=110)
+except ImportError:
+    pass
+
+with open(os.path.join(d, "report.md"), "w") as f:
+    f.write("# swarmkv serve vs llama-server -np 16\n\n")
+    f.write("Reproduce: `bench/results/serve/command.sh` (one trial per server, same client, "
+            "SmolLM2-135M F16, 2 threads, flash attention off).\n\n")
+    f.write("| server | ok | end to end | TTFT p50 | p95 | p99 | completion p50 | prompt tokens | "
+            "prefilled tokens | generated |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    for r in rows.values():
+        f.write(f"| {r['arm']} | {r['ok']}/{r['agents']} | {r['end_to_end_s']} s | "
+                f"{r['ttft_p50_s']} s | {r['ttft_p95_s']} s | {r['ttft_p99_s']} s | "
+                f"{r['completion_p50_s']} s | {r['prompt_tokens']} ({r['prompt_tokens_each']} each) | "
+                f"{r['prefilled_tokens']:.0f} | {r['completion_tokens']} |\n")
+    f.write(f"\nEnd to end: swarmkv serve is **{summary['speedup_end_to_end']}x** faster. "
+            f"Greedy answers identical between the two servers: {same}/{s['agents']} "
+            "(different batching, so near-ties may part; neither is the other's reference).\n")
+print(json.dumps(summary, indent=2))
