@@ -364,6 +364,65 @@ def bench_second_ctrl_c_exits_at_once(ctx):
     assert waited < 2, f"took {waited:.1f} s after the second Ctrl-C"
 
 
+def serve_process(ctx, *extra):
+    """`swarmkv serve --port 0` and the port it printed."""
+    env = dict(os.environ, SWARMKV_CACHE=ctx.path("cache"))
+    p = subprocess.Popen([ctx.cli, "serve", "--port", "0", "--model", ctx.model, *extra],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        m = re.match(r"swarmkv serve: http://127\.0\.0\.1:(\d+)/v1", line)
+        if m:
+            return p, int(m.group(1))
+    p.kill()
+    raise AssertionError(f"serve printed no address (exit {p.wait()})")
+
+
+def http(port, path, body=None, timeout=60):
+    import urllib.request
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 json.dumps(body).encode() if body is not None else None)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+@case
+def serve_drains_on_sigterm(ctx):
+    import threading
+    p, port = serve_process(ctx, "--drain", "60")
+    try:
+        answer = {}
+        body = {"messages": [{"role": "user", "content": "Write a long story about a cat."}],
+                "max_tokens": 64, "temperature": 0}
+        t = threading.Thread(target=lambda: answer.update(r=http(port, "/v1/chat/completions",
+                                                                 body)))
+        t.start()
+        for _ in range(200):  # until the request is being decoded
+            if re.search(r"^swarmkv_live_sequences 1$", http(port, "/metrics")[1], re.M):
+                break
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        t.join(timeout=60)
+        rc = p.wait(timeout=60)
+    finally:
+        p.kill()
+    assert rc == 0, f"exit {rc}"
+    status, text = answer["r"]
+    assert status == 200, status
+    assert json.loads(text)["usage"]["completion_tokens"] == 64, text
+
+
+@case
+def serve_names_a_busy_port(ctx):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    rc, _, err = ctx.run("serve", "--port", str(port), "--model", ctx.model)
+    expect(rc, err, 1, f"io: cannot listen on 127.0.0.1:{port} (in use, or no such local "
+                       "address)")
+
+
 # ------------------------------------------------------------------ engine settings
 
 
