@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "greedy_reference.h"
 #include "pipeline/fork_strategy.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
@@ -59,14 +60,8 @@ PipelineSpec apache_spec(int32_t max_tokens) {
 
 // The full recompute, step by step: one fresh single-sequence context with
 // the pipeline's engine settings, document + prompt decoded from position 0,
-// greedy argmax. `choices`
-// holds every argmax token including a final end-of-generation token, and
-// `margins` the gap between the best and second-best logit at each step.
-struct Reference {
-  std::vector<Token> tokens;   // the answer, as GenerationTracker keeps it
-  std::vector<Token> choices;  // every argmax (EOG included)
-  std::vector<float> margins;  // top1 - top2 logit per choice
-};
+// greedy argmax (greedy_reference.h).
+using Reference = test::GreedyReference;
 // `split`: the prefix and the prompt in separate decode calls, as kNone
 // decodes them (batch boundaries move the rounding on some models).
 Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpec& spec,
@@ -87,25 +82,7 @@ Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpe
   GenerateOptions g;
   g.max_tokens = agent.max_tokens;
   g.stop = agent.stop;
-  GenerationTracker tracker(*model, g);
-  Reference ref;
-  Batch batch(1);
-  auto pos = static_cast<Pos>(all.size());
-  for (;;) {
-    const std::span<const float> logits = ctx.logits(-1);
-    std::vector<float> sorted(logits.begin(), logits.end());
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    const auto best =
-        static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    ref.choices.push_back(best);
-    ref.margins.push_back(sorted[0] - sorted[1]);
-    if (tracker.accept(best)) break;
-    batch.clear();
-    batch.add(best, pos++, 0, true);
-    ctx.decode(batch);
-  }
-  ref.tokens = tracker.take().tokens;
-  return ref;
+  return test::greedy_continuation(ctx, static_cast<Pos>(all.size()), g);
 }
 
 // The document of the tests whose agents build on each other: shorter under

@@ -17,6 +17,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "greedy_reference.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
@@ -195,12 +196,10 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
 
 // A re-prefill of the rendered chat in a fresh context with the server's
 // settings: its greedy answer, with the margin between the best two logits
-// at each step.
-struct Reference {
+// at each step, and each answer token's text.
+struct Reference : test::GreedyReference {
   std::vector<Token> prompt;
   std::vector<std::string> pieces;
-  std::vector<float> margins;
-  std::string text;
 };
 
 std::vector<Token> render(const Model& model, const std::string& system, const std::string& user) {
@@ -225,24 +224,9 @@ Reference reprefill(const std::shared_ptr<const Model>& model, const ServerOptio
   ctx.decode_prompt(ref.prompt, 0, 0, true);
   GenerateOptions g;
   g.max_tokens = max_tokens;
-  GenerationTracker tracker(*model, g);
-  Batch batch(1);
-  auto pos = static_cast<Pos>(ref.prompt.size());
-  for (;;) {
-    const std::span<const float> logits = ctx.logits(-1);
-    std::vector<float> sorted(logits.begin(), logits.end());
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    const auto best =
-        static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    ref.margins.push_back(sorted[0] - sorted[1]);
-    if (tracker.accept(best)) break;
-    batch.clear();
-    batch.add(best, pos++, 0, true);
-    ctx.decode(batch);
-  }
-  const Generation answer = tracker.take();
-  for (Token t : answer.tokens) ref.pieces.push_back(model->token_to_piece(t));
-  ref.text = answer.text;
+  static_cast<test::GreedyReference&>(ref) =
+      test::greedy_continuation(ctx, static_cast<Pos>(ref.prompt.size()), g);
+  for (Token t : ref.tokens) ref.pieces.push_back(model->token_to_piece(t));
   return ref;
 }
 
