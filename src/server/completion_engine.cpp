@@ -80,10 +80,9 @@ struct CompletionEngine::Slot {
   int32_t choice = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GenerationTracker> tracker;
-  size_t hold = 0;  // bytes held back for stop strings (the longest one, less one)
-  size_t sent = 0;  // answer bytes sent
-  Token pending = 0;
-  bool has_pending = false;
+  size_t hold = 0;         // bytes held back for stop strings (the longest one, less one)
+  size_t sent = 0;         // answer bytes sent
+  Token pending = 0;       // kGenerate: the last sampled token, decoded in the next step
   uint64_t admitted = 0;   // admission order (prefill order in a batch)
   uint64_t last_used = 0;  // kCached: LRU
   int32_t max_tokens = 0;
@@ -291,7 +290,6 @@ void CompletionEngine::loop() {
     s.job.reset();
     s.sampler.reset();
     s.tracker.reset();
-    s.has_pending = false;
     s.state = Slot::State::kCached;
     s.last_used = ++clock;
   };
@@ -487,7 +485,7 @@ void CompletionEngine::loop() {
     added.clear();
     for (size_t i = 0; i < slots.size(); ++i) {
       Slot& s = slots[i];
-      if (s.state != Slot::State::kGenerate || !s.has_pending) continue;
+      if (s.state != Slot::State::kGenerate) continue;
       rows.push_back({i, batch.size()});
       batch.add(s.pending, static_cast<Pos>(s.decoded()), s.seq, true);
       added.push_back({i, 1});
@@ -553,7 +551,6 @@ void CompletionEngine::loop() {
           continue;
         }
         s.pending = token;
-        s.has_pending = true;
         send_text(s, /*done=*/false);
       } catch (const Error& e) {
         fail_job(s.job, e.value());

@@ -234,9 +234,7 @@ namespace {
 class InFlight {
  public:
   explicit InFlight(std::atomic<int32_t>& n) : n_(&n) { ++*n_; }
-  ~InFlight() {
-    if (n_ != nullptr) --*n_;
-  }
+  ~InFlight() { --*n_; }
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
 
