@@ -110,6 +110,23 @@ TEST(ReadySetTest, FailureDecidesEveryDependentAtOnceAndSparesIndependentNodes) 
   EXPECT_EQ(r.error(4), std::nullopt);
 }
 
+TEST(ReadySetTest, EveryOutcomeIsReportedOnceWithItsStatusSet) {
+  ReadySet r = ready_set(
+      {{"document", {}}, {"bad", {"document"}}, {"after_bad", {"bad"}}, {"ok", {"document"}}});
+  std::vector<std::pair<size_t, NodeStatus>> seen;
+  r.set_on_decided([&](size_t node) { seen.emplace_back(node, r.status(node)); });
+  r.pop();
+  r.succeed(0);
+  r.pop();
+  r.fail(1, ErrorValue{ErrorCode::kState, "x"});
+  r.pop();
+  r.succeed(3);
+  EXPECT_EQ(seen, (std::vector<std::pair<size_t, NodeStatus>>{{0, NodeStatus::kOk},
+                                                              {1, NodeStatus::kFailed},
+                                                              {2, NodeStatus::kDependencyFailed},
+                                                              {3, NodeStatus::kOk}}));
+}
+
 TEST(ReadySetTest, OnlyARunningNodeCanBeDecided) {
   ReadySet r = ready_set({{"document", {}}, {"a", {"document"}}});
   EXPECT_THROW(r.succeed(1), Error);

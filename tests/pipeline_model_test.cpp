@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -755,6 +756,105 @@ TEST_F(PipelineModelTest, FailedBranchReachesItsDependentOnHostAndNone) {
   for (const ForkMode fork : {ForkMode::kHost, ForkMode::kNone}) {
     SCOPED_TRACE(std::string(to_string(fork)));
     expect_failure_reaches_dependent(run_with_failing_first_agent(license_spec(), fork, model_));
+  }
+}
+
+// RunOptions::on_agent_event as each strategy calls it: per agent one
+// kStarted, one kToken per answer token (the last one's text the answer),
+// one kDone with its outcome; an agent whose dependency failed gets kDone
+// alone.
+struct EventLog {
+  std::mutex mutex;  // kConcurrent reports from several threads
+  std::map<size_t, int> started, done;
+  std::map<size_t, std::vector<Token>> tokens;
+  std::map<size_t, std::string> last_text, done_answer;
+  std::map<size_t, NodeStatus> status;
+  std::map<size_t, bool> token_after_done;
+
+  RunOptions options(GuardPolicy guard, std::function<void(const AgentEvent&)> also = {}) {
+    RunOptions o;
+    o.guard = guard;
+    o.on_agent_event = [this, also](const AgentEvent& e) {
+      {
+        std::lock_guard lock(mutex);
+        switch (e.kind) {
+          case AgentEvent::Kind::kStarted:
+            ++started[e.agent];
+            break;
+          case AgentEvent::Kind::kToken:
+            tokens[e.agent].push_back(e.token);
+            last_text[e.agent] = std::string(e.text);
+            if (done[e.agent] > 0) token_after_done[e.agent] = true;
+            break;
+          case AgentEvent::Kind::kDone:
+            ++done[e.agent];
+            done_answer[e.agent] = e.result->answer;
+            status[e.agent] = e.result->status;
+            break;
+        }
+      }
+      if (also) also(e);
+    };
+    return o;
+  }
+};
+
+PipelineSpec events_spec(const PipelineSpec& license, ForkMode fork) {
+  PipelineSpec spec = license;
+  spec.fork = fork;
+  spec.document = spec.document.substr(0, 600);
+  spec.agents.resize(3);
+  for (AgentSpec& a : spec.agents) a.max_tokens = 6;
+  spec.agents[1].depends_on = {"agent0"};
+  return spec;
+}
+
+TEST_F(PipelineModelTest, EveryStrategyReportsEachAgentsStartTokensAndOutcome) {
+  for (const auto& [fork, guard] : {std::pair{ForkMode::kShared, GuardPolicy::kSerialized},
+                                    std::pair{ForkMode::kHost, GuardPolicy::kConcurrent},
+                                    std::pair{ForkMode::kNone, GuardPolicy::kSerialized}}) {
+    SCOPED_TRACE(fmt::format("{} {}", to_string(fork), to_string(guard)));
+    EventLog log;
+    const PipelineResult r =
+        run_pipeline(events_spec(license_spec(), fork), model_, log.options(guard));
+    ASSERT_TRUE(r.ok());
+    for (size_t i = 0; i < r.agents.size(); ++i) {
+      EXPECT_EQ(log.started[i], 1) << i;
+      EXPECT_EQ(log.done[i], 1) << i;
+      EXPECT_EQ(log.tokens[i], r.agents[i].tokens) << i;
+      EXPECT_EQ(log.last_text[i], r.agents[i].answer) << i;
+      EXPECT_EQ(log.done_answer[i], r.agents[i].answer) << i;
+      EXPECT_EQ(log.status[i], NodeStatus::kOk) << i;
+      EXPECT_FALSE(log.token_after_done[i]) << i;
+    }
+  }
+}
+
+// A callback that throws is how a caller cancels: each agent fails at its
+// first token with the thrown error, and a dependent of a failed agent
+// never starts.
+TEST_F(PipelineModelTest, ACallbackThatThrowsFailsTheAgentItReportsOn) {
+  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost, ForkMode::kNone}) {
+    SCOPED_TRACE(std::string(to_string(fork)));
+    EventLog log;
+    const PipelineResult r =
+        run_pipeline(events_spec(license_spec(), fork), model_,
+                     log.options(GuardPolicy::kSerialized, [](const AgentEvent& e) {
+                       if (e.kind == AgentEvent::Kind::kToken)
+                         throw Error(ErrorCode::kAborted, "the client went away");
+                     }));
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.document_status, NodeStatus::kOk);
+    for (const size_t i : {size_t{0}, size_t{2}}) {
+      EXPECT_EQ(r.agents[i].status, NodeStatus::kFailed) << i;
+      EXPECT_EQ(r.agents[i].error, (ErrorValue{ErrorCode::kAborted, "the client went away"})) << i;
+      EXPECT_EQ(log.tokens[i].size(), 1u) << i;
+      EXPECT_EQ(log.status[i], NodeStatus::kFailed) << i;
+    }
+    EXPECT_EQ(r.agents[1].status, NodeStatus::kDependencyFailed);
+    EXPECT_EQ(log.started[1], 0);
+    EXPECT_EQ(log.done[1], 1);
+    EXPECT_EQ(log.status[1], NodeStatus::kDependencyFailed);
   }
 }
 

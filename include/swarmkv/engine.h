@@ -405,8 +405,10 @@ struct GenerateOptions {
   std::vector<std::string>
       stop;  // stop once the answer contains one (it may span tokens); text cut there
   // Called as each token joins the answer (Generation::tokens), on the
-  // thread that samples; may be empty.
-  std::function<void(Token)> on_token;
+  // thread that samples, with the answer's text so far (a stop string the
+  // token completed already cut off); may be empty. What it throws
+  // propagates out of GenerationTracker::accept (and generate()).
+  std::function<void(Token, const std::string& text)> on_token;
 };
 
 struct Generation {

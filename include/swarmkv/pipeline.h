@@ -179,12 +179,39 @@ struct SnapshotOptions {
   std::string file;
 };
 
+struct AgentResult;
+
+// What a run reports as it goes (RunOptions::on_agent_event).
+struct AgentEvent {
+  enum class Kind {
+    kStarted,  // the agent's own work starts (its sequence or context is its own)
+    kToken,    // a token joined its answer
+    kDone,     // it has an outcome: `result` holds it (status and error set)
+  };
+  Kind kind = Kind::kStarted;
+  size_t agent = 0;  // index in PipelineSpec::agents
+  Token token = -1;  // kToken
+  // kToken: the answer's text so far (a stop string, once matched, cut off;
+  // it may end inside a UTF-8 character until the next token).
+  std::string_view text;
+  const AgentResult* result = nullptr;  // kDone; valid during the call only
+};
+
 struct RunOptions {
   GuardPolicy guard = GuardPolicy::kSerialized;
   SnapshotOptions snapshot;
   // Called on the thread that prefills the document after each chunk:
-  // (tokens done, total).
+  // (tokens done, total). What it throws fails the document (and so every
+  // agent, kDependencyFailed).
   std::function<void(size_t, size_t)> on_prefill_progress;
+  // Called for every agent as it starts, for each token it generates and
+  // once when it has an outcome (also one that never started: a failed
+  // dependency), on the thread that runs it: under kConcurrent from several
+  // threads at once. What it throws for kStarted or kToken fails that agent
+  // with the thrown error (its dependents then fail too): a caller cancels
+  // a run that way. What it throws for kDone is logged and dropped.
+  // run_pipeline only (run_distributed's workers report no events).
+  std::function<void(const AgentEvent&)> on_agent_event;
 };
 
 enum class SnapshotSource { kPrefill, kCache, kFile, kRedis };

@@ -56,18 +56,17 @@ bool GenerationTracker::accept(Token token) {
     return done_ = true;
   }
   out_.tokens.push_back(token);
-  if (options_.on_token) options_.on_token(token);
   const size_t old_size = out_.text.size();
   out_.text += model_->token_to_piece(token);
   if (trim_stop(out_.text, old_size, options_.stop)) {
     out_.stop_reason = StopReason::kStopString;
-    return done_ = true;
-  }
-  if (static_cast<int32_t>(out_.tokens.size()) >= options_.max_tokens) {
+    done_ = true;
+  } else if (static_cast<int32_t>(out_.tokens.size()) >= options_.max_tokens) {
     out_.stop_reason = StopReason::kMaxTokens;
-    return done_ = true;
+    done_ = true;
   }
-  return false;
+  if (options_.on_token) options_.on_token(token, out_.text);
+  return done_;
 }
 
 Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,

@@ -80,6 +80,7 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, Pipelin
   AgentTimings& t = out.timings_ms;
   const Stopwatch work;
   t.started_at = ms_between(in.started, work.started());
+  report_started(in, agent);
   const std::vector<Token> prompt = branch_tokens(in, agent, result);
 
   const Stopwatch c;
@@ -107,9 +108,7 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, Pipelin
   GenerateOptions gen;
   gen.max_tokens = spec.max_tokens;
   gen.stop = spec.stop;
-  gen.on_token = [&out, started = in.started](Token) {
-    out.token_at_ms.push_back(ms_between(started, Clock::now()));
-  };
+  gen.on_token = branch_token_callback(in, agent, result);
   // The first token is sampled from the prompt's logits before any
   // generation decode; its cost is the work up to generation.
   t.first_token = work.ms();

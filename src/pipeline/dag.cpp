@@ -117,6 +117,7 @@ void ReadySet::decide(size_t node, NodeStatus status, std::optional<ErrorValue> 
   e.status = status;
   e.error = std::move(error);
   ++decided_;
+  if (on_decided_) on_decided_(node);
 }
 
 void ReadySet::succeed(size_t node) {

@@ -55,6 +55,13 @@ class ReadySet {
   void succeed(size_t node);
   void fail(size_t node, ErrorValue error);
 
+  // Called as each node gets its outcome, from succeed() or fail() (for
+  // the dependents fail() decides too), with status() and error() already
+  // set; it must not call back into this set.
+  void set_on_decided(std::function<void(size_t node)> on_decided) {
+    on_decided_ = std::move(on_decided);
+  }
+
   size_t size() const noexcept { return nodes_.size(); }
   // Handed out (running) or decided.
   bool started(size_t node) const {
@@ -91,6 +98,7 @@ class ReadySet {
   std::vector<size_t> ready_;        // a heap by after()
   size_t running_ = 0;
   size_t decided_ = 0;
+  std::function<void(size_t)> on_decided_;
 };
 
 // Runs every node of `ready` on `workers` threads (the calling thread is one

@@ -100,6 +100,16 @@ bool renders_at_start(const AgentSpec& agent);
 // the branch is longer than the budget counted for it.
 std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResult& result);
 
+// RunOptions::on_agent_event's kStarted for `agent`, when one is set; what
+// it throws propagates (the caller fails the agent).
+void report_started(const RunInputs& in, size_t agent);
+// GenerateOptions::on_token for `agent`'s answer: records when each token
+// came (AgentResult::token_at_ms) and reports it (kToken, throwing what the
+// callback throws).
+std::function<void(Token, const std::string&)> branch_token_callback(const RunInputs& in,
+                                                                     size_t agent,
+                                                                     PipelineResult& result);
+
 // The two layouts' budgets, shared by the strategies.
 PipelineBudget budget_one_context_per_branch(ForkMode fork, int32_t prefix_tokens,
                                              const std::vector<int32_t>& prompt_tokens,

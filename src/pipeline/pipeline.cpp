@@ -730,6 +730,30 @@ std::vector<Token> finished_branch(const RunInputs& in, size_t agent,
 
 }  // namespace
 
+void report_started(const RunInputs& in, size_t agent) {
+  if (!in.options.on_agent_event) return;
+  in.options.on_agent_event({.kind = AgentEvent::Kind::kStarted,
+                             .agent = agent,
+                             .token = -1,
+                             .text = {},
+                             .result = nullptr});
+}
+
+std::function<void(Token, const std::string&)> branch_token_callback(const RunInputs& in,
+                                                                     size_t agent,
+                                                                     PipelineResult& result) {
+  return [&in, agent, &token_at = result.agents[agent].token_at_ms](Token token,
+                                                                    const std::string& text) {
+    token_at.push_back(ms_between(in.started, Clock::now()));
+    if (!in.options.on_agent_event) return;
+    in.options.on_agent_event({.kind = AgentEvent::Kind::kToken,
+                               .agent = agent,
+                               .token = token,
+                               .text = text,
+                               .result = nullptr});
+  };
+}
+
 std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResult& result) {
   const AgentSpec& spec = in.spec.agents[agent];
   if (!renders_at_start(spec)) return in.prepared.branches[agent];
@@ -774,6 +798,24 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   }
 
   ReadySet dag = ready_set(spec);
+  if (options.on_agent_event) {
+    dag.set_on_decided([&](size_t node) {
+      if (node == 0) return;
+      AgentResult& a = result.agents[node - 1];
+      a.status = dag.status(node);
+      a.error = dag.error(node);
+      try {
+        options.on_agent_event({.kind = AgentEvent::Kind::kDone,
+                                .agent = node - 1,
+                                .token = -1,
+                                .text = {},
+                                .result = &a});
+      } catch (...) {
+        log_warn("pipeline: the agent event callback failed for agent '{}' ({}); ignored", a.name,
+                 current_error_value().to_string());
+      }
+    });
+  }
   const RunInputs in{
       spec,
       prepared,

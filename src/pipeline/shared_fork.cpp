@@ -152,6 +152,7 @@ class SharedFork final : public ForkStrategy {
         t.wait = ms_between(dag.ready_at(admitted.agent + 1), b.admitted);
         t.started_at = ms_between(in.started, b.admitted);
         try {
+          report_started(in, admitted.agent);
           b.prompt = branch_tokens(in, admitted.agent, result);
           // A fork_from child starts after its parent's last decoded token.
           const size_t skip =
@@ -167,10 +168,7 @@ class SharedFork final : public ForkStrategy {
           GenerateOptions gen;
           gen.max_tokens = spec.max_tokens;
           gen.stop = spec.stop;
-          gen.on_token = [&token_at = result.agents[admitted.agent].token_at_ms,
-                          started = in.started](Token) {
-            token_at.push_back(ms_between(started, Clock::now()));
-          };
+          gen.on_token = branch_token_callback(in, admitted.agent, result);
           b.tracker = std::make_unique<GenerationTracker>(ctx.model(), gen);
           // The fork: no KV byte moves. A watermark agent takes the prefix's
           // cells before its watermark only.
@@ -258,7 +256,6 @@ class SharedFork final : public ForkStrategy {
           planner.sampled(agent, false);
           continue;
         }
-        planner.sampled(agent, true);  // its id and cells freed, or parked for its children
         AgentResult& out = result.agents[agent];
         Generation answer = b.tracker->take();
         out.answer = std::move(answer.text);
@@ -271,6 +268,8 @@ class SharedFork final : public ForkStrategy {
         b.sampler.reset();
         b.tracker.reset();
         b.prompt = {};
+        // After the result is written: the outcome is reported from here.
+        planner.sampled(agent, true);  // its id and cells freed, or parked for its children
       }
     }
     result.kv_cells_peak = static_cast<int64_t>(in.prepared.prefix.size()) +
