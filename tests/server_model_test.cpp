@@ -1,12 +1,14 @@
 // `swarmkv serve` over real HTTP on loopback with a real model: answers
 // against a fresh re-prefill, the prefix prefilled once for concurrent
-// agents, OpenAI's shapes (streaming too), every refusal's status, a client
-// that goes away, the drain, and a bounded load.
+// agents, OpenAI's shapes (streaming too), posted pipelines against the same
+// run in process, every refusal's status, a client that goes away, the
+// drain, and a bounded load.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +23,8 @@
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
+#include "swarmkv/pipeline.h"
+#include "swarmkv/result_json.h"
 #include "swarmkv/server.h"
 #include "test_models.h"
 
@@ -91,10 +95,11 @@ bool await_metric(httplib::Client& c, const std::string& name, double value) {
 // POST /v1/chat/completions whose response body goes to `receive` as it
 // arrives (return false to hang up); this httplib's Post has no receiver.
 httplib::Result post_receiving(httplib::Client& c, const json& body,
-                               std::function<bool(const char*, size_t)> receive) {
+                               std::function<bool(const char*, size_t)> receive,
+                               const std::string& path = "/v1/chat/completions") {
   httplib::Request req;
   req.method = "POST";
-  req.path = "/v1/chat/completions";
+  req.path = path;
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   req.content_receiver = [receive](const char* data, size_t len, uint64_t, uint64_t) {
@@ -191,6 +196,50 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
   }
   EXPECT_TRUE(done) << "no [DONE]";
   EXPECT_TRUE(buffer.empty()) << buffer;
+  return out;
+}
+
+// A posted pipeline's server-sent events in order, each "event: NAME\ndata:
+// JSON"; `keep_going` sees each as it arrives (false: hang up). Refusals
+// are not streamed: post them with Client::Post.
+struct PipelineEvent {
+  std::string name;
+  json data;
+};
+struct PipelineStream {
+  std::vector<PipelineEvent> events;
+  int status = 0;
+  std::string content_type;
+};
+PipelineStream post_pipeline(httplib::Client& c, const json& pipeline,
+                             const std::function<bool(const PipelineEvent&)>& keep_going = {}) {
+  PipelineStream out;
+  std::string buffer;
+  const auto res = post_receiving(
+      c, pipeline,
+      [&](const char* data, size_t len) {
+        buffer.append(data, len);
+        for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+          const std::string event = buffer.substr(0, end);
+          buffer.erase(0, end + 2);
+          const size_t nl = event.find('\n');
+          EXPECT_EQ(event.rfind("event: ", 0), 0u) << event;
+          EXPECT_NE(nl, std::string::npos) << event;
+          if (nl == std::string::npos) return false;
+          EXPECT_EQ(event.compare(nl + 1, 6, "data: "), 0) << event;
+          EXPECT_TRUE(out.events.empty() || out.events.back().name != "result")
+              << "an event after the result: " << event;
+          out.events.push_back({event.substr(7, nl - 7), json::parse(event.substr(nl + 7))});
+          if (keep_going && !keep_going(out.events.back())) return false;
+        }
+        return true;
+      },
+      "/v1/pipelines");
+  if (res) {
+    out.status = res->status;
+    out.content_type = res->get_header_value("Content-Type");
+    EXPECT_TRUE(buffer.empty()) << buffer;
+  }
   return out;
 }
 
@@ -367,6 +416,87 @@ TEST_P(ServerForkTest, ALaterRequestForksOnlyWhatTheCacheStillHolds) {
             metric(*c, "swarmkv_prefilled_tokens_total"));
 }
 
+// A pipeline posted to the server runs as `swarmkv run` runs it: the same
+// answers, token for token, in the same result schema; its events come in
+// order and their texts add up to the answers.
+TEST_P(ServerForkTest, APostedPipelineAnswersAsTheSameRunInProcess) {
+#ifdef SWARMKV_SANITIZED
+  const std::string doc = document(600);
+#else
+  const std::string doc = document(1500);
+#endif
+  const json pipeline = {
+      {"name", "licence"},
+      {"document", {{"text", doc}}},
+      {"defaults", {{"max_tokens", 24}}},
+      {"agents",
+       json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}},
+                    {{"name", "what"}, {"prompt", "What is a Contribution?"}, {"stop", " is a"}},
+                    {{"name", "short"},
+                     {"prompt", "Say it in five words: {{who}}"},
+                     {"depends_on", "who"},
+                     {"max_tokens", 12}}})}};
+  const PipelineResult local = run_pipeline(parse_pipeline(pipeline.dump(), "test", ""), model_);
+  ASSERT_TRUE(local.ok());
+  Running server(model_, small_options());
+  auto c = server.client();
+  const PipelineStream st = post_pipeline(*c, pipeline);
+  ASSERT_EQ(st.status, 200);
+  EXPECT_EQ(st.content_type, "text/event-stream");
+  ASSERT_FALSE(st.events.empty());
+  ASSERT_EQ(st.events.back().name, "result");
+  const json& result = st.events.back().data;
+  EXPECT_EQ(result["schema_version"], kResultSchemaVersion);
+  EXPECT_TRUE(result["ok"].get<bool>()) << result.dump(1);
+  EXPECT_EQ(result["fork"], "shared");
+  EXPECT_EQ(result["prefix_tokens"], local.prefix_tokens);
+
+  std::map<std::string, std::string> streamed, done_answer;
+  std::map<std::string, size_t> tokens, started, done;
+  size_t prefill_done = 0;
+  for (const PipelineEvent& e : st.events) {
+    if (e.name == "prefill") {
+      if (e.data["done"] == e.data["total"]) prefill_done = e.data["done"].get<size_t>();
+    } else if (e.name == "agent_started") {
+      const std::string a = e.data["agent"];
+      EXPECT_EQ(started[a]++, 0u) << a << " started twice";
+      if (a == "short") {
+        EXPECT_EQ(done["who"], 1u) << "short started before who ended";
+      }
+    } else if (e.name == "token") {
+      const std::string a = e.data["agent"];
+      EXPECT_EQ(started[a], 1u) << a << ": a token before agent_started";
+      EXPECT_EQ(done[a], 0u) << a << ": a token after agent_done";
+      streamed[a] += e.data["text"].get<std::string>();
+      if (!e.data["token"].is_null()) ++tokens[a];
+    } else if (e.name == "agent_done") {
+      const std::string a = e.data["name"];
+      EXPECT_EQ(done[a]++, 0u) << a << " done twice";
+      EXPECT_EQ(e.data["status"], "ok") << e.data;
+      done_answer[a] = e.data["answer"];
+    } else {
+      EXPECT_EQ(e.name, "result") << e.data;
+    }
+  }
+  EXPECT_EQ(prefill_done, static_cast<size_t>(local.prefix_tokens));
+  // The stop string spans tokens: its first ones were held back, not sent.
+  EXPECT_EQ(result["agents"][1]["stop_reason"], "stop_string");
+  ASSERT_EQ(result["agents"].size(), local.agents.size());
+  for (size_t i = 0; i < local.agents.size(); ++i) {
+    const AgentResult& want = local.agents[i];
+    const json& got = result["agents"][i];
+    EXPECT_EQ(got["name"], want.name);
+    EXPECT_EQ(got["answer"], want.answer) << want.name;
+    EXPECT_EQ(got["tokens"], json(want.tokens)) << want.name;
+    EXPECT_EQ(got["prompt_rendered"], want.prompt_rendered) << want.name;
+    EXPECT_EQ(streamed[want.name], want.answer) << want.name;
+    EXPECT_EQ(done_answer[want.name], want.answer) << want.name;
+    EXPECT_EQ(tokens[want.name], want.tokens.size()) << want.name;
+    EXPECT_EQ(started[want.name], 1u) << want.name;
+    EXPECT_EQ(done[want.name], 1u) << want.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerForkTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 
@@ -507,6 +637,98 @@ TEST_F(ServerTest, AClientThatDisconnectsMidStreamFreesItsSequence) {
   EXPECT_EQ(metric(*m, "swarmkv_cancelled_total"), 1);
   EXPECT_LT(metric(*m, "swarmkv_completion_tokens_total"), 2000);
   EXPECT_EQ(metric(*m, "swarmkv_requests_in_flight"), 0);
+}
+
+json one_agent_pipeline(int max_tokens, const std::string& prompt = "Who is the Licensor?") {
+  return {
+      {"document", {{"text", document(600)}}},
+      {"agents", json::array({{{"name", "a"}, {"prompt", prompt}, {"max_tokens", max_tokens}}})}};
+}
+
+TEST_F(ServerTest, APostedPipelineIsRefusedWithItsReason) {
+  ServerOptions options = small_options();
+  options.max_pipeline_ctx = 128;
+  Running server(model_, options);
+  auto c = server.client();
+  const auto refused = [&](const json& body, int status) {
+    const auto res = c->Post("/v1/pipelines", body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return json();
+    EXPECT_EQ(res->status, status) << res->body;
+    EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+    return json::parse(res->body)["error"];
+  };
+  json named = one_agent_pipeline(8);
+  named["model"] = "/etc/hostname";
+  json e = refused(named, 400);
+  EXPECT_EQ(e["param"], "model");
+  EXPECT_EQ(e["type"], "invalid_request_error");
+  json file = one_agent_pipeline(8);
+  file["document"] = {{"file", "/etc/hostname"}};
+  EXPECT_EQ(refused(file, 400)["param"], "document.file");
+  json cycle = one_agent_pipeline(8);
+  cycle["agents"] = json::array({{{"name", "a"}, {"prompt", "x"}, {"depends_on", "b"}},
+                                 {{"name", "b"}, {"prompt", "y"}, {"depends_on", "a"}}});
+  EXPECT_EQ(refused(cycle, 400)["code"], "graph");
+  e = refused(one_agent_pipeline(8), 400);
+  EXPECT_EQ(e["code"], "context_length_exceeded");
+  const std::string message = e["message"];
+  EXPECT_EQ(message.rfind("pipeline: needs n_ctx ", 0), 0u) << message;
+  EXPECT_NE(message.find(", more than the 128 this server allows (--max-pipeline-ctx)"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 0);
+}
+
+// One pipeline at a time (the default): a second gets 429 while the first
+// runs; hanging up on the first fails its agent at its next token, which
+// frees the slot for the next pipeline, whose result alone comes back with
+// ?stream=false.
+TEST_F(ServerTest, ABusyPipelineSlotAnswers429AndAHangUpCancelsTheRun) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  std::promise<void> generating;
+  std::atomic<bool> hang_up{false};
+  std::thread first([&] {
+    auto own = server.client();
+    bool told = false;
+    post_pipeline(*own, one_agent_pipeline(2000, "Write a long story about a cat."),
+                  [&](const PipelineEvent& e) {
+                    if (e.name == "token" && !told) {
+                      told = true;
+                      generating.set_value();
+                    }
+                    return !hang_up.load();
+                  });
+  });
+  const bool ready = generating.get_future().wait_for(300s) == std::future_status::ready;
+  EXPECT_TRUE(ready) << "the first pipeline never generated";
+  if (ready) {
+    const auto res = c->Post("/v1/pipelines", one_agent_pipeline(4).dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (res) {
+      EXPECT_EQ(res->status, 429) << res->body;
+      EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+      EXPECT_EQ(json::parse(res->body)["error"]["message"],
+                "1 pipeline is running, the most this server runs at once (--max-pipelines); "
+                "retry later");
+    }
+  }
+  hang_up.store(true);
+  first.join();
+  EXPECT_TRUE(await_metric(*c, "swarmkv_pipelines_running", 0));
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_cancelled_total"), 1);
+  const auto res =
+      c->Post("/v1/pipelines?stream=false", one_agent_pipeline(4).dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  const json result = json::parse(res->body);
+  EXPECT_TRUE(result["ok"].get<bool>()) << res->body;
+  EXPECT_EQ(result["schema_version"], kResultSchemaVersion);
+  EXPECT_LE(result["agents"][0]["n_tokens"].get<int>(), 4);
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 2);
+  EXPECT_EQ(metric(*c, "swarmkv_requests_in_flight"), 0);
 }
 
 TEST_F(ServerTest, AFullServerAnswers429WithRetryAfter) {

@@ -1,8 +1,11 @@
-// The OpenAI request parser and the error map of `swarmkv serve`, without a
-// model or a socket: each refusal names its field, in OpenAI's error shape.
+// The OpenAI request parser, the pipeline request parser, the streamed text
+// and the error map of `swarmkv serve`, without a model or a socket: each
+// refusal names its field, in OpenAI's error shape.
 #include <gtest/gtest.h>
 
 #include "server/openai.h"
+#include "server/pipeline_runner.h"
+#include "server/text_stream.h"
 
 namespace swarmkv::server {
 namespace {
@@ -148,6 +151,100 @@ TEST(OpenAIErrorTest, FinishReasons) {
   EXPECT_EQ(finish_reason(StopReason::kMaxTokens), "length");
   EXPECT_EQ(finish_reason(StopReason::kEndOfGeneration), "stop");
   EXPECT_EQ(finish_reason(StopReason::kStopString), "stop");
+}
+
+// ------------------------------------------------------------------ /v1/pipelines
+
+std::string pipeline_refusal(const std::string& body, const PipelineLimits& limits = {},
+                             ErrorCode code = ErrorCode::kInvalidArgument) {
+  try {
+    (void)parse_pipeline_request(body, limits);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << body;
+    return e.message();
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return "";
+}
+
+constexpr const char* kPipeline = R"({"name": "p", "document": {"text": "The licence."},
+  "fork": "host", "defaults": {"max_tokens": 9},
+  "agents": [{"name": "a", "prompt": "Who?"}, {"name": "b", "prompt": "{{a}}?", "depends_on": "a",
+              "max_tokens": 4, "stop": ["\n"]}]})";
+
+TEST(PipelineRequestTest, APipelineFilesJsonIsReadAsOne) {
+  const PipelineSpec spec = parse_pipeline_request(kPipeline, {});
+  EXPECT_EQ(spec.name, "p");
+  EXPECT_EQ(spec.document, "The licence.");
+  EXPECT_EQ(spec.document_source, "text");
+  EXPECT_EQ(spec.fork, ForkMode::kHost);
+  EXPECT_TRUE(spec.model.empty());
+  ASSERT_EQ(spec.agents.size(), 2u);
+  EXPECT_EQ(spec.agents[0].max_tokens, 9);
+  EXPECT_EQ(spec.agents[1].max_tokens, 4);
+  EXPECT_EQ(spec.agents[1].depends_on, std::vector<std::string>{"a"});
+  EXPECT_EQ(spec.agents[1].stop, std::vector<std::string>{"\n"});
+}
+
+TEST(PipelineRequestTest, ARequestNamesNoModelAndNoFile) {
+  EXPECT_EQ(pipeline_refusal(R"({"model": "/etc/passwd", "document": "x", "agents": []})"),
+            "model: a pipeline request runs on the server's model and cannot name one; leave "
+            "'model' out");
+  EXPECT_EQ(
+      pipeline_refusal(
+          R"({"document": {"file": "/etc/passwd"}, "agents": [{"name": "a", "prompt": "b"}]})"),
+      "document.file: a pipeline request cannot read the server's files; send the "
+      "document as document.text");
+  EXPECT_EQ(param_of("document.file: a pipeline request cannot"), "document.file");
+}
+
+TEST(PipelineRequestTest, EachRefusalIsPrecise) {
+  EXPECT_EQ(pipeline_refusal("[1]"), "body: must be a JSON object, a pipeline (got a array)");
+  EXPECT_EQ(pipeline_refusal("{\"agents\": "),
+            "body: not JSON ([json.exception.parse_error.101] parse error at line 1, column 12: "
+            "syntax error while parsing value - unexpected end of input; expected '[', '{', or a "
+            "literal)");
+  EXPECT_EQ(pipeline_refusal(R"({"document": "x", "agents": [{"name": "a", "prompt": "b"}],
+                                 "n_ctxx": 4})"),
+            "body: unknown key 'n_ctxx' in the pipeline (line 2; allowed: agents, defaults, "
+            "document, exact, flash_attn, fork, kv_type, max_live, model, n_batch, n_ctx, "
+            "n_ubatch, name, system, threads, threads_batch)");
+  EXPECT_EQ(pipeline_refusal(R"({"document": "x", "agents": [{"name": "a", "prompt": "{{c}}"}]})",
+                             {}, ErrorCode::kGraph),
+            "body: agent 'a': placeholder {{c}} names unknown agent 'c'");
+  EXPECT_EQ(pipeline_refusal(
+                R"({"exact": true, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})"),
+            "exact: this server loads its model without the batch-invariant kernels exact mode "
+            "needs; run an exact pipeline with `swarmkv run`");
+  PipelineLimits small;
+  small.max_agents = 1;
+  small.max_tokens = 8;
+  EXPECT_EQ(pipeline_refusal(kPipeline, small),
+            "agents: 2 agents, more than the 1 this server runs in one pipeline");
+  small.max_agents = 2;
+  EXPECT_EQ(pipeline_refusal(kPipeline, small),
+            "agents[0].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
+}
+
+// ------------------------------------------------------------------ streamed text
+
+TEST(TextStreamTest, PiecesAddUpToTheAnswerAndNeverTakeAByteBack) {
+  TextStream s({"END", "\n\n"});  // holds back 2 bytes: "EN" may become "END"
+  EXPECT_EQ(s.next("Hello", false), "Hel");
+  EXPECT_EQ(s.next("Hello wor", false), "lo w");
+  EXPECT_EQ(s.next("Hello world E", false), "orld");
+  // The stop string came: the tracker cut it, the rest goes out at the end.
+  EXPECT_EQ(s.next("Hello world ", true), " ");
+  EXPECT_EQ(s.next("Hello world ", true), "");
+}
+
+TEST(TextStreamTest, ACharacterSplitOverTokensWaitsForItsLastByte) {
+  TextStream s;
+  const std::string euro = "\xE2\x82\xAC";  // U+20AC in three bytes
+  EXPECT_EQ(s.next("a" + euro.substr(0, 2), false), "a");
+  EXPECT_EQ(s.next("a" + euro, false), euro);
+  EXPECT_EQ(whole_characters("a" + euro.substr(0, 1), 2), 1u);
+  EXPECT_EQ(whole_characters("a" + euro, 4), 4u);
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 // agents that send the same long document prefill it once.
 //
 // Routes: POST /v1/chat/completions (with "stream": true as server-sent
-// events), GET /v1/models, GET /health (no key needed), GET /metrics
-// (Prometheus text). Errors are OpenAI's error JSON; README, "Use it from any
-// OpenAI client".
+// events), POST /v1/pipelines (a pipeline file's JSON, run on the server's
+// model: its agents' events, then `swarmkv run --json`'s result;
+// src/server/pipeline_runner.h), GET /v1/models, GET /health (no key
+// needed), GET /metrics (Prometheus text). Errors are OpenAI's error JSON;
+// README, "Use it from any OpenAI client".
 #pragma once
 
 #include <cstddef>
@@ -33,6 +35,12 @@ struct ServerOptions {
   int32_t default_max_tokens = 1024;  // when a request gives none (capped by the context)
   int32_t max_n = 8;                  // completions per request
   double drain_s = 30;                // stop(): seconds in-flight requests may still take
+  // POST /v1/pipelines: runs at once (each with contexts of its own beside
+  // the shared one; more get 429; 0: no such route), agents per pipeline,
+  // and the KV cells a pipeline's context may have.
+  int32_t max_pipelines = 1;
+  int32_t max_pipeline_agents = 64;
+  uint32_t max_pipeline_ctx = 32768;
 };
 
 // Thread-safe: stop() from any thread (not from a signal handler).

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "server/text_stream.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::server {
@@ -51,18 +52,6 @@ Event failed(const ErrorValue& error) {
   return e;
 }
 
-// How many bytes of `text` from the start end on a whole UTF-8 character,
-// looking back at most 3 bytes from `end`.
-size_t whole_characters(const std::string& text, size_t end) {
-  for (size_t back = 1; back <= 3 && back <= end; ++back) {
-    const auto c = static_cast<unsigned char>(text[end - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    return back < len ? end - back : end;
-  }
-  return end;
-}
-
 }  // namespace
 
 struct CompletionEngine::Slot {
@@ -80,8 +69,7 @@ struct CompletionEngine::Slot {
   int32_t choice = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GenerationTracker> tracker;
-  size_t hold = 0;         // bytes held back for stop strings (the longest one, less one)
-  size_t sent = 0;         // answer bytes sent
+  TextStream sent;         // the answer's text as sent so far
   Token pending = 0;       // kGenerate: the last sampled token, decoded in the next step
   uint64_t admitted = 0;   // admission order (prefill order in a batch)
   uint64_t last_used = 0;  // kCached: LRU
@@ -252,15 +240,12 @@ void CompletionEngine::loop() {
     }
   };
   const auto send_text = [&](Slot& s, bool done) {
-    const std::string& text = s.tracker->text();
-    size_t end = done ? text.size() : (text.size() > s.hold ? text.size() - s.hold : 0);
-    if (!done) end = whole_characters(text, end);
-    if (end <= s.sent) return;
+    std::string text = s.sent.next(s.tracker->text(), done);
+    if (text.empty()) return;
     Event e;
     e.choice = s.choice;
-    e.text = text.substr(s.sent, end - s.sent);
+    e.text = std::move(text);
     emit(s.job, std::move(e));
-    s.sent = end;
   };
   // A choice is complete: tell its job, keep its cells for reuse.
   const auto finish = [&](size_t index) {
@@ -374,8 +359,6 @@ void CompletionEngine::loop() {
     local.requests += 1;
     local.prompt_tokens += req.prompt.size();
     local.reused_tokens += shared;
-    size_t max_stop = 0;
-    for (const std::string& s : req.stop) max_stop = std::max(max_stop, s.size());
     int first = -1;
     for (int32_t c = 0; c < req.n; ++c) {
       const auto it = std::find_if(slots.begin(), slots.end(),
@@ -392,7 +375,7 @@ void CompletionEngine::loop() {
       gen.max_tokens = req.max_tokens;
       gen.stop = req.stop;
       s.tracker = std::make_unique<GenerationTracker>(*model_, gen);
-      s.hold = max_stop > 0 ? max_stop - 1 : 0;
+      s.sent = TextStream(req.stop);
       s.max_tokens = req.max_tokens;
       s.admitted = ++clock;
       if (c == 0) {

@@ -20,6 +20,7 @@
 
 #include "server/completion_engine.h"
 #include "server/openai.h"
+#include "server/pipeline_runner.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 
@@ -69,14 +70,28 @@ std::string marker(size_t i) {
   return fmt::format("\x1f<swarmkv-message-{}>\x1f", i);
 }
 
+// Counts a request in flight for as long as it lives.
+class InFlight {
+ public:
+  explicit InFlight(std::atomic<int32_t>& n) : n_(&n) { ++*n_; }
+  ~InFlight() { --*n_; }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::atomic<int32_t>* n_;
+};
+
 }  // namespace
 
 struct Server::Impl {
   std::shared_ptr<const Model> model;
   ServerOptions options;
   server::RequestLimits limits;
+  server::PipelineLimits pipeline_limits;
   std::string model_id;
   std::unique_ptr<server::CompletionEngine> engine;
+  std::unique_ptr<server::PipelineRunner> pipelines;
   httplib::Server http;
   int port = 0;
   int listen_fd = -1;  // the listening socket, as set_socket_options saw it
@@ -185,8 +200,16 @@ struct Server::Impl {
     metric("swarmkv_kv_cells_used", "gauge", "KV cells held by any sequence.", s.kv_cells_used);
     metric("swarmkv_kv_cells_total", "gauge", "KV cells of the shared context.", s.kv_cells_total);
     metric("swarmkv_queue_length", "gauge", "Requests waiting for room in the engine.", s.queued);
-    metric("swarmkv_requests_in_flight", "gauge", "HTTP completion requests being answered.",
-           in_flight.load());
+    metric("swarmkv_requests_in_flight", "gauge",
+           "HTTP completion and pipeline requests being answered.", in_flight.load());
+    const server::PipelineStats p = pipelines->stats();
+    metric("swarmkv_pipelines_total", "counter", "Pipeline runs accepted.",
+           static_cast<double>(p.runs));
+    metric("swarmkv_pipelines_cancelled_total", "counter",
+           "Pipeline runs whose client went away (or the server stopped) before they ended.",
+           static_cast<double>(p.cancelled));
+    metric("swarmkv_pipelines_running", "gauge", "Pipeline runs accepted and not ended.",
+           p.running);
     ttft.write(out, "swarmkv_time_to_first_token_seconds",
                "From a request's arrival to its first answer text.");
     duration.write(out, "swarmkv_request_duration_seconds",
@@ -225,34 +248,18 @@ struct Server::Impl {
         {"model", model_id}, {"system_fingerprint", engine_id()}, {"choices", std::move(choices)}};
   }
 
+  // Answers 503 while draining and 429 over max_concurrent; otherwise
+  // returns the request's place in flight.
+  std::shared_ptr<InFlight> admit(httplib::Response& res);
   void chat(const httplib::Request& req, httplib::Response& res);
+  void pipeline(const httplib::Request& req, httplib::Response& res);
 };
 
-namespace {
-
-// Counts a request in flight for as long as it lives.
-class InFlight {
- public:
-  explicit InFlight(std::atomic<int32_t>& n) : n_(&n) { ++*n_; }
-  ~InFlight() { --*n_; }
-  InFlight(const InFlight&) = delete;
-  InFlight& operator=(const InFlight&) = delete;
-
- private:
-  std::atomic<int32_t>* n_;
-};
-
-}  // namespace
-
-void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto since = [t0] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
+std::shared_ptr<InFlight> Server::Impl::admit(httplib::Response& res) {
   if (draining.load()) {
     send_error(res, {ErrorCode::kAborted, "the server is shutting down"},
                {{503, "server_error", ""}});
-    return;
+    return nullptr;
   }
   auto guard = std::make_shared<InFlight>(in_flight);
   if (in_flight.load() > options.max_concurrent) {
@@ -263,8 +270,18 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
                             "concurrent); retry later",
                             options.max_concurrent)},
                {{429, "rate_limit_error", "rate_limit_exceeded"}});
-    return;
+    return nullptr;
   }
+  return guard;
+}
+
+void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto since = [t0] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto guard = admit(res);
+  if (!guard) return;
   std::shared_ptr<server::Job> job;
   server::ChatRequest chat;
   try {
@@ -400,6 +417,77 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
       });
 }
 
+void Server::Impl::pipeline(const httplib::Request& req, httplib::Response& res) {
+  auto guard = admit(res);
+  if (!guard) return;
+  std::shared_ptr<server::PipelineJob> job;
+  try {
+    job = pipelines->submit(server::parse_pipeline_request(req.body, pipeline_limits),
+                            pipeline_limits);
+  } catch (const Error& e) {
+    send_error(res, e.value());
+    return;
+  }
+  if (!job) {
+    res.set_header("Retry-After", "1");
+    send_error(
+        res,
+        {ErrorCode::kBudget,
+         fmt::format("{} pipeline{} running, the most this server runs at once "
+                     "(--max-pipelines); retry later",
+                     pipelines->max_running(), pipelines->max_running() == 1 ? " is" : "s are")},
+        {{429, "rate_limit_error", "rate_limit_exceeded"}});
+    return;
+  }
+
+  if (req.get_param_value("stream") == "false") {
+    for (;;) {
+      const std::optional<server::PipelineEvent> e = job->next(std::chrono::milliseconds(500));
+      if (!e) continue;
+      if (e->name == "result") {
+        res.set_content(dump(e->data), "application/json");
+        return;
+      }
+      if (e->name == "error") {
+        send_error(res, *e->error);
+        return;
+      }
+    }
+  }
+
+  // Server-sent events until "result" (or "error"). A write that fails
+  // means the client went away: the run is cancelled.
+  struct Stream {
+    std::shared_ptr<server::PipelineJob> job;
+    std::shared_ptr<InFlight> guard;
+    bool finished = false;
+  };
+  auto st = std::make_shared<Stream>(Stream{job, guard});
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st](size_t, httplib::DataSink& sink) {
+        const std::optional<server::PipelineEvent> e =
+            st->job->next(std::chrono::milliseconds(200));
+        if (!e) {
+          if (sink.is_writable()) return true;
+          st->job->cancel("the client went away");
+          return false;
+        }
+        const std::string text = fmt::format("event: {}\ndata: {}\n\n", e->name, dump(e->data));
+        bool ok = sink.write(text.data(), text.size());
+        if (e->name == "result" || e->name == "error") {
+          st->finished = true;
+          if (ok) sink.done();
+        }
+        if (!ok) st->job->cancel("the client went away");
+        return ok;
+      },
+      [st](bool) {
+        if (!st->finished) st->job->cancel("the client went away");
+      });
+}
+
 Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
@@ -415,6 +503,15 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                             o.max_concurrent, o.max_messages, o.max_tokens, o.default_max_tokens,
                             o.max_n, o.max_body_bytes, o.drain_s));
   }
+  if (o.max_pipelines < 0 || o.max_pipeline_agents < 1 || o.max_pipeline_ctx < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need max_pipelines >= 0, max_pipeline_agents and max_pipeline_ctx "
+                            ">= 1 (got {}, {}, {})",
+                            o.max_pipelines, o.max_pipeline_agents, o.max_pipeline_ctx));
+  }
+  s.pipeline_limits = {.max_agents = o.max_pipeline_agents,
+                       .max_tokens = o.max_tokens,
+                       .max_n_ctx = o.max_pipeline_ctx};
   s.limits = {.max_messages = o.max_messages,
               .max_tokens = o.max_tokens,
               .max_n = std::min(o.max_n, o.max_live)};
@@ -423,6 +520,7 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   s.engine = std::make_unique<server::CompletionEngine>(
       s.model, server::EngineOptions{
                    .context = o.context, .max_live = o.max_live, .max_cached = o.max_cached});
+  s.pipelines = std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines);
 
   // Handler threads: every request in flight holds one (a stream for its
   // whole answer), plus room to answer the ones over the limit with 429.
@@ -482,6 +580,11 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   });
   s.http.Post("/v1/chat/completions",
               [&s](const httplib::Request& req, httplib::Response& res) { s.chat(req, res); });
+  if (o.max_pipelines > 0) {
+    s.http.Post("/v1/pipelines", [&s](const httplib::Request& req, httplib::Response& res) {
+      s.pipeline(req, res);
+    });
+  }
 
   if (o.port < 0 || o.port > 65535) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -514,6 +617,7 @@ Server::~Server() {
   stop();
   std::lock_guard lock(impl_->stop_mutex);
   if (impl_->drain_thread.joinable()) impl_->drain_thread.join();
+  impl_->pipelines->shutdown("the server is shutting down");
   impl_->engine->shutdown();
 }
 
@@ -543,6 +647,7 @@ void Server::stop() {
     while (s.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    s.pipelines->shutdown("the server is shutting down");
     s.engine->shutdown();
   });
 }

@@ -22,7 +22,10 @@ ServeCommand::ServeCommand(CLI::App& app) {
       "Serve an OpenAI-compatible API (POST /v1/chat/completions, streaming too; GET /v1/models, "
       "/health, /metrics) on one model. Concurrent requests share one KV cache: each forks the "
       "longest token prefix already decoded (a document every agent sends is prefilled once) "
-      "and all are decoded in the same batches. Bound to 127.0.0.1 unless --host says "
+      "and all are decoded in the same batches. POST /v1/pipelines runs a pipeline sent as the "
+      "JSON of a pipeline file (document.text, no model, no file) and streams its agents' "
+      "events, then `run --json`'s result (?stream=false: the result alone). Bound to 127.0.0.1 "
+      "unless --host says "
       "otherwise. SIGTERM or Ctrl-C stop accepting, let requests in flight finish for --drain "
       "seconds and exit 0. Logs at info level unless --log-level says otherwise. See README.md, "
       "\"Use it from any OpenAI client\".");
@@ -70,6 +73,19 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "max_tokens of a request that gives none")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  sub_->add_option("--max-pipelines", options_.max_pipelines,
+                   "pipelines run at once, each in contexts of its own (more get 429; 0: no "
+                   "/v1/pipelines)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  sub_->add_option("--max-pipeline-agents", options_.max_pipeline_agents,
+                   "agents one posted pipeline may have")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  sub_->add_option("--max-pipeline-ctx", options_.max_pipeline_ctx,
+                   "KV cells a posted pipeline's context may have (its n_ctx, given or computed)")
+      ->capture_default_str()
+      ->check(CLI::Range(64u, 1u << 24));
   sub_->add_option("--drain", options_.drain_s, "seconds requests in flight may take after SIGTERM")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));

@@ -1,0 +1,232 @@
+#include "server/pipeline_runner.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "server/openai.h"
+#include "server/text_stream.h"
+#include "swarmkv/error.h"
+#include "swarmkv/log.h"
+#include "swarmkv/result_json.h"
+
+namespace swarmkv::server {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void refuse(std::string_view field, std::string_view what) {
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", field, what));
+}
+
+}  // namespace
+
+PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::exception& e) {
+    refuse("body", fmt::format("not JSON ({})", e.what()));
+  }
+  if (!body.is_object()) {
+    refuse("body", fmt::format("must be a JSON object, a pipeline (got a {})", body.type_name()));
+  }
+  if (body.contains("model")) {
+    refuse("model",
+           "a pipeline request runs on the server's model and cannot name one; leave 'model' out");
+  }
+  if (const auto doc = body.find("document");
+      doc != body.end() && doc->is_object() && doc->contains("file")) {
+    refuse("document.file",
+           "a pipeline request cannot read the server's files; send the document as "
+           "document.text");
+  }
+  // JSON is YAML: the pipeline file's reader checks every key, type and
+  // range, and the graph.
+  PipelineSpec spec;
+  try {
+    spec = parse_pipeline(std::string(body_text), "body", "");
+  } catch (const Error& e) {
+    throw Error(e.code(), e.message());  // already "body: ..."
+  }
+  if (spec.exact) {
+    refuse("exact",
+           "this server loads its model without the batch-invariant kernels exact mode needs; "
+           "run an exact pipeline with `swarmkv run`");
+  }
+  if (std::cmp_greater(spec.agents.size(), limits.max_agents)) {
+    refuse("agents", fmt::format("{} agents, more than the {} this server runs in one pipeline",
+                                 spec.agents.size(), limits.max_agents));
+  }
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    if (spec.agents[i].max_tokens > limits.max_tokens) {
+      refuse(fmt::format("agents[{}].max_tokens", i),
+             fmt::format("{} is more than the {} this server allows (--max-tokens)",
+                         spec.agents[i].max_tokens, limits.max_tokens));
+    }
+  }
+  return spec;
+}
+
+// ------------------------------------------------------------------ job
+
+std::optional<PipelineEvent> PipelineJob::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  PipelineEvent e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void PipelineJob::cancel(const std::string& why) {
+  std::lock_guard lock(mutex_);
+  if (cancelled_.load()) return;
+  why_ = why;
+  cancelled_.store(true);
+}
+
+void PipelineJob::push(PipelineEvent event) {
+  {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  ready_.notify_all();
+}
+
+void PipelineJob::check() const {
+  if (!cancelled_.load()) return;
+  std::string why;
+  {
+    std::lock_guard lock(mutex_);
+    why = why_;
+  }
+  throw Error(ErrorCode::kAborted, why);
+}
+
+// ------------------------------------------------------------------ runner
+
+PipelineRunner::PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running)
+    : model_(std::move(model)), max_running_(max_running) {
+  if (max_running_ < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("max_pipelines must be >= 0 (got {})", max_running_));
+  }
+  for (int32_t i = 0; i < max_running_; ++i) workers_.emplace_back([this] { work(); });
+}
+
+PipelineRunner::~PipelineRunner() {
+  shutdown("the server is shutting down");
+}
+
+std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
+                                                    const PipelineLimits& limits) {
+  const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+  if (prepared.budget.n_ctx > limits.max_n_ctx) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("pipeline: needs n_ctx {}, more than the {} this server allows "
+                            "(--max-pipeline-ctx)",
+                            prepared.budget.n_ctx, limits.max_n_ctx));
+  }
+  const RunOptions defaults;
+  check_memory(spec, *model_, prepared.budget, defaults.guard);
+  auto job = std::make_shared<PipelineJob>();
+  job->spec_ = std::move(spec);
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || std::cmp_greater_equal(live_.size(), max_running_)) return nullptr;
+    live_.push_back(job);
+    queue_.push_back(job);
+    ++runs_;
+  }
+  wake_.notify_one();
+  return job;
+}
+
+void PipelineRunner::shutdown(const std::string& why) {
+  std::vector<std::thread> workers;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    for (const auto& job : live_) job->cancel(why);
+    workers.swap(workers_);
+  }
+  wake_.notify_all();
+  for (std::thread& t : workers) t.join();
+}
+
+PipelineStats PipelineRunner::stats() const {
+  std::lock_guard lock(mutex_);
+  return {.runs = runs_, .cancelled = cancelled_, .running = static_cast<int32_t>(live_.size())};
+}
+
+void PipelineRunner::work() {
+  for (;;) {
+    std::shared_ptr<PipelineJob> job;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left to run
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run(*job);
+    std::lock_guard lock(mutex_);
+    live_.erase(std::find(live_.begin(), live_.end(), job));
+  }
+}
+
+void PipelineRunner::run(PipelineJob& job) {
+  const PipelineSpec& spec = job.spec_;
+  std::vector<TextStream> streams;
+  for (const AgentSpec& a : spec.agents) streams.emplace_back(a.stop);
+  const auto token_event = [&](size_t agent, json token, std::string text) {
+    job.push({"token",
+              {{"agent", spec.agents[agent].name}, {"token", std::move(token)}, {"text", text}},
+              std::nullopt});
+  };
+  RunOptions options;  // no snapshot store, serialized branch workers: the library's defaults
+  options.on_prefill_progress = [&](size_t done, size_t total) {
+    job.check();
+    job.push({"prefill", {{"done", done}, {"total", total}}, std::nullopt});
+  };
+  // Under kConcurrent several agents report at once: each touches its own
+  // stream only, and the job's queue is locked.
+  options.on_agent_event = [&](const AgentEvent& e) {
+    switch (e.kind) {
+      case AgentEvent::Kind::kStarted:
+        job.check();
+        job.push({"agent_started", {{"agent", spec.agents[e.agent].name}}, std::nullopt});
+        break;
+      case AgentEvent::Kind::kToken:
+        job.check();
+        token_event(e.agent, json(e.token), streams[e.agent].next(e.text, /*done=*/false));
+        break;
+      case AgentEvent::Kind::kDone:
+        if (e.result->status == NodeStatus::kOk) {
+          if (std::string rest = streams[e.agent].next(e.result->answer, /*done=*/true);
+              !rest.empty()) {
+            token_event(e.agent, json(), std::move(rest));
+          }
+        }
+        job.push({"agent_done", agent_json(*e.result), std::nullopt});
+        break;
+    }
+  };
+  try {
+    const PipelineResult result = run_pipeline(spec, model_, options);
+    if (job.cancelled_.load() &&
+        std::any_of(result.agents.begin(), result.agents.end(), [](const AgentResult& a) {
+          return a.error && a.error->code == ErrorCode::kAborted;
+        })) {
+      std::lock_guard lock(mutex_);
+      ++cancelled_;
+    }
+    job.push({"result", result_json(result), std::nullopt});
+  } catch (...) {
+    const ErrorValue error = current_error_value();
+    log_warn("serve: pipeline '{}' could not run ({})", spec.name, error.to_string());
+    job.push({"error", error_body(error, http_error(error.code)), error});
+  }
+}
+
+}  // namespace swarmkv::server

@@ -1,0 +1,127 @@
+// POST /v1/pipelines: a pipeline in the JSON of a pipeline file, run on the
+// server's model (run_pipeline), its progress sent as events while it runs
+// and its result in `swarmkv run --json`'s schema at the end.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/engine.h"
+#include "swarmkv/pipeline.h"
+
+namespace swarmkv::server {
+
+// What one pipeline request may ask for (ServerOptions carries them).
+struct PipelineLimits {
+  int32_t max_agents = 64;
+  int32_t max_tokens = 4096;   // per agent
+  uint32_t max_n_ctx = 32768;  // the KV cells its contexts may have (PipelineBudget::n_ctx)
+};
+
+// Parses a /v1/pipelines body: the JSON of a pipeline file (parse_pipeline)
+// that names no model and no file, since a request must never read the
+// server's files. Throws Error(kInvalidArgument): "body: not JSON (...)",
+// "body: must be a JSON object (got ...)", "model: ...", "document.file:
+// ...", "exact: ..." (the server's model has no exact kernels), "agents:
+// ..." and "agents[i].max_tokens: ..." for the limits, or what
+// parse_pipeline throws, prefixed "body: ".
+PipelineSpec parse_pipeline_request(std::string_view body, const PipelineLimits& limits);
+
+// One event of a run: the server-sent event's name and data.
+//   prefill        {"done", "total"}: the document's prefill, after each chunk
+//   agent_started  {"agent"}
+//   token          {"agent", "token", "text"}: "text" is the answer's new text
+//                  (a stop string's possible start and a split character wait
+//                  for a later token, so the texts add up to the answer; what
+//                  waited until the end comes as one more event, "token": null)
+//   agent_done     agent_json() of its result (also for an agent that never ran)
+//   result         result_json() of the run: the last event
+//   error          OpenAI's error body, when the run could not start: the last event
+struct PipelineEvent {
+  std::string name;
+  nlohmann::json data;
+  std::optional<ErrorValue> error;  // "error" only: what stopped the run
+};
+
+class PipelineRunner;
+
+// One posted pipeline. Thread-safe.
+class PipelineJob {
+ public:
+  // The next event, or nullopt after `timeout` without one.
+  std::optional<PipelineEvent> next(std::chrono::milliseconds timeout);
+  // Fails the agents still to run or running, at their next token, with
+  // kAborted `why`; the "result" event still comes. Idempotent (the first
+  // reason stays).
+  void cancel(const std::string& why);
+
+ private:
+  friend class PipelineRunner;
+  void push(PipelineEvent event);
+  // Throws Error(kAborted) once cancelled.
+  void check() const;
+
+  PipelineSpec spec_;  // set before the job is queued; read by its worker
+  mutable std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<PipelineEvent> events_;  // guarded by mutex_
+  std::string why_;                   // guarded by mutex_
+  std::atomic<bool> cancelled_{false};
+};
+
+struct PipelineStats {
+  uint64_t runs = 0;       // accepted
+  uint64_t cancelled = 0;  // runs in which a cancel failed an agent
+  int32_t running = 0;     // accepted, not ended
+};
+
+// Runs accepted pipelines on `max_running` worker threads of its own, each
+// run with its own contexts on the shared model. Thread-safe.
+class PipelineRunner {
+ public:
+  PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running);
+  ~PipelineRunner();
+  PipelineRunner(const PipelineRunner&) = delete;
+  PipelineRunner& operator=(const PipelineRunner&) = delete;
+
+  // Checks `spec` against the model before anything runs (prepare_pipeline,
+  // limits.max_n_ctx, check_memory): throws what they throw, or
+  // Error(kBudget) "pipeline: needs n_ctx N, more than the M this server
+  // allows (--max-pipeline-ctx)". Returns nullptr when max_running runs are
+  // accepted already (the caller answers 429), else the job, started.
+  std::shared_ptr<PipelineJob> submit(PipelineSpec spec, const PipelineLimits& limits);
+  // Cancels every job (PipelineJob::cancel(why)) and joins the workers once
+  // their runs ended; submit() then returns nullptr. Idempotent.
+  void shutdown(const std::string& why);
+  PipelineStats stats() const;
+  int32_t max_running() const noexcept { return max_running_; }
+
+ private:
+  void work();
+  void run(PipelineJob& job);
+
+  std::shared_ptr<const Model> model_;
+  const int32_t max_running_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<PipelineJob>> queue_;  // guarded by mutex_
+  std::vector<std::shared_ptr<PipelineJob>> live_;  // accepted, not ended; guarded by mutex_
+  uint64_t runs_ = 0;                               // guarded by mutex_
+  uint64_t cancelled_ = 0;                          // guarded by mutex_
+  bool stopping_ = false;                           // guarded by mutex_
+  std::vector<std::thread> workers_;                // written by the constructor only
+};
+
+}  // namespace swarmkv::server
