@@ -12,10 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-[[noreturn]] void refuse(std::string_view field, std::string_view what) {
-  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", field, what));
-}
-
 std::string shown(const json& value) {
   std::string s = value.dump();
   if (s.size() > 40) s = s.substr(0, 37) + "...";
@@ -87,13 +83,20 @@ std::string content_of(const json& message, const std::string& field) {
 
 }  // namespace
 
-ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& limits) {
-  json body;
+void refuse(std::string_view field, std::string_view what) {
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", field, what));
+}
+
+json parse_body(std::string_view body) {
   try {
-    body = json::parse(body_text);
+    return json::parse(body);
   } catch (const json::exception& e) {
     refuse("body", fmt::format("not JSON ({})", e.what()));
   }
+}
+
+ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& limits) {
+  const json body = parse_body(body_text);
   if (!body.is_object()) refuse("body", fmt::format("must be a JSON object (got {})", shown(body)));
 
   ChatRequest r;

@@ -36,6 +36,12 @@ struct ChatRequest {
   bool include_usage = false;  // stream_options.include_usage
 };
 
+// Throws Error(kInvalidArgument) "<field>: <what>", the shape of every
+// request refusal (param_of() recovers the field).
+[[noreturn]] void refuse(std::string_view field, std::string_view what);
+// A request body as JSON; throws "body: not JSON (...)" (refuse).
+nlohmann::json parse_body(std::string_view body);
+
 // Parses and checks a /v1/chat/completions body. Throws
 // Error(kInvalidArgument) whose message starts with the offending field's
 // path, e.g. "messages[1].role: must be system, user or assistant (got

@@ -11,23 +11,10 @@
 #include "swarmkv/result_json.h"
 
 namespace swarmkv::server {
-namespace {
-
 using nlohmann::json;
 
-[[noreturn]] void refuse(std::string_view field, std::string_view what) {
-  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", field, what));
-}
-
-}  // namespace
-
 PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
-  json body;
-  try {
-    body = json::parse(body_text);
-  } catch (const json::exception& e) {
-    refuse("body", fmt::format("not JSON ({})", e.what()));
-  }
+  const json body = parse_body(body_text);
   if (!body.is_object()) {
     refuse("body", fmt::format("must be a JSON object, a pipeline (got a {})", body.type_name()));
   }
