@@ -29,13 +29,8 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
            "document.text");
   }
   // JSON is YAML: the pipeline file's reader checks every key, type and
-  // range, and the graph.
-  PipelineSpec spec;
-  try {
-    spec = parse_pipeline(std::string(body_text), "body", "");
-  } catch (const Error& e) {
-    throw Error(e.code(), e.message());  // already "body: ..."
-  }
+  // range, and the graph; its messages start with "body: ".
+  PipelineSpec spec = parse_pipeline(std::string(body_text), "body", "");
   if (spec.exact) {
     refuse("exact",
            "this server loads its model without the batch-invariant kernels exact mode needs; "
