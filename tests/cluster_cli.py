@@ -6,8 +6,8 @@
 Each case starts its own redis-server on a free loopback port (persistence
 off) and its own workers, each with a snapshot store of its own, and stops
 every process it started, also when the case fails. Every wait is bounded.
-The pipeline is the README's (examples/pipelines/apache-license.yaml); a
-worker runs with one thread so that two of them share this machine's cores.
+The pipeline is the README's (examples/pipelines/apache-license.yaml) for
+the answer cases and a smaller cut of it for the fault cases; a worker runs with one thread so that two of them share this machine's cores.
 """
 import json
 import os
@@ -53,6 +53,25 @@ class Cluster:
         self.redis_args = []
         self.workers = {}
         self.children = []
+
+    def use_small_pipeline(self):
+        """The README pipeline on the licence's first 3,000 characters with
+        24-token answers, for the fault cases: a job still takes a second
+        or more (far longer than a fault takes to inject after its claim),
+        a quarter of the README run."""
+        with open(os.path.join(self.source, "examples", "documents", "apache-2.0.txt")) as f:
+            document = f.read()[:3000]
+        with open(self.pipeline) as f:
+            spec = f.read()
+        doc = os.path.join(self.tmp, "document.txt")
+        with open(doc, "w") as f:
+            f.write(document)
+        spec = spec.replace("file: ../documents/apache-2.0.txt", f"file: {doc}")
+        spec = spec.replace("max_tokens: 96", "max_tokens: 24")
+        assert doc in spec and "max_tokens: 24" in spec, "the README pipeline changed"
+        self.pipeline = os.path.join(self.tmp, "small.yaml")
+        with open(self.pipeline, "w") as f:
+            f.write(spec)
 
     def url(self, userinfo=""):
         return f"redis://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.port}"
@@ -222,6 +241,7 @@ def shared_on_workers_matches_the_reference(c):
 def killed_worker_job_is_taken_over(c):
     """SIGKILL a worker mid-job: the other takes its job over after the
     visibility timeout; every agent answered once, answers exact."""
+    c.use_small_pipeline()
     c.start_redis()
     opts = ("--visibility-timeout", "3", "--heartbeat", "0.5")
     c.start_worker("w1", *opts)
@@ -247,6 +267,7 @@ def killed_worker_job_is_taken_over(c):
 @case
 def sigterm_drains_the_job_in_hand(c):
     """SIGTERM while a job runs: the worker finishes and acknowledges it, exits 0."""
+    c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1", threads=MAX_THREADS)
     run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
@@ -320,6 +341,7 @@ def no_live_worker_fails_fast(c):
 
 @case
 def wrong_password_is_refused(c):
+    c.use_small_pipeline()
     c.start_redis("--requirepass", "right")
     for userinfo, text in ((":wrong", "AUTH refused: WRONGPASS invalid username-password pair"),
                            ("", "the server requires a password: give it in the URL")):
@@ -354,6 +376,7 @@ def wrong_password_is_refused(c):
 def corrupted_chunk_is_detected_and_republished(c):
     """A damaged chunk in Redis: the fetching worker's checksum catches it,
     the coordinator publishes the snapshot again, the run completes exact."""
+    c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1")
     rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
@@ -377,6 +400,7 @@ def corrupted_chunk_is_detected_and_republished(c):
 def redis_restart_mid_run_completes(c):
     """Redis killed and restarted empty while the workers run: the coordinator
     puts the run back and completes, or fails clearly before its timeout."""
+    c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1")
     c.start_worker("w2")
