@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <map>
@@ -13,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
 #include <csignal>
 
 #include <gtest/gtest.h>
@@ -305,6 +308,26 @@ ServerOptions small_options() {
   return o;
 }
 
+// A snapshot store of its own for one test, removed at its end.
+struct TempStore {
+  explicit TempStore(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             ("swarmkv-serve-" + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+  }
+  ~TempStore() { std::filesystem::remove_all(path); }
+  TempStore(const TempStore&) = delete;
+  TempStore& operator=(const TempStore&) = delete;
+  std::filesystem::path path;
+};
+
+ServerOptions store_options(SnapshotCacheMode mode, const TempStore& store) {
+  ServerOptions o = small_options();
+  o.snapshots.cache = mode;
+  o.snapshots.cache_dir = store.path.string();
+  return o;
+}
+
 // ------------------------------------------------------------ both models
 
 class ServerForkTest : public ::testing::TestWithParam<test::TestModel> {
@@ -414,6 +437,73 @@ TEST_P(ServerForkTest, ALaterRequestForksOnlyWhatTheCacheStillHolds) {
   EXPECT_EQ(first["usage"]["prompt_tokens"].get<int>() +
                 second["usage"]["prompt_tokens"].get<int>() - cached,
             metric(*c, "swarmkv_prefilled_tokens_total"));
+}
+
+// A chat whose prompt starts with a document prefix `swarmkv prefill` put in
+// the snapshot store restores it, cut to whole micro-batches, instead of
+// prefilling it, and answers as a re-prefill does, token for token. On a
+// sliding-window model the store is not used (a restored sequence would sit
+// in other cells than a prefill's: other rounding).
+TEST_P(ServerForkTest, AStoredDocumentPrefixIsRestoredInsteadOfPrefilled) {
+  const TempStore dir("prefix");
+  const ServerOptions options = store_options(SnapshotCacheMode::kReadOnly, dir);
+  const std::string doc = document(3000);
+  const json pipeline = {{"document", {{"text", doc}}},
+                         {"n_batch", options.context.n_batch},
+                         {"n_ubatch", options.context.n_ubatch},
+                         {"agents", json::array({{{"name", "a"}, {"prompt", "unused"}}})}};
+  const PipelineSpec spec = parse_pipeline(pipeline.dump(), "test", "");
+  RunOptions store;
+  store.snapshot.cache = SnapshotCacheMode::kOn;
+  store.snapshot.cache_dir = dir.path.string();
+  ASSERT_TRUE(prefill_document(spec, model_, store).snapshot.published);
+  const std::vector<Token> prefix = prepare_prefix(spec, *model_);
+
+  Running server(model_, options);
+  auto c = server.client();
+  // The chat a pipeline agent's would be: its system prompt, then the
+  // document and the question as the user's message.
+  const std::string user = doc + "\n\nWho is the Licensor?";
+  const Reference ref = reprefill(model_, options, spec.system_prompt, user, 24);
+  const json answer = post_chat(*c, chat_body(spec.system_prompt, user, 24));
+  const int cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"];
+  size_t common = 0;
+  while (common < prefix.size() && common + 1 < ref.prompt.size() &&
+         prefix[common] == ref.prompt[common]) {
+    ++common;
+  }
+  const size_t chunk = options.context.n_ubatch;
+  const bool sliding_window = kv_layout(*model_, options.context).n_swa > 0;
+  ASSERT_GE(common, chunk) << "the chat does not start with the stored prefix";
+  EXPECT_EQ(cached, sliding_window ? 0 : static_cast<int>(common / chunk * chunk));
+  EXPECT_EQ(metric(*c, "swarmkv_restored_tokens_total"), cached);
+  EXPECT_EQ(metric(*c, "swarmkv_prefilled_tokens_total"),
+            static_cast<double>(ref.prompt.size()) - cached);
+  EXPECT_EQ(answer["choices"][0]["message"]["content"], ref.text);
+  if (sliding_window) return;
+
+  // A damaged entry is a warning: skipped, left in place (read-only), the
+  // prompt prefilled, the answer the same.
+  std::filesystem::path entry;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+    if (e.path().extension() == ".swkv") entry = e.path();
+  }
+  ASSERT_FALSE(entry.empty());
+  {
+    std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char byte = 0;
+    f.get(byte);
+    f.seekp(-100, std::ios::end);
+    f.put(static_cast<char>(byte ^ 0x5a));
+  }
+  Running again(model_, options);
+  auto c2 = again.client();
+  const json prefilled = post_chat(*c2, chat_body(spec.system_prompt, user, 24));
+  EXPECT_EQ(prefilled["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(metric(*c2, "swarmkv_restored_tokens_total"), 0);
+  EXPECT_EQ(prefilled["choices"][0]["message"]["content"], ref.text);
+  EXPECT_TRUE(std::filesystem::exists(entry));
 }
 
 // A pipeline posted to the server runs as `swarmkv run` runs it: the same
@@ -713,11 +803,25 @@ TEST_F(ServerTest, ABusyPipelineSlotAnswers429AndAHangUpCancelsTheRun) {
                 "1 pipeline is running, the most this server runs at once (--max-pipelines); "
                 "retry later");
     }
+    // A full slot answers before the pipeline is prepared: one whose budget
+    // would be refused (400) gets 429 too while the slot is taken.
+    json too_big = one_agent_pipeline(4);
+    too_big["n_ctx"] = 64;
+    const auto busy = c->Post("/v1/pipelines", too_big.dump(), "application/json");
+    EXPECT_TRUE(busy);
+    if (busy) {
+      EXPECT_EQ(busy->status, 429) << busy->body;
+    }
   }
   hang_up.store(true);
   first.join();
   EXPECT_TRUE(await_metric(*c, "swarmkv_pipelines_running", 0));
   EXPECT_EQ(metric(*c, "swarmkv_pipelines_cancelled_total"), 1);
+  json too_big = one_agent_pipeline(4);
+  too_big["n_ctx"] = 64;
+  const auto refused = c->Post("/v1/pipelines", too_big.dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
   const auto res =
       c->Post("/v1/pipelines?stream=false", one_agent_pipeline(4).dump(), "application/json");
   ASSERT_TRUE(res);
@@ -729,6 +833,40 @@ TEST_F(ServerTest, ABusyPipelineSlotAnswers429AndAHangUpCancelsTheRun) {
   EXPECT_LE(result["agents"][0]["n_tokens"].get<int>(), 4);
   EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 2);
   EXPECT_EQ(metric(*c, "swarmkv_requests_in_flight"), 0);
+}
+
+// A posted pipeline uses the snapshot store as `swarmkv run` does: the first
+// run prefills the document and publishes it, the second restores it and
+// answers the same; the result names no server path.
+TEST_F(ServerTest, APostedPipelineRestoresItsDocumentFromTheStoreTheSecondTime) {
+  const TempStore dir("store");
+  const ServerOptions options = store_options(SnapshotCacheMode::kOn, dir);
+  Running server(model_, options);
+  auto c = server.client();
+  const auto run = [&] {
+    const auto res =
+        c->Post("/v1/pipelines?stream=false", one_agent_pipeline(8).dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return json();
+    EXPECT_EQ(res->status, 200) << res->body;
+    return json::parse(res->body);
+  };
+  const json cold = run();
+  const json warm = run();
+  ASSERT_TRUE(cold.is_object() && warm.is_object());
+  EXPECT_EQ(cold["snapshot"]["source"], "prefill");
+  EXPECT_TRUE(cold["snapshot"]["published"].get<bool>());
+  EXPECT_EQ(cold["snapshot"]["path"], "");
+  EXPECT_EQ(warm["snapshot"]["source"], "cache");
+  EXPECT_EQ(warm["snapshot"]["reused_tokens"], cold["prefix_tokens"]);
+  EXPECT_EQ(warm["snapshot"]["prefilled_tokens"], 0);
+  EXPECT_EQ(warm["snapshot"]["path"], "");
+  EXPECT_EQ(warm["agents"][0]["answer"], cold["agents"][0]["answer"]);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+    entries += e.path().extension() == ".swkv" ? 1 : 0;
+  }
+  EXPECT_EQ(entries, 1);
 }
 
 TEST_F(ServerTest, AFullServerAnswers429WithRetryAfter) {

@@ -127,6 +127,10 @@ struct PipelineSpec {
 // of validate_pipeline.
 void validate_engine_settings(const PipelineSpec& spec);
 
+// The micro-batch of a prefill in chunks of n_batch when none is given
+// (PipelineSpec::n_ubatch 0): 256 when it divides n_batch, else n_batch.
+uint32_t auto_n_ubatch(uint32_t n_batch);
+
 // The engine settings of `spec` as context options: n_batch, n_ubatch,
 // threads, flash attention and KV types (n_ctx, n_seq_max and kv_unified
 // left at their defaults for the caller to set); threads resolved (0: all
@@ -475,6 +479,11 @@ PrefillReport prefill_document(const PipelineSpec& spec, const std::shared_ptr<c
 // only what prepare_pipeline throws; failures while running are reported per
 // node in the result.
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                            const RunOptions& options = {});
+// The same with the preparation done by the caller (to refuse a request
+// before anything starts): `prepared` must be prepare_pipeline(spec, *model).
+PipelineResult run_pipeline(const PipelineSpec& spec, const PreparedPipeline& prepared,
+                            const std::shared_ptr<const Model>& model,
                             const RunOptions& options = {});
 
 }  // namespace swarmkv

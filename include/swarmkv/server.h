@@ -17,6 +17,7 @@
 #include <string>
 
 #include "swarmkv/engine.h"
+#include "swarmkv/pipeline.h"
 
 namespace swarmkv {
 
@@ -41,6 +42,13 @@ struct ServerOptions {
   int32_t max_pipelines = 1;
   int32_t max_pipeline_agents = 64;
   uint32_t max_pipeline_ctx = 32768;
+  // The snapshot store (cache, cache_dir, cache_max_bytes; `file` must stay
+  // empty). A posted pipeline's document prefix is looked up and published
+  // as `swarmkv run` does; a chat prompt restores the longest stored prefix
+  // it starts with (kOn or kReadOnly; never written, and not on models with
+  // sliding-window layers: src/server/completion_engine.h). Off by default
+  // here; the CLI turns it on.
+  SnapshotOptions snapshots;
 };
 
 // Thread-safe: stop() from any thread (not from a signal handler).

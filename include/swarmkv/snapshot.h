@@ -129,6 +129,10 @@ uint64_t default_snapshot_cache_max();
 // Parses "4G", "512M", "1048576"; throws Error(kInvalidArgument).
 uint64_t parse_byte_size(std::string_view text);
 
+// The snapshot store's folder: `dir` when it is not empty, else
+// <cache_dir()>/snapshots.
+std::string snapshot_store_dir(const std::string& dir = {});
+
 // A content-addressed folder of snapshots: <dir>/<key>.swkv. Last use is the
 // file's modification time (lookups touch it); publishing evicts the least
 // recently used entries above the cap.

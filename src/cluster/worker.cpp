@@ -145,10 +145,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
                                {"pid", ::getpid()},
                                {"started_unix", unix_now()}};
   Heartbeat heartbeat(url, keys::worker(fp, name), stream, name, info.dump(), options.heartbeat_s);
-  SnapshotStore store(options.cache_dir.empty()
-                          ? (std::filesystem::path(cache_dir()) / "snapshots").string()
-                          : options.cache_dir,
-                      options.cache_max_bytes);
+  SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
   log_info("worker {}: serving model {} (sha256 {}) from {}", name, model_file, fp.substr(0, 12),
            url.address());
 

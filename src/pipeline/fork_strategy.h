@@ -126,7 +126,9 @@ std::unique_ptr<ForkStrategy> make_recompute_fork(GuardPolicy guard);
 }  // namespace swarmkv::detail
 
 namespace swarmkv::detail {
-// run_pipeline with deliberate faults (tests only).
+// run_pipeline with deliberate faults (tests only); `prepared`, when given,
+// is prepare_pipeline(spec, *model) made by the caller.
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
-                            const RunOptions& options, const RunFaults& faults);
+                            const RunOptions& options, const RunFaults& faults,
+                            const PreparedPipeline* prepared = nullptr);
 }  // namespace swarmkv::detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -449,13 +450,15 @@ void validate_engine_settings(const PipelineSpec& spec) {
   validate_kv_types(spec.kv_type, spec.kv_type, spec.flash_attn || spec.exact);
 }
 
+uint32_t auto_n_ubatch(uint32_t n_batch) {
+  constexpr uint32_t kAutoUbatch = 256;
+  return n_batch % kAutoUbatch == 0 ? kAutoUbatch : n_batch;
+}
+
 ContextOptions engine_options(const PipelineSpec& spec) {
   ContextOptions o;
   o.n_batch = spec.n_batch;
-  constexpr uint32_t kAutoUbatch = 256;
-  o.n_ubatch = spec.n_ubatch > 0                 ? spec.n_ubatch
-               : spec.n_batch % kAutoUbatch == 0 ? kAutoUbatch
-                                                 : spec.n_batch;
+  o.n_ubatch = spec.n_ubatch > 0 ? spec.n_ubatch : auto_n_ubatch(spec.n_batch);
   o.n_threads = effective_threads(spec.n_threads);
   o.n_threads_batch =
       spec.n_threads_batch > 0 ? effective_threads(spec.n_threads_batch) : o.n_threads;
@@ -677,6 +680,11 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   return detail::run_pipeline(spec, model, options, detail::RunFaults{});
 }
 
+PipelineResult run_pipeline(const PipelineSpec& spec, const PreparedPipeline& prepared,
+                            const std::shared_ptr<const Model>& model, const RunOptions& options) {
+  return detail::run_pipeline(spec, model, options, detail::RunFaults{}, &prepared);
+}
+
 namespace detail {
 
 ReadySet ready_set(const PipelineSpec& spec) {
@@ -776,10 +784,12 @@ std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResu
 }
 
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
-                            const RunOptions& options, const RunFaults& faults) {
+                            const RunOptions& options, const RunFaults& faults,
+                            const PreparedPipeline* given) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_pipeline needs a model");
   const Stopwatch run;
-  const PreparedPipeline prepared = prepare_pipeline(spec, *model);
+  std::optional<PreparedPipeline> own;
+  const PreparedPipeline& prepared = given ? *given : own.emplace(prepare_pipeline(spec, *model));
   check_memory(spec, *model, prepared.budget, options.guard);
 
   PipelineResult result;

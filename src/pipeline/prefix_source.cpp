@@ -47,9 +47,7 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
   const SnapshotOptions& so = options.snapshot;
   std::optional<SnapshotStore> store;
   if (so.cache != SnapshotCacheMode::kOff) {
-    store.emplace(so.cache_dir.empty() ? (std::filesystem::path(cache_dir()) / "snapshots").string()
-                                       : so.cache_dir,
-                  so.cache_max_bytes);
+    store.emplace(snapshot_store_dir(so.cache_dir), so.cache_max_bytes);
   }
   const auto discard = [&](const std::string& path, const ErrorValue& error) {
     const bool remove = so.cache == SnapshotCacheMode::kOn;

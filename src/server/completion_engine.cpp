@@ -1,6 +1,7 @@
 #include "server/completion_engine.h"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -12,25 +13,9 @@ namespace swarmkv::server {
 
 // ------------------------------------------------------------------ Job
 
-std::optional<Event> Job::next(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mutex_);
-  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
-  Event e = std::move(events_.front());
-  events_.pop_front();
-  return e;
-}
-
 void Job::cancel() {
   cancelled_.store(true);
   engine_->wake();
-}
-
-void Job::push(Event event) {
-  {
-    std::lock_guard lock(mutex_);
-    events_.push_back(std::move(event));
-  }
-  ready_.notify_all();
 }
 
 // ------------------------------------------------------------------ engine
@@ -118,6 +103,15 @@ CompletionEngine::CompletionEngine(std::shared_ptr<const Model> model, EngineOpt
   options_.context.kv_unified = true;  // forks share cells across sequences
   ctx_ = std::make_unique<Context>(model_, options_.context);
   options_.context = ctx_->options();
+  if (!options_.snapshot_dir.empty()) {
+    if (ctx_->kv_layout().n_swa > 0) {
+      log_info(
+          "serve: completions do not restore prefixes from the snapshot store on a model "
+          "with sliding-window layers (the answers would differ from a re-prefill)");
+    } else {
+      store_ = std::make_unique<PrefixStore>(model_, options_.context, options_.snapshot_dir);
+    }
+  }
   stats_.kv_cells_total = static_cast<int32_t>(options_.context.n_ctx);
   thread_ = std::thread([this] { loop(); });
 }
@@ -341,8 +335,22 @@ void CompletionEngine::loop() {
         source = static_cast<int>(i);
       }
     }
-    const size_t shared = best;
+    size_t shared = best;
     if (shared == 0) source = -1;
+    // The store, when it could save at least one more micro-batch than the
+    // cache: a restored prefix is a sequence of its own (new cells).
+    std::optional<StoredPrefix> stored;
+    if (store_ && req.prompt.size() - 1 - shared >= options_.context.n_ubatch) {
+      try {
+        stored = store_->find(req.prompt, shared);
+      } catch (const Error& e) {
+        log_warn("serve: snapshot store lookup failed ({}); prefilling", e.what());
+      }
+      if (stored) {
+        source = -1;
+        shared = 0;
+      }
+    }
     const size_t need = (req.prompt.size() - shared) + static_cast<size_t>(req.max_tokens) +
                         static_cast<size_t>(req.n - 1) * (1 + static_cast<size_t>(req.max_tokens));
     for (;;) {
@@ -352,13 +360,28 @@ void CompletionEngine::loop() {
       if (v < 0) return false;
       free_slot(static_cast<size_t>(v));
     }
+    // The first choice's slot: the stored prefix goes there now (a
+    // failure, such as no contiguous free cells, means a prefill).
+    const auto first_free = std::find_if(
+        slots.begin(), slots.end(), [](const Slot& s) { return s.state == Slot::State::kFree; });
+    size_t restored = 0;
+    if (stored) {
+      try {
+        ctx.state_seq_set(first_free->seq, stored->seq_state);
+        restored = stored->tokens;
+        log_info("serve: restored {} prompt tokens from snapshot {}", restored, stored->key);
+      } catch (const Error& e) {
+        log_warn("serve: could not restore snapshot {} ({}); prefilling", stored->key, e.what());
+      }
+    }
     Request& r = requests[p.job.get()];
     r.remaining = req.n;
     r.usage.prompt_tokens = static_cast<int32_t>(req.prompt.size());
-    r.usage.cached_tokens = static_cast<int32_t>(shared);
+    r.usage.cached_tokens = static_cast<int32_t>(shared + restored);
     local.requests += 1;
     local.prompt_tokens += req.prompt.size();
-    local.reused_tokens += shared;
+    local.reused_tokens += shared + restored;
+    local.restored_tokens += restored;
     int first = -1;
     for (int32_t c = 0; c < req.n; ++c) {
       const auto it = std::find_if(slots.begin(), slots.end(),
@@ -380,7 +403,13 @@ void CompletionEngine::loop() {
       s.admitted = ++clock;
       if (c == 0) {
         first = static_cast<int>(it - slots.begin());
-        if (source >= 0 && slots[static_cast<size_t>(source)].decoded() >= shared) {
+        if (restored > 0) {
+          for (size_t k = 0; k < restored; ++k) {
+            cell_refs[next_cell] = 1;
+            s.cells.push_back(next_cell++);
+          }
+          s.state = Slot::State::kPrefill;
+        } else if (source >= 0 && slots[static_cast<size_t>(source)].decoded() >= shared) {
           fork(s, slots[static_cast<size_t>(source)], shared);
           slots[static_cast<size_t>(source)].last_used = clock;
         } else if (source >= 0) {

@@ -13,7 +13,10 @@
 // one still prefilling (whose chunk then ends where the request forks) or
 // one that holds exactly that prefix. `n` > 1 completions of one prompt fork
 // from the first one. Finished sequences stay cached, least recently used
-// evicted first when a new request needs their id or cells.
+// evicted first when a new request needs their id or cells. With a snapshot
+// store, a prompt of which the store holds at least one micro-batch more
+// than the cache restores that prefix into its sequence instead (on the
+// engine thread: the other completions wait for the read).
 //
 // Answers: a lone request's greedy answer equals a fresh re-prefill of its
 // prompt with the same settings (the same chunks, one-row steps). Requests
@@ -33,6 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include "server/event_queue.h"
+#include "server/stored_prefix.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 
@@ -42,6 +47,12 @@ struct EngineOptions {
   ContextOptions context;   // n_seq_max is set to max_live + max_cached; kv_unified on
   int32_t max_live = 16;    // completions decoding at once (each of a request's n counts)
   int32_t max_cached = 16;  // finished sequences kept for their prefix (0: none)
+  // Non-empty: a snapshot store whose prefixes a prompt may restore instead
+  // of prefilling (read only; stored_prefix.h). Not used on models with
+  // sliding-window layers: a sequence's restored state would be packed into
+  // other cells than a prefill uses, and the answer would no longer equal
+  // a re-prefill's.
+  std::string snapshot_dir;
 };
 
 struct CompletionRequest {
@@ -79,7 +90,7 @@ class CompletionEngine;
 class Job {
  public:
   // The next event; nullopt when none came within `timeout`.
-  std::optional<Event> next(std::chrono::milliseconds timeout);
+  std::optional<Event> next(std::chrono::milliseconds timeout) { return events_.next(timeout); }
   // The client is gone: the engine frees the request's sequences at its
   // next step and sends nothing more.
   void cancel();
@@ -87,12 +98,10 @@ class Job {
  private:
   friend class CompletionEngine;
   explicit Job(CompletionEngine* engine) : engine_(engine) {}
-  void push(Event event);
+  void push(Event event) { events_.push(std::move(event)); }
 
   CompletionEngine* engine_;  // outlives every job's use of cancel(): the engine's owner joins
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<Event> events_;  // guarded by mutex_
+  EventQueue<Event> events_;
   std::atomic<bool> cancelled_{false};
 };
 
@@ -102,7 +111,8 @@ struct EngineStats {
   uint64_t requests = 0;           // admitted
   uint64_t prompt_tokens = 0;      // in requests' prompts
   uint64_t prefilled_tokens = 0;   // prompt tokens really decoded
-  uint64_t reused_tokens = 0;      // prompt tokens forked from the cache instead
+  uint64_t reused_tokens = 0;      // prompt tokens forked from the cache (or restored) instead
+  uint64_t restored_tokens = 0;    // of those, restored from the snapshot store
   uint64_t completion_tokens = 0;  // generated
   uint64_t decode_steps = 0;
   uint64_t cancelled = 0;      // requests whose client went away first
@@ -154,6 +164,7 @@ class CompletionEngine {
   // Engine thread only (created on the caller's thread before the engine
   // thread starts, used only there after).
   std::unique_ptr<Context> ctx_;
+  std::unique_ptr<PrefixStore> store_;  // null: no snapshot store
 
   mutable std::mutex mutex_;
   std::condition_variable work_;

@@ -52,27 +52,11 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
 
 // ------------------------------------------------------------------ job
 
-std::optional<PipelineEvent> PipelineJob::next(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mutex_);
-  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
-  PipelineEvent e = std::move(events_.front());
-  events_.pop_front();
-  return e;
-}
-
 void PipelineJob::cancel(const std::string& why) {
   std::lock_guard lock(mutex_);
   if (cancelled_.load()) return;
   why_ = why;
   cancelled_.store(true);
-}
-
-void PipelineJob::push(PipelineEvent event) {
-  {
-    std::lock_guard lock(mutex_);
-    events_.push_back(std::move(event));
-  }
-  ready_.notify_all();
 }
 
 void PipelineJob::check() const {
@@ -87,11 +71,17 @@ void PipelineJob::check() const {
 
 // ------------------------------------------------------------------ runner
 
-PipelineRunner::PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running)
-    : model_(std::move(model)), max_running_(max_running) {
+PipelineRunner::PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running,
+                               SnapshotOptions snapshots)
+    : model_(std::move(model)), max_running_(max_running), snapshots_(std::move(snapshots)) {
   if (max_running_ < 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("max_pipelines must be >= 0 (got {})", max_running_));
+  }
+  if (!snapshots_.file.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "snapshots: a server names no snapshot file (each request has its own "
+                "document); use the store (cache)");
   }
   for (int32_t i = 0; i < max_running_; ++i) workers_.emplace_back([this] { work(); });
 }
@@ -102,7 +92,12 @@ PipelineRunner::~PipelineRunner() {
 
 std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
                                                     const PipelineLimits& limits) {
-  const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+  const auto full = [&] { return stopping_ || std::cmp_greater_equal(live_.size(), max_running_); };
+  {
+    std::lock_guard lock(mutex_);
+    if (full()) return nullptr;  // no preparing for a request that cannot run now
+  }
+  PreparedPipeline prepared = prepare_pipeline(spec, *model_);
   if (prepared.budget.n_ctx > limits.max_n_ctx) {
     throw Error(ErrorCode::kBudget,
                 fmt::format("pipeline: needs n_ctx {}, more than the {} this server allows "
@@ -113,9 +108,10 @@ std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
   check_memory(spec, *model_, prepared.budget, defaults.guard);
   auto job = std::make_shared<PipelineJob>();
   job->spec_ = std::move(spec);
+  job->prepared_ = std::move(prepared);
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ || std::cmp_greater_equal(live_.size(), max_running_)) return nullptr;
+    if (full()) return nullptr;  // another request took the slot meanwhile
     live_.push_back(job);
     queue_.push_back(job);
     ++runs_;
@@ -166,7 +162,8 @@ void PipelineRunner::run(PipelineJob& job) {
               {{"agent", spec.agents[agent].name}, {"token", std::move(token)}, {"text", text}},
               std::nullopt});
   };
-  RunOptions options;  // no snapshot store, serialized branch workers: the library's defaults
+  RunOptions options;  // serialized branch workers: the library's default
+  options.snapshot = snapshots_;
   options.on_prefill_progress = [&](size_t done, size_t total) {
     job.check();
     job.push({"prefill", {{"done", done}, {"total", total}}, std::nullopt});
@@ -195,7 +192,9 @@ void PipelineRunner::run(PipelineJob& job) {
     }
   };
   try {
-    const PipelineResult result = run_pipeline(spec, model_, options);
+    PipelineResult result = run_pipeline(spec, job.prepared_, model_, options);
+    // Where the server keeps its files is not the client's business.
+    if (result.snapshot) result.snapshot->path.clear();
     if (job.cancelled_.load() &&
         std::any_of(result.agents.begin(), result.agents.end(), [](const AgentResult& a) {
           return a.error && a.error->code == ErrorCode::kAborted;

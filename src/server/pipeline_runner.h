@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/event_queue.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/pipeline.h"
 
@@ -61,7 +62,9 @@ class PipelineRunner;
 class PipelineJob {
  public:
   // The next event, or nullopt after `timeout` without one.
-  std::optional<PipelineEvent> next(std::chrono::milliseconds timeout);
+  std::optional<PipelineEvent> next(std::chrono::milliseconds timeout) {
+    return events_.next(timeout);
+  }
   // Fails the agents still to run or running, at their next token, with
   // kAborted `why`; the "result" event still comes. Idempotent (the first
   // reason stays).
@@ -69,15 +72,15 @@ class PipelineJob {
 
  private:
   friend class PipelineRunner;
-  void push(PipelineEvent event);
+  void push(PipelineEvent event) { events_.push(std::move(event)); }
   // Throws Error(kAborted) once cancelled.
   void check() const;
 
-  PipelineSpec spec_;  // set before the job is queued; read by its worker
+  PipelineSpec spec_;          // set before the job is queued; read by its worker
+  PreparedPipeline prepared_;  // prepare_pipeline(spec_): as spec_
+  EventQueue<PipelineEvent> events_;
   mutable std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<PipelineEvent> events_;  // guarded by mutex_
-  std::string why_;                   // guarded by mutex_
+  std::string why_;  // guarded by mutex_
   std::atomic<bool> cancelled_{false};
 };
 
@@ -91,16 +94,19 @@ struct PipelineStats {
 // run with its own contexts on the shared model. Thread-safe.
 class PipelineRunner {
  public:
-  PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running);
+  // Each run uses `snapshots` (RunOptions::snapshot). Throws
+  // Error(kInvalidArgument) for max_running < 0 or a snapshot file.
+  PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running,
+                 SnapshotOptions snapshots = {});
   ~PipelineRunner();
   PipelineRunner(const PipelineRunner&) = delete;
   PipelineRunner& operator=(const PipelineRunner&) = delete;
 
-  // Checks `spec` against the model before anything runs (prepare_pipeline,
-  // limits.max_n_ctx, check_memory): throws what they throw, or
-  // Error(kBudget) "pipeline: needs n_ctx N, more than the M this server
-  // allows (--max-pipeline-ctx)". Returns nullptr when max_running runs are
-  // accepted already (the caller answers 429), else the job, started.
+  // Returns nullptr when max_running runs are accepted already (the caller
+  // answers 429). Else checks `spec` against the model before anything runs
+  // (prepare_pipeline, limits.max_n_ctx, check_memory): throws what they
+  // throw, or Error(kBudget) "pipeline: needs n_ctx N, more than the M this
+  // server allows (--max-pipeline-ctx)"; and returns the job, started.
   std::shared_ptr<PipelineJob> submit(PipelineSpec spec, const PipelineLimits& limits);
   // Cancels every job (PipelineJob::cancel(why)) and joins the workers once
   // their runs ended; submit() then returns nullptr. Idempotent.
@@ -114,6 +120,7 @@ class PipelineRunner {
 
   std::shared_ptr<const Model> model_;
   const int32_t max_running_;
+  const SnapshotOptions snapshots_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<PipelineJob>> queue_;  // guarded by mutex_

@@ -186,6 +186,9 @@ struct Server::Impl {
     metric("swarmkv_reused_tokens_total", "counter",
            "Prompt tokens forked from a sequence in the KV cache instead of prefilled.",
            static_cast<double>(s.reused_tokens));
+    metric("swarmkv_restored_tokens_total", "counter",
+           "Prompt tokens restored from the snapshot store (part of the reused ones).",
+           static_cast<double>(s.restored_tokens));
     metric("swarmkv_completion_tokens_total", "counter", "Tokens generated.",
            static_cast<double>(s.completion_tokens));
     metric("swarmkv_cancelled_total", "counter",
@@ -518,9 +521,14 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   s.model_id = o.model_name.empty() ? std::filesystem::path(s.model->path()).filename().string()
                                     : o.model_name;
   s.engine = std::make_unique<server::CompletionEngine>(
-      s.model, server::EngineOptions{
-                   .context = o.context, .max_live = o.max_live, .max_cached = o.max_cached});
-  s.pipelines = std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines);
+      s.model,
+      server::EngineOptions{.context = o.context,
+                            .max_live = o.max_live,
+                            .max_cached = o.max_cached,
+                            .snapshot_dir = o.snapshots.cache == SnapshotCacheMode::kOff
+                                                ? std::string()
+                                                : snapshot_store_dir(o.snapshots.cache_dir)});
+  s.pipelines = std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots);
 
   // Handler threads: every request in flight holds one (a stream for its
   // whole answer), plus room to answer the ones over the limit with 429.

@@ -164,8 +164,12 @@ uint64_t default_snapshot_cache_max() {
 SnapshotStore::SnapshotStore(std::string dir, uint64_t max_bytes)
     : dir_(std::move(dir)), max_bytes_(max_bytes > 0 ? max_bytes : default_snapshot_cache_max()) {}
 
+std::string snapshot_store_dir(const std::string& dir) {
+  return dir.empty() ? (fs::path(cache_dir()) / "snapshots").string() : dir;
+}
+
 SnapshotStore SnapshotStore::open_default() {
-  return SnapshotStore((fs::path(cache_dir()) / "snapshots").string());
+  return SnapshotStore(snapshot_store_dir());
 }
 
 std::string SnapshotStore::path_of(const std::string& key) const {

@@ -43,7 +43,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "KV cells of the one context all requests share")
       ->capture_default_str()
       ->check(CLI::Range(64u, 1u << 22));
-  sub_->add_option("-b,--n-batch", options_.context.n_batch, "most tokens per decode step")
+  sub_->add_option("-b,--n-batch", options_.context.n_batch,
+                   "most tokens per decode step (its micro-batch is 256 when that divides it, "
+                   "as for `run`)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 16));
   sub_->add_option("-t,--threads", options_.context.n_threads, "CPU threads (0 = all cores)")
@@ -86,6 +88,17 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "KV cells a posted pipeline's context may have (its n_ctx, given or computed)")
       ->capture_default_str()
       ->check(CLI::Range(64u, 1u << 24));
+  sub_->add_option("--snapshot-cache", snapshot_cache_,
+                   "the snapshot store. Posted pipelines use it as `run --snapshot-cache` "
+                   "does (on: restore the longest stored prefix of the document, publish what "
+                   "was prefilled; read-only: never write). A chat prompt starting with a "
+                   "stored prefix (same model and engine settings) restores it when the live "
+                   "KV cache holds less of it (on or read-only; never written; not on "
+                   "sliding-window models). off: neither")
+      ->check(CLI::IsMember({"on", "off", "read-only"}))
+      ->capture_default_str();
+  sub_->add_option("--cache-dir", options_.snapshots.cache_dir,
+                   "snapshot store (default <cache>/snapshots)");
   sub_->add_option("--drain", options_.drain_s, "seconds requests in flight may take after SIGTERM")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
@@ -97,7 +110,9 @@ int ServeCommand::run() {
     if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) options.api_key = key;
   }
   options.context.flash_attn = flash_attn_ == "on";
-  options.context.n_ubatch = options.context.n_batch;
+  options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
+  // The micro-batch `run` uses by default: the store's snapshots fit.
+  options.context.n_ubatch = auto_n_ubatch(options.context.n_batch);
   validate_context_options(options.context);
   // SIGTERM and SIGINT are taken by one thread (sigwait), blocked in all
   // others, which inherit this mask; a client gone mid-write is an error

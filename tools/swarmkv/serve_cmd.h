@@ -20,6 +20,7 @@ class ServeCommand {
   CLI::App* sub_ = nullptr;
   std::string model_;
   std::string flash_attn_ = "off";
+  std::string snapshot_cache_ = "on";
   ServerOptions options_;
 };
 

@@ -1,0 +1,70 @@
+#include "server/stored_prefix.h"
+
+#include <algorithm>
+
+#include "swarmkv/log.h"
+
+namespace swarmkv::server {
+namespace {
+
+ContextOptions prefill_options(const ContextOptions& serving) {
+  ContextOptions o = serving;
+  o.n_seq_max = 1;
+  o.kv_unified = false;
+  return o;
+}
+
+bool damaged(const Error& e) {
+  return e.code() == ErrorCode::kCorruption || e.code() == ErrorCode::kIo ||
+         e.code() == ErrorCode::kNotFound;
+}
+
+}  // namespace
+
+PrefixStore::PrefixStore(std::shared_ptr<const Model> model, const ContextOptions& serving,
+                         std::string dir)
+    : model_(std::move(model)),
+      prefill_(prefill_options(serving)),
+      binding_(binding_of(*model_, prefill_)),
+      store_(std::move(dir)) {}
+
+std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
+                                              size_t more_than) const {
+  const uint32_t chunk = binding_.layout.n_ubatch;
+  if (prompt.size() < 2 || chunk == 0) return std::nullopt;
+  std::vector<SnapshotStore::Entry> bad;
+  const std::optional<SnapshotStore::Match> match =
+      store_.best_match(binding_, prompt, more_than + 1, &bad);
+  for (const SnapshotStore::Entry& e : bad) {
+    log_warn("snapshot store: skipping a damaged entry ({}); left it (read-only)",
+             e.error->to_string());
+  }
+  if (!match) return std::nullopt;
+  const size_t have = match->entry.header->meta.tokens.size();
+  const size_t reuse = std::min(match->common_tokens, prompt.size() - 1) / chunk * chunk;
+  if (reuse <= more_than) return std::nullopt;
+  try {
+    const std::vector<uint8_t> payload =
+        read_snapshot_payload(match->entry.path, *match->entry.header);
+    // The entry is a prefill context's whole state; its first `reuse` tokens
+    // as one sequence's state.
+    ContextOptions o = prefill_;
+    o.n_ctx = static_cast<uint32_t>((have + 1 + 255) / 256 * 256);
+    Context ctx(model_, o);
+    ctx.state_set(payload);
+    if (reuse < have) ctx.seq_rm(0, static_cast<Pos>(reuse), -1);
+    StoredPrefix out;
+    out.tokens = reuse;
+    out.key = match->entry.key;
+    out.seq_state.resize(ctx.state_seq_size(0));
+    out.seq_state.resize(ctx.state_seq_get(0, out.seq_state));
+    return out;
+  } catch (const Error& e) {
+    if (!damaged(e)) throw;
+    log_warn("snapshot store: skipping a damaged entry ({}); left it (read-only)",
+             e.value().to_string());
+    return std::nullopt;
+  }
+}
+
+}  // namespace swarmkv::server
