@@ -149,7 +149,7 @@ std::shared_ptr<Job> CompletionEngine::submit(CompletionRequest request) {
   {
     std::lock_guard lock(mutex_);
     if (stopping_) throw Error(ErrorCode::kAborted, stop_reason_);
-    inbox_.push_back({job, std::move(request)});
+    inbox_.push_back({.job = job, .request = std::move(request), .looked_up = false, .stored = {}});
     stats_.queued = static_cast<int32_t>(inbox_.size());
   }
   work_.notify_all();
@@ -339,17 +339,19 @@ void CompletionEngine::loop() {
     if (shared == 0) source = -1;
     // The store, when it could save at least one more micro-batch than the
     // cache: a restored prefix is a sequence of its own (new cells).
-    std::optional<StoredPrefix> stored;
-    if (store_ && req.prompt.size() - 1 - shared >= options_.context.n_ubatch) {
+    if (store_ && !p.looked_up && req.prompt.size() - 1 - shared >= options_.context.n_ubatch) {
+      p.looked_up = true;
       try {
-        stored = store_->find(req.prompt, shared);
+        p.stored = store_->find(req.prompt, shared);
       } catch (const Error& e) {
         log_warn("serve: snapshot store lookup failed ({}); prefilling", e.what());
       }
-      if (stored) {
-        source = -1;
-        shared = 0;
-      }
+    }
+    std::optional<StoredPrefix>& stored = p.stored;
+    if (stored && stored->tokens <= shared) stored.reset();  // the cache caught up meanwhile
+    if (stored) {
+      source = -1;
+      shared = 0;
     }
     const size_t need = (req.prompt.size() - shared) + static_cast<size_t>(req.max_tokens) +
                         static_cast<size_t>(req.n - 1) * (1 + static_cast<size_t>(req.max_tokens));

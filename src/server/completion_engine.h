@@ -154,6 +154,10 @@ class CompletionEngine {
   struct Pending {
     std::shared_ptr<Job> job;
     CompletionRequest request;
+    // The store's answer, kept while the request waits for room, so that a
+    // request at the head of a full queue reads the store once.
+    bool looked_up = false;
+    std::optional<StoredPrefix> stored;
   };
   void loop();
   void wake();

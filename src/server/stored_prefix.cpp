@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pipeline/prefix_source.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::server {
@@ -30,8 +31,7 @@ PrefixStore::PrefixStore(std::shared_ptr<const Model> model, const ContextOption
 
 std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
                                               size_t more_than) const {
-  const uint32_t chunk = binding_.layout.n_ubatch;
-  if (prompt.size() < 2 || chunk == 0) return std::nullopt;
+  if (prompt.size() < 2) return std::nullopt;
   std::vector<SnapshotStore::Entry> bad;
   const std::optional<SnapshotStore::Match> match =
       store_.best_match(binding_, prompt, more_than + 1, &bad);
@@ -41,7 +41,10 @@ std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
   }
   if (!match) return std::nullopt;
   const size_t have = match->entry.header->meta.tokens.size();
-  const size_t reuse = std::min(match->common_tokens, prompt.size() - 1) / chunk * chunk;
+  // Never all of the prompt (its last token is decoded for its logits), so
+  // this is the cut to whole micro-batches a pipeline's store lookup makes.
+  const size_t reuse = detail::reusable_tokens(std::min(match->common_tokens, prompt.size() - 1),
+                                               have, prompt.size(), binding_.layout);
   if (reuse <= more_than) return std::nullopt;
   try {
     const std::vector<uint8_t> payload =
