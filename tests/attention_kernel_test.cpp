@@ -1,15 +1,14 @@
-// The flash-attention row kernel of scripts/patches/ggml-fa-batch-invariant.patch
-// on random inputs, through ggml alone (no model): a query row gets the same
-// bits whatever the other rows of its call, the thread count and the
-// positions of its cells, and the same bits as the unpatched one-row kernel.
-// The switch is read once per process, so the unpatched kernel runs in a
-// child process (this binary with --dump and GGML_CPU_FA_BATCH_INVARIANT=0).
+// The batch-invariant flash-attention kernel of
+// scripts/patches/ggml-fa-batch-invariant.patch on random inputs, through
+// ggml alone (no model): a query row gets the same bits whatever the other
+// rows of its call (none, a few, more than ggml's 64-row tile), the thread
+// count and the cells of other sequences between its own; and its result is
+// within float rounding of attention computed in double precision.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,45 +21,84 @@ extern "C" __attribute__((weak)) int ggml_cpu_has_fa_batch_invariant(void);
 
 namespace {
 
+struct Case {
+  uint32_t seed;
+  int d;        // head size
+  int n_doc;    // cells every row sees first (a document), after `lead` cells none sees
+  int lead;     // cells at the start that no row sees (freed or another sequence's)
+  int n_own;    // cells after the document, each seen by a random ~70 % of the rows
+  int n_q;      // query rows
+  bool causal;  // own cells: row r sees cell j only for j <= r (one sequence's prompt)
+  float softcap;
+  ggml_type kv_type;
+};
+
 // One attention problem: n_q query rows of n_head heads over n_kv cells of
-// n_head_kv heads, each row seeing its own cells (mask 0) and not the others
-// (-INF), as an agent sees the document and its own cells only.
+// n_head_kv heads; K and V as the cache holds them (kv_type rows) and as
+// floats (what those rows decode to), the mask in fp16 (0 or -INF).
 struct Problem {
-  int d = 64;
+  Case c{};
   int n_head = 6;
   int n_head_kv = 2;
   int n_kv = 0;
-  int n_q = 0;
   float scale = 0.125f;
-  float softcap = 0.0f;
+  size_t row_bytes = 0;           // one cell of one head, kv_type
   std::vector<float> q;           // [n_head][n_q][d]
-  std::vector<ggml_fp16_t> k, v;  // [n_head_kv][n_kv][d]
+  std::vector<uint8_t> k, v;      // [n_head_kv][n_kv] rows of row_bytes
+  std::vector<float> kf, vf;      // [n_head_kv][n_kv][d]
   std::vector<ggml_fp16_t> mask;  // [n_q][n_kv]
+
+  bool sees(int row, int cell) const {
+    return ggml_fp16_to_fp32(mask[static_cast<size_t>(row) * n_kv + cell]) == 0.0f;
+  }
 };
 
 // Rows: each row's output, n_head x d floats as raw bits.
 using Rows = std::vector<std::vector<uint32_t>>;
 
-Problem random_problem(uint32_t seed, int d, int n_kv, int n_q, float softcap) {
-  std::mt19937 rng(seed);
+// `n` values of N(0, 1) stored as one kv_type row, and what that row decodes to.
+void kv_row(std::mt19937& rng, ggml_type type, int n, uint8_t* bytes, float* decoded) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& f : x) f = normal(rng);
+  if (type == GGML_TYPE_F16) {
+    auto* h = reinterpret_cast<ggml_fp16_t*>(bytes);
+    for (int i = 0; i < n; ++i) {
+      h[i] = ggml_fp32_to_fp16(x[i]);
+      decoded[i] = ggml_fp16_to_fp32(h[i]);
+    }
+    return;
+  }
+  ggml_quantize_chunk(type, x.data(), bytes, 0, 1, n, nullptr);
+  ggml_get_type_traits(type)->to_float(bytes, decoded, n);
+}
+
+Problem random_problem(const Case& c) {
+  std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::bernoulli_distribution sees(0.7);
   Problem p;
-  p.d = d;
-  p.n_kv = n_kv;
-  p.n_q = n_q;
-  p.softcap = softcap;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  p.q.resize(static_cast<size_t>(p.n_head) * n_q * d);
+  p.c = c;
+  p.n_kv = c.lead + c.n_doc + c.n_own;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  p.row_bytes = ggml_row_size(c.kv_type, c.d);
+  p.q.resize(static_cast<size_t>(p.n_head) * c.n_q * c.d);
   for (float& x : p.q) x = 2.0f * normal(rng);
-  p.k.resize(static_cast<size_t>(p.n_head_kv) * n_kv * d);
-  p.v.resize(p.k.size());
-  for (auto& x : p.k) x = ggml_fp32_to_fp16(normal(rng));
-  for (auto& x : p.v) x = ggml_fp32_to_fp16(normal(rng));
-  p.mask.resize(static_cast<size_t>(n_q) * n_kv);
-  for (int r = 0; r < n_q; ++r) {
-    for (int c = 0; c < n_kv; ++c) {
-      p.mask[static_cast<size_t>(r) * n_kv + c] = ggml_fp32_to_fp16(sees(rng) ? 0.0f : -INFINITY);
+  const size_t cells = static_cast<size_t>(p.n_head_kv) * p.n_kv;
+  p.k.resize(cells * p.row_bytes);
+  p.v.resize(cells * p.row_bytes);
+  p.kf.resize(cells * c.d);
+  p.vf.resize(cells * c.d);
+  for (size_t i = 0; i < cells; ++i) {
+    kv_row(rng, c.kv_type, c.d, &p.k[i * p.row_bytes], &p.kf[i * c.d]);
+    kv_row(rng, c.kv_type, c.d, &p.v[i * p.row_bytes], &p.vf[i * c.d]);
+  }
+  p.mask.resize(static_cast<size_t>(c.n_q) * p.n_kv);
+  for (int r = 0; r < c.n_q; ++r) {
+    for (int cell = 0; cell < p.n_kv; ++cell) {
+      const int own = cell - c.lead - c.n_doc;
+      const bool seen = cell < c.lead ? false : own < 0 ? true : c.causal ? own <= r : sees(rng);
+      p.mask[static_cast<size_t>(r) * p.n_kv + cell] = ggml_fp32_to_fp16(seen ? 0.0f : -INFINITY);
     }
   }
   return p;
@@ -69,118 +107,146 @@ Problem random_problem(uint32_t seed, int d, int n_kv, int n_q, float softcap) {
 // The rows `rows` of `p` in one flash-attention call on `threads` threads.
 Rows attend(const Problem& p, const std::vector<int>& rows, int threads) {
   const int n = static_cast<int>(rows.size());
+  const int d = p.c.d;
   ggml_init_params params{};
-  params.mem_size = 64u << 20;
+  params.mem_size = 256u << 20;
   ggml_context* ctx = ggml_init(params);
-  ggml_tensor* q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, p.d, n, p.n_head, 1);
-  ggml_tensor* k = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, p.d, p.n_kv, p.n_head_kv, 1);
-  ggml_tensor* v = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, p.d, p.n_kv, p.n_head_kv, 1);
+  ggml_tensor* q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, d, n, p.n_head, 1);
+  ggml_tensor* k = ggml_new_tensor_4d(ctx, p.c.kv_type, d, p.n_kv, p.n_head_kv, 1);
+  ggml_tensor* v = ggml_new_tensor_4d(ctx, p.c.kv_type, d, p.n_kv, p.n_head_kv, 1);
   ggml_tensor* mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, p.n_kv, n, 1, 1);
   for (int h = 0; h < p.n_head; ++h) {
     for (int i = 0; i < n; ++i) {
-      std::memcpy(static_cast<float*>(q->data) + (static_cast<size_t>(h) * n + i) * p.d,
-                  p.q.data() + (static_cast<size_t>(h) * p.n_q + rows[i]) * p.d,
-                  sizeof(float) * p.d);
+      std::memcpy(static_cast<float*>(q->data) + (static_cast<size_t>(h) * n + i) * d,
+                  p.q.data() + (static_cast<size_t>(h) * p.c.n_q + rows[i]) * d, sizeof(float) * d);
     }
   }
-  std::memcpy(k->data, p.k.data(), p.k.size() * sizeof(ggml_fp16_t));
-  std::memcpy(v->data, p.v.data(), p.v.size() * sizeof(ggml_fp16_t));
+  std::memcpy(k->data, p.k.data(), p.k.size());
+  std::memcpy(v->data, p.v.data(), p.v.size());
   for (int i = 0; i < n; ++i) {
     std::memcpy(static_cast<ggml_fp16_t*>(mask->data) + static_cast<size_t>(i) * p.n_kv,
                 p.mask.data() + static_cast<size_t>(rows[i]) * p.n_kv,
                 sizeof(ggml_fp16_t) * p.n_kv);
   }
-  ggml_tensor* out = ggml_flash_attn_ext(ctx, q, k, v, mask, p.scale, 0.0f, p.softcap);
+  ggml_tensor* out = ggml_flash_attn_ext(ctx, q, k, v, mask, p.scale, 0.0f, p.c.softcap);
   ggml_cgraph* graph = ggml_new_graph(ctx);
   ggml_build_forward_expand(graph, out);
   EXPECT_EQ(ggml_graph_compute_with_ctx(ctx, graph, threads), GGML_STATUS_SUCCESS);
   // out: [d, n_head, n, 1]
-  Rows result(n, std::vector<uint32_t>(static_cast<size_t>(p.n_head) * p.d));
+  Rows result(n, std::vector<uint32_t>(static_cast<size_t>(p.n_head) * d));
   for (int i = 0; i < n; ++i) {
     std::memcpy(result[i].data(),
-                static_cast<const float*>(out->data) + static_cast<size_t>(i) * p.n_head * p.d,
-                sizeof(float) * p.n_head * p.d);
+                static_cast<const float*>(out->data) + static_cast<size_t>(i) * p.n_head * d,
+                sizeof(float) * p.n_head * d);
   }
   ggml_free(ctx);
   return result;
 }
 
-// `p` with every cell that `row` does not see first garbage-filled and moved:
-// `gap` foreign cells inserted before each of its cells, as another agent's
-// cells lie between the document and this agent's in a shared cache.
+std::vector<int> all_rows(const Problem& p) {
+  std::vector<int> all(static_cast<size_t>(p.c.n_q));
+  for (int r = 0; r < p.c.n_q; ++r) all[static_cast<size_t>(r)] = r;
+  return all;
+}
+
+// `p` with the cells `row` sees moved apart: `gap` cells of other data that
+// `row` does not see (but every other row does) before each of its cells,
+// as other agents' cells lie between the document and an agent's own in a
+// shared cache.
 Problem spread(const Problem& p, int row, int gap, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   Problem s = p;
   std::vector<int> cells;  // the cells `row` sees, in order
   for (int c = 0; c < p.n_kv; ++c) {
-    if (ggml_fp16_to_fp32(p.mask[static_cast<size_t>(row) * p.n_kv + c]) == 0.0f) {
-      cells.push_back(c);
-    }
+    if (p.sees(row, c)) cells.push_back(c);
   }
   s.n_kv = static_cast<int>(cells.size()) * (gap + 1);
-  s.k.assign(static_cast<size_t>(s.n_head_kv) * s.n_kv * s.d, ggml_fp16_t{});
-  s.v.assign(s.k.size(), ggml_fp16_t{});
-  for (auto& x : s.k) x = ggml_fp32_to_fp16(normal(rng));
-  for (auto& x : s.v) x = ggml_fp32_to_fp16(normal(rng));
-  s.mask.assign(static_cast<size_t>(s.n_q) * s.n_kv, ggml_fp32_to_fp16(-INFINITY));
+  const size_t n_cells = static_cast<size_t>(s.n_head_kv) * s.n_kv;
+  s.k.assign(n_cells * s.row_bytes, 0);
+  s.v.assign(n_cells * s.row_bytes, 0);
+  s.kf.assign(n_cells * s.c.d, 0.0f);
+  s.vf.assign(n_cells * s.c.d, 0.0f);
+  for (size_t i = 0; i < n_cells; ++i) {
+    kv_row(rng, s.c.kv_type, s.c.d, &s.k[i * s.row_bytes], &s.kf[i * s.c.d]);
+    kv_row(rng, s.c.kv_type, s.c.d, &s.v[i * s.row_bytes], &s.vf[i * s.c.d]);
+  }
+  s.mask.assign(static_cast<size_t>(s.c.n_q) * s.n_kv, ggml_fp32_to_fp16(0.0f));
   for (size_t j = 0; j < cells.size(); ++j) {
     const int to = static_cast<int>(j) * (gap + 1) + gap;
-    s.mask[static_cast<size_t>(row) * s.n_kv + to] = ggml_fp32_to_fp16(0.0f);
+    for (int r = 0; r < s.c.n_q; ++r) {
+      s.mask[static_cast<size_t>(r) * s.n_kv + to] = ggml_fp32_to_fp16(r == row ? 0.0f : -INFINITY);
+      for (int g = to - gap; g < to; ++g) {
+        s.mask[static_cast<size_t>(r) * s.n_kv + g] =
+            ggml_fp32_to_fp16(r == row ? -INFINITY : 0.0f);
+      }
+    }
     for (int h = 0; h < s.n_head_kv; ++h) {
-      const size_t from_at = (static_cast<size_t>(h) * p.n_kv + cells[j]) * p.d;
-      const size_t to_at = (static_cast<size_t>(h) * s.n_kv + to) * s.d;
-      std::memcpy(&s.k[to_at], &p.k[from_at], sizeof(ggml_fp16_t) * p.d);
-      std::memcpy(&s.v[to_at], &p.v[from_at], sizeof(ggml_fp16_t) * p.d);
+      const size_t from = static_cast<size_t>(h) * p.n_kv + cells[j];
+      const size_t at = static_cast<size_t>(h) * s.n_kv + to;
+      std::memcpy(&s.k[at * s.row_bytes], &p.k[from * p.row_bytes], p.row_bytes);
+      std::memcpy(&s.v[at * s.row_bytes], &p.v[from * p.row_bytes], p.row_bytes);
+      std::memcpy(&s.kf[at * s.c.d], &p.kf[from * p.c.d], sizeof(float) * p.c.d);
+      std::memcpy(&s.vf[at * s.c.d], &p.vf[from * p.c.d], sizeof(float) * p.c.d);
     }
   }
   return s;
 }
 
-struct Case {
-  uint32_t seed;
-  int d;
-  int n_kv;
-  int n_q;
-  float softcap;
-};
+// Row `row` of `p` in double precision: softmax(q.K * scale (softcap) +
+// mask) . V over the decoded K and V.
+std::vector<double> reference(const Problem& p, int row) {
+  const int d = p.c.d;
+  std::vector<double> out(static_cast<size_t>(p.n_head) * d, 0.0);
+  for (int h = 0; h < p.n_head; ++h) {
+    const int hk = h / (p.n_head / p.n_head_kv);
+    const float* q = p.q.data() + (static_cast<size_t>(h) * p.c.n_q + row) * d;
+    std::vector<double> s(static_cast<size_t>(p.n_kv), -INFINITY);
+    double top = -INFINITY;
+    for (int c = 0; c < p.n_kv; ++c) {
+      if (!p.sees(row, c)) continue;
+      const float* k = &p.kf[(static_cast<size_t>(hk) * p.n_kv + c) * d];
+      double dot = 0.0;
+      for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
+      dot *= p.scale;
+      if (p.c.softcap != 0.0f) dot = p.c.softcap * std::tanh(dot / p.c.softcap);
+      s[static_cast<size_t>(c)] = dot;
+      top = std::max(top, dot);
+    }
+    double sum = 0.0;
+    std::vector<double> o(static_cast<size_t>(d), 0.0);
+    for (int c = 0; c < p.n_kv; ++c) {
+      if (s[static_cast<size_t>(c)] == -INFINITY) continue;
+      const double e = std::exp(s[static_cast<size_t>(c)] - top);
+      const float* v = &p.vf[(static_cast<size_t>(hk) * p.n_kv + c) * d];
+      sum += e;
+      for (int i = 0; i < d; ++i) o[static_cast<size_t>(i)] += e * v[i];
+    }
+    for (int i = 0; i < d; ++i) {
+      out[static_cast<size_t>(h) * d + i] = sum > 0.0 ? o[static_cast<size_t>(i)] / sum : 0.0;
+    }
+  }
+  return out;
+}
 
-// SmolLM2's head size (64, below ggml's F16 SIMD step on AVX-512 FP16
-// machines, so ggml's scalar loops run), Gemma 3's (256) and a short one;
-// one-row steps over 512 cells or more, where the unpatched split-KV path
-// starts; up to 63 rows, the row kernel's limit (64 take the tiled path).
+// Head sizes of SmolLM2 (64) and Gemma 3 (256) and others; generation-step
+// shapes (agents over a shared document), a prompt's causal rows, one call
+// of more than 64 rows (ggml's tiled path without the patch), cells at the
+// start that no row sees, a document not a multiple of the kernel's 16-cell
+// block, a softcap, a q8_0 cache.
 const std::vector<Case> kCases = {
-    {1, 64, 700, 9, 0.0f},  {2, 256, 600, 5, 0.0f}, {3, 64, 97, 63, 0.0f},
-    {4, 40, 530, 3, 30.0f}, {5, 128, 64, 17, 0.0f},
+    {1, 64, 600, 0, 100, 9, false, 0.0f, GGML_TYPE_F16},
+    {2, 256, 500, 3, 100, 5, false, 0.0f, GGML_TYPE_F16},
+    {3, 64, 37, 0, 60, 63, false, 0.0f, GGML_TYPE_F16},
+    {4, 40, 480, 0, 50, 3, false, 30.0f, GGML_TYPE_F16},
+    {5, 128, 0, 0, 64, 17, false, 0.0f, GGML_TYPE_F16},
+    {6, 64, 300, 21, 100, 100, true, 0.0f, GGML_TYPE_F16},
+    {7, 64, 250, 5, 40, 12, false, 0.0f, GGML_TYPE_Q8_0},
 };
 
-// Every row of every case alone, in a call with one other row (2 rows take
-// the row kernel with or without the patch), on one thread: what --dump
-// prints, one line of hex words per row.
-Rows each_row_alone(const Case& c) {
-  const Problem p = random_problem(c.seed, c.d, c.n_kv, c.n_q, c.softcap);
-  Rows rows;
-  for (int r = 0; r < c.n_q; ++r) {
-    rows.push_back(attend(p, {r, (r + 1) % c.n_q}, 1)[0]);
-  }
-  return rows;
-}
-
-std::string hex(const std::vector<uint32_t>& row) {
-  std::string s;
-  char buf[9];
-  for (uint32_t w : row) {
-    std::snprintf(buf, sizeof buf, "%08x", w);
-    s += buf;
-  }
-  return s;
-}
-
-int dump() {
-  for (const Case& c : kCases) {
-    for (const auto& row : each_row_alone(c)) std::printf("%s\n", hex(row).c_str());
-  }
-  return std::fflush(stdout) == 0 ? 0 : 1;
+std::string describe(const Case& c) {
+  return "d " + std::to_string(c.d) + ", " + std::to_string(c.lead) + " + " +
+         std::to_string(c.n_doc) + " + " + std::to_string(c.n_own) + " cells, " +
+         std::to_string(c.n_q) + " rows, " + ggml_type_name(c.kv_type);
 }
 
 bool patched() {
@@ -191,65 +257,65 @@ TEST(AttentionKernelTest, ARowGetsTheSameBitsInAnyBatchOnAnyThreadsAtAnyCells) {
   if (!patched())
     GTEST_SKIP() << "the linked ggml lacks scripts/patches/ggml-fa-batch-invariant.patch";
   for (const Case& c : kCases) {
-    SCOPED_TRACE(testing::Message()
-                 << "d " << c.d << ", " << c.n_kv << " cells, " << c.n_q << " rows");
-    const Problem p = random_problem(c.seed, c.d, c.n_kv, c.n_q, c.softcap);
-    const Rows alone = each_row_alone(c);
-    std::vector<int> all(c.n_q);
-    for (int r = 0; r < c.n_q; ++r) all[r] = r;
+    SCOPED_TRACE(describe(c));
+    const Problem p = random_problem(c);
+    Rows alone;
+    for (int r = 0; r < c.n_q; ++r) alone.push_back(attend(p, {r}, 1)[0]);
     for (int threads : {1, 2, 3}) {
-      const Rows batch = attend(p, all, threads);
+      const Rows batch = attend(p, all_rows(p), threads);
       for (int r = 0; r < c.n_q; ++r) {
-        EXPECT_EQ(batch[r], alone[r]) << "row " << r << " of a batch on " << threads << " threads";
-        EXPECT_EQ(attend(p, {r}, threads)[0], alone[r])
-            << "row " << r << " alone on " << threads << " threads";
+        EXPECT_EQ(batch[r], alone[r]) << "row " << r << " of all on " << threads << " threads";
       }
     }
+    // Batches of 7 rows, and each row beside the next one.
+    for (int first = 0; first < c.n_q; first += 7) {
+      std::vector<int> some;
+      for (int r = first; r < std::min(first + 7, c.n_q); ++r) some.push_back(r);
+      const Rows batch = attend(p, some, 2);
+      for (size_t i = 0; i < some.size(); ++i) {
+        EXPECT_EQ(batch[i], alone[some[i]]) << "row " << some[i] << " in rows of 7";
+      }
+    }
+    for (int r = 0; r < c.n_q; ++r) {
+      EXPECT_EQ(attend(p, {r, (r + 1) % c.n_q}, 2)[0], alone[r]) << "row " << r << " in a pair";
+    }
     for (int gap : {1, 5}) {
-      const int r = c.n_q / 2;
-      EXPECT_EQ(attend(spread(p, r, gap, c.seed + 100), {r}, 2)[0], alone[r])
-          << "row " << r << " with " << gap << " foreign cells before each of its cells";
+      for (int r : {0, c.n_q / 2}) {
+        const Problem s = spread(p, r, gap, c.seed + 100);
+        EXPECT_EQ(attend(s, all_rows(s), 2)[r], alone[r])
+            << "row " << r << " with " << gap << " foreign cells before each of its cells";
+      }
     }
   }
 }
 
-TEST(AttentionKernelTest, TheRowKernelGivesTheUnpatchedOneRowKernelsBits) {
+TEST(AttentionKernelTest, EveryRowIsWithinFloatRoundingOfDoublePrecision) {
   if (!patched())
     GTEST_SKIP() << "the linked ggml lacks scripts/patches/ggml-fa-batch-invariant.patch";
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  FILE* child = popen(("GGML_CPU_FA_BATCH_INVARIANT=0 '" + self + "' --dump").c_str(), "r");
-  ASSERT_NE(child, nullptr);
-  std::vector<std::string> lines;
-  std::string line;
-  for (int ch; (ch = std::fgetc(child)) != EOF;) {
-    if (ch == '\n') {
-      lines.push_back(line);
-      line.clear();
-    } else {
-      line += static_cast<char>(ch);
-    }
-  }
-  ASSERT_EQ(pclose(child), 0);
-  size_t at = 0;
+  // fp32 scores and sums over at most a thousand cells of N(0, 1) values:
+  // measured up to 2.2e-6 (the kernels the patch replaces, with their fp16
+  // accumulators: 2.5e-3 to 1.7e-2 on the same problems).
+  constexpr double kBound = 1e-5;
   for (const Case& c : kCases) {
-    const Problem p = random_problem(c.seed, c.d, c.n_kv, c.n_q, c.softcap);
-    std::vector<int> all(c.n_q);
-    for (int r = 0; r < c.n_q; ++r) all[r] = r;
-    const Rows batch = attend(p, all, 2);
-    for (int r = 0; r < c.n_q; ++r, ++at) {
-      ASSERT_LT(at, lines.size());
-      EXPECT_EQ(hex(batch[r]), lines[at]) << "d " << c.d << ", row " << r << " of " << c.n_q;
+    SCOPED_TRACE(describe(c));
+    const Problem p = random_problem(c);
+    const Rows batch = attend(p, all_rows(p), 2);
+    double worst = 0.0;
+    for (int r = 0; r < c.n_q; ++r) {
+      const std::vector<double> want = reference(p, r);
+      for (size_t i = 0; i < want.size(); ++i) {
+        float got;
+        std::memcpy(&got, &batch[r][i], sizeof got);
+        worst = std::max(worst, std::abs(static_cast<double>(got) - want[i]));
+      }
     }
+    EXPECT_LT(worst, kBound);
   }
-  EXPECT_EQ(at, lines.size());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // This process runs the patched kernel; --dump (the child) runs what the
-  // environment says.
-  if (argc == 2 && std::strcmp(argv[1], "--dump") == 0) return dump();
   setenv("GGML_CPU_FA_BATCH_INVARIANT", "1", /*overwrite=*/1);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -634,8 +634,9 @@ TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
   }
 }
 
-// More live branches than one micro-batch holds: 70 agents, so each
-// generation step goes to llama.cpp as 63 + 7 rows. Host is the reference
+// More live branches than ggml's one-chunk attention takes: 70 agents, so
+// each generation step is one micro-batch of 70 rows with our attention
+// kernel, and 63 + 7 rows without it. Host is the reference
 // here (the test above shows host == none; 70 re-prefills would be slow).
 TEST_P(ExactForkTest, SharedEqualsHostWithMoreLiveBranchesThanOneMicroBatch) {
 #ifdef SWARMKV_SANITIZED

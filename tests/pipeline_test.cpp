@@ -380,9 +380,9 @@ TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
 }
 
 // Exact mode is engine settings first: flash attention on, one-row steps
-// on one thread unless the attention row kernel is there, the batched ones
+// on one thread unless our attention kernel is there, the batched ones
 // on as many as before; and the model with batch-invariant kernels.
-TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadOnlyWithoutTheRowKernel) {
+TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadOnlyWithoutTheAttentionKernel) {
   PipelineSpec spec = four_agents();
   spec.n_threads = 2;
   spec.exact = true;
@@ -402,7 +402,9 @@ TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadOnlyWithoutTh
   EXPECT_THROW(validate_engine_settings(spec), Error);
   spec.exact = true;
   EXPECT_NO_THROW(validate_engine_settings(spec));
-  EXPECT_EQ(detail::branch_decoding(spec).max_rows, 63u);
+  // With the attention kernel any micro-batch is batch-invariant; without
+  // it, 64 rows take ggml's tiled path.
+  EXPECT_EQ(detail::branch_decoding(spec).max_rows, attention_batch_invariant() ? 0u : 63u);
   EXPECT_TRUE(detail::branch_decoding(spec).keep_cells);
   spec.exact = false;
   EXPECT_EQ(detail::branch_decoding(spec).max_rows, 0u);
@@ -419,6 +421,7 @@ TEST(EngineSettingsTest, WithoutTheAttentionKernelExactModeRunsOneRowStepsOnOneT
   spec.exact = true;
   EXPECT_FALSE(attention_batch_invariant());
   EXPECT_EQ(engine_options(spec).n_threads, 1);
+  EXPECT_EQ(detail::branch_decoding(spec).max_rows, 63u);
   if (before != nullptr) {
     setenv("GGML_CPU_FA_BATCH_INVARIANT", saved.c_str(), /*overwrite=*/1);
   } else {

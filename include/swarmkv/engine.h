@@ -190,12 +190,14 @@ struct KvLayout {
 KvLayout kv_layout(const Model& model, const ContextOptions& options);
 
 // Whether flash attention gives a query row the same bits whatever the
-// other rows of its decode call, its cells' positions and the thread count:
-// true when the linked ggml has our row kernel
+// other rows of its decode call (any number of them), the cells of other
+// sequences between its own and the thread count: true when the linked
+// ggml has our batch-invariant kernel
 // (scripts/patches/ggml-fa-batch-invariant.patch) and
 // GGML_CPU_FA_BATCH_INVARIANT is not 0 (Model::load with
 // ModelOptions::batch_invariant sets it to 1 where it is unset). Without it
 // flash attention is batch-invariant only on 2 to 63 rows and on one thread.
+// Either way a row's result depends on the order of its own cells.
 bool attention_batch_invariant() noexcept;
 
 // Hardware threads of this machine (at least 1): the most `n_threads` a

@@ -175,7 +175,8 @@ bool env_is(const char* name, const char* value) {
 // ggml's tiled K-quant matmul (ggml-cpu/tiled) takes over at 8 rows or
 // more, and llamafile's sgemm serves 2 rows or more (one row goes to ggml's
 // vec_dot): each rounds a row other than the kernel below it. The third
-// switch turns on the flash-attention row kernel (attention_batch_invariant);
+// switch turns on the batch-invariant flash-attention kernel
+// (attention_batch_invariant);
 // it is left as it is when set, so that GGML_CPU_FA_BATCH_INVARIANT=0
 // measures exact mode without it. All are process-wide and read once; the
 // last two exist with our patches only (scripts/patches/).

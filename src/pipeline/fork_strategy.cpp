@@ -85,7 +85,7 @@ PipelineBudget budget_one_shared_context(int32_t prefix_tokens,
 
 BranchDecoding branch_decoding(const PipelineSpec& spec) {
   if (!spec.exact) return {};
-  return {.max_rows = kExactMaxRows, .keep_cells = true};
+  return {.max_rows = attention_batch_invariant() ? 0 : kExactMaxRows, .keep_cells = true};
 }
 
 std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guard) {

@@ -56,15 +56,17 @@ std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guar
 
 // How the branch phase decodes: what PipelineSpec::exact asks below the
 // engine options (flash attention on; one thread for one-row steps unless
-// attention_batch_invariant()). With flash attention, a micro-batch of 2-63
-// query rows runs the one-chunk kernel (ggml-cpu ops.cpp,
-// ggml_compute_forward_flash_attn_ext_f16_one_chunk) or, with our patch, the
-// row kernel that gives the same bits: each row on its own, over its
-// sequence's cells in cell order, skipping masked ones, so a row's result
-// depends neither on the other rows nor on other sequences' cells in
-// between. 64 rows or more take the tiled path, whose tiles start at
-// absolute cell offsets. The document itself is prefilled with the same
-// chunking by every strategy.
+// attention_batch_invariant()). With our patch
+// (attention_batch_invariant()), every flash-attention call takes a kernel
+// whose rows depend only on the cells each row sees, in cell order: any
+// micro-batch size, any neighbours. Without it, a micro-batch of 2-63 query
+// rows runs the one-chunk kernel (ggml-cpu ops.cpp,
+// ggml_compute_forward_flash_attn_ext_f16_one_chunk), each row on its own
+// over its sequence's cells in cell order, skipping masked ones; 64 rows or
+// more take the tiled path, whose tiles start at absolute cell offsets, so
+// the branch phase stays below 64 rows and the document is prefilled with
+// the same chunking by every strategy. Either way a row's result follows
+// its cells' order, hence keep_cells.
 struct BranchDecoding {
   // The most rows of one branch-phase micro-batch; 0: no limit.
   uint32_t max_rows = 0;
@@ -73,7 +75,8 @@ struct BranchDecoding {
   // before its own sequence's earlier cells and changes its summation order.
   bool keep_cells = false;
 };
-// kExactMaxRows and keep_cells with spec.exact; no limits without.
+// keep_cells with spec.exact, and kExactMaxRows unless
+// attention_batch_invariant(); no limits without spec.exact.
 BranchDecoding branch_decoding(const PipelineSpec& spec);
 constexpr uint32_t kExactMaxRows = 63;  // GGML_FA_TILE_Q (64) - 1
 
