@@ -24,11 +24,13 @@ void EngineFlags::add_to(CLI::App* app) {
       ->check(CLI::IsMember({"f16", "q8_0"}));
   app->add_flag_function(
       "--exact,!--no-exact", [this](int64_t count) { exact = count > 0; },
-      "exact mode, experimental (file key exact; default off): batch-invariant decoding so "
-      "that answers equal --fork none --exact's, under every fork strategy: flash attention "
-      "on, micro-batches of at most 63 rows, batch-invariant matmuls and attention kernel "
-      "(our llama.cpp patches; without the attention one, one-row steps on one thread); the "
-      "shared fork's branch phase 1.3-1.7x slower (README, \"Exact mode\")");
+      "exact mode (file key exact; default off): batch-invariant decoding so that answers "
+      "equal --fork none --exact's, under every fork strategy: flash attention on through our "
+      "batch-invariant attention kernel, no cell reuse while agents run, batch-invariant "
+      "matmuls (our llama.cpp patches; without the attention one, micro-batches of at most 63 "
+      "rows and one-row steps on one thread, about 2x slower); the shared fork's branch phase "
+      "0.7-1.1x the default's here, host's 1.3-1.9x; not with needs, --redis or serve "
+      "(README, \"Exact mode\")");
 }
 
 void EngineFlags::apply(PipelineSpec& spec) const {
