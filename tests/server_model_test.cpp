@@ -590,6 +590,152 @@ TEST_P(ServerForkTest, APostedPipelineAnswersAsTheSameRunInProcess) {
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerForkTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 
+// ------------------------------------------------------------ exact mode
+
+// `serve --exact` (ServerOptions::exact): every answer equals its
+// re-prefill's bit for bit, however many requests share its batches, also
+// after the cache started over. The model is loaded as exact mode needs it.
+class ServerExactTest : public ::testing::TestWithParam<test::TestModel> {
+ protected:
+  void SetUp() override {
+    try {
+      model_ = test::load_test_model(GetParam(), ModelOptions{.batch_invariant = true});
+    } catch (const Error& e) {  // another test of this process decoded first
+      GTEST_SKIP() << "needs a process of its own (ctest runs each case alone): " << e.what();
+    }
+    if (!model_) GTEST_SKIP() << GetParam().env << " is not set";
+  }
+  static ServerOptions exact_options(uint32_t n_ctx) {
+    ServerOptions o = small_options();
+    o.exact = true;
+    o.context.flash_attn = true;  // as the server turns it on; the re-prefill reads it here
+    o.context.n_ctx = n_ctx;
+    return o;
+  }
+  std::shared_ptr<const Model> model_;
+};
+
+// Six agents at once over one document: it is prefilled once, and every
+// answer is its re-prefill's, token for token. A later question forks the
+// document from a finished sequence — on sliding-window layers too, since
+// exact mode overwrites no cell — and answers as its re-prefill does.
+TEST_P(ServerExactTest, ConcurrentAgentsAnswerAsAReprefillBitForBit) {
+  const ServerOptions options = exact_options(4096);
+#ifdef SWARMKV_SANITIZED
+  const std::string doc = document(800);
+  const int max_tokens = 12;
+#else
+  const std::string doc = document(3000);
+  const int max_tokens = 32;
+#endif
+  const std::vector<std::string> questions = {"Who is the Licensor?",
+                                              "What is a Contribution?",
+                                              "What does the patent grant cover?",
+                                              "What must a redistribution include?",
+                                              "Does the license grant trademark rights?",
+                                              "Is there a warranty?"};
+  std::vector<Reference> refs;
+  for (const std::string& q : questions) {
+    refs.push_back(reprefill(model_, options, "", doc + "\n\n" + q, max_tokens));
+  }
+  Running server(model_, options);
+  std::vector<std::future<std::pair<std::string, json>>> answers;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      auto c = server.client();
+      const json body = chat_body("", doc + "\n\n" + questions[i], max_tokens);
+      if (i % 2 == 1) {
+        const Streamed st = post_stream(*c, body);
+        EXPECT_EQ(st.status, 200);
+        return std::pair{st.texts[0], st.usage};
+      }
+      const json j = post_chat(*c, body);
+      return std::pair{j["choices"][0]["message"]["content"].get<std::string>(), j["usage"]};
+    }));
+  }
+  int64_t fresh = 0;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    const auto [text, usage] = answers[i].get();
+    EXPECT_EQ(text, refs[i].text) << questions[i];
+    EXPECT_EQ(usage["completion_tokens"], refs[i].tokens.size()) << questions[i];
+    fresh += usage["prompt_tokens"].get<int64_t>() -
+             usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  }
+  EXPECT_LT(fresh, static_cast<int64_t>(refs[0].prompt.size()) + 40 * 6);
+
+  const Reference later = reprefill(model_, options, "", doc + "\n\nWho may use it?", max_tokens);
+  auto c = server.client();
+  const json j = post_chat(*c, chat_body("", doc + "\n\nWho may use it?", max_tokens));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], later.text);
+  EXPECT_GE(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
+            static_cast<int64_t>(later.prompt.size()) - 20);
+  EXPECT_EQ(metric(*c, "swarmkv_kv_resets_total"), 0);
+  EXPECT_EQ(metric(*c, "swarmkv_live_sequences"), 0);
+}
+
+// A cache too small for all requests at once, and no finished sequence
+// kept (its cells are parked while others run): the requests that do not
+// fit wait for the live ones to finish, the cache starts over (at least
+// once), and every answer is still its re-prefill's, token for token.
+TEST_P(ServerExactTest, TheCacheStartsOverWhenItsCellsRunOut) {
+  ServerOptions options = exact_options(512);
+  options.max_cached = 0;
+  const std::vector<std::string> docs = {document(700), document(700, "mpl-2.0.txt"),
+                                         document(1400).substr(700)};
+  const std::vector<std::string> questions = {"Who is named here?", "What is this about?"};
+  std::vector<std::string> users;
+  std::vector<Reference> refs;
+  for (const std::string& d : docs) {
+    for (const std::string& q : questions) {
+      users.push_back(d + "\n\n" + q);
+      refs.push_back(reprefill(model_, options, "", users.back(), 24));
+    }
+  }
+  Running server(model_, options);
+  std::vector<std::future<std::string>> answers;
+  for (size_t i = 0; i < users.size(); ++i) {
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      auto c = server.client();
+      const json j = post_chat(*c, chat_body("", users[i], 24));
+      return j.is_null() ? std::string() : j["choices"][0]["message"]["content"].get<std::string>();
+    }));
+  }
+  for (size_t i = 0; i < users.size(); ++i) EXPECT_EQ(answers[i].get(), refs[i].text) << i;
+  auto c = server.client();
+  EXPECT_GE(metric(*c, "swarmkv_kv_resets_total"), 1);
+  // Once more, the first one: after the cache started over.
+  const json again = post_chat(*c, chat_body("", users[0], 24));
+  EXPECT_EQ(again["choices"][0]["message"]["content"], refs[0].text);
+  EXPECT_EQ(metric(*c, "swarmkv_live_sequences"), 0);
+}
+
+// An exact server takes exact pipelines, and they answer as the same run in
+// process.
+TEST_P(ServerExactTest, APostedExactPipelineAnswersAsTheSameRunInProcess) {
+  const json pipeline = {
+      {"document", {{"text", document(800)}}},
+      {"exact", true},
+      {"defaults", {{"max_tokens", 16}}},
+      {"agents", json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}},
+                              {{"name", "what"}, {"prompt", "What is a Contribution?"}}})}};
+  const PipelineResult local = run_pipeline(parse_pipeline(pipeline.dump(), "test", ""), model_);
+  ASSERT_TRUE(local.ok());
+  Running server(model_, exact_options(2048));
+  auto c = server.client();
+  const auto res = c->Post("/v1/pipelines?stream=false", pipeline.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json result = json::parse(res->body);
+  EXPECT_TRUE(result["exact"].get<bool>());
+  ASSERT_EQ(result["agents"].size(), local.agents.size());
+  for (size_t i = 0; i < local.agents.size(); ++i) {
+    EXPECT_EQ(result["agents"][i]["tokens"], json(local.agents[i].tokens)) << local.agents[i].name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerExactTest, SWARMKV_FORK_TEST_MODELS,
+                         test::test_model_name);
+
 // ------------------------------------------------------------ HTTP behaviour
 
 class ServerTest : public ::testing::Test {
@@ -663,6 +809,22 @@ TEST_F(ServerTest, EachBadRequestGetsItsStatusAndOpenAIsErrorShape) {
   EXPECT_NE(e["message"].get<std::string>().find("+ max_tokens 100 = "), std::string::npos) << e;
   EXPECT_NE(e["message"].get<std::string>().find("> n_ctx 256"), std::string::npos) << e;
 
+  // n choices need n answers' room: refused, where it used to wait forever.
+  json n_body = chat_body("", "Name a colour.", 125);
+  n_body["n"] = 2;
+  res = post(n_body.dump());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "context_length_exceeded");
+  EXPECT_NE(e["message"].get<std::string>().find(" + n 2 x max_tokens 125 + 1 = "),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e["message"].get<std::string>().find("> n_ctx 256; shorten the messages or lower "
+                                                 "max_tokens or n"),
+            std::string::npos)
+      << e;
+
   res = c->Get("/v1/nothing");
   EXPECT_EQ(res->status, 404);
   EXPECT_EQ(json::parse(res->body)["error"]["message"], "no route GET /v1/nothing");
@@ -686,6 +848,27 @@ TEST_F(ServerTest, NCompletionsForkFromOnePrompt) {
     EXPECT_EQ(s.texts[static_cast<size_t>(i)], j["choices"][0]["message"]["content"]);
   }
   EXPECT_EQ(s.usage["completion_tokens"], j["usage"]["completion_tokens"]);
+}
+
+// With room for one completion, a second request waits in the queue and
+// runs as soon as the first has finished: the step that finishes the last
+// live completion must not leave the engine asleep with a request queued.
+TEST_F(ServerTest, AQueuedRequestRunsWhenTheLastLiveOneFinishes) {
+  ServerOptions o = small_options();
+  o.max_live = 1;
+  o.max_cached = 1;
+  Running server(model_, o);
+  std::vector<std::future<int>> statuses;
+  for (const char* q : {"Name a colour.", "Name a fruit.", "Name a city."}) {
+    statuses.push_back(std::async(std::launch::async, [&server, q] {
+      auto c = server.client();
+      c->set_read_timeout(60, 0);  // a request left asleep fails here, not at CTest's timeout
+      const auto res = c->Post("/v1/chat/completions", chat_body("", q, 8).dump(),
+                               "application/json");
+      return res ? res->status : -1;
+    }));
+  }
+  for (auto& f : statuses) EXPECT_EQ(f.get(), 200);
 }
 
 // A stop string ends the answer before it, streamed or not, and no byte of

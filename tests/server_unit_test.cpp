@@ -215,7 +215,8 @@ TEST(PipelineRequestTest, EachRefusalIsPrecise) {
   EXPECT_EQ(pipeline_refusal(
                 R"({"exact": true, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})"),
             "exact: this server loads its model without the batch-invariant kernels exact mode "
-            "needs; run an exact pipeline with `swarmkv run`");
+            "needs; start it with `swarmkv serve --exact`, or run the pipeline with `swarmkv "
+            "run`");
   PipelineLimits small;
   small.max_agents = 1;
   small.max_tokens = 8;

@@ -86,12 +86,30 @@ CompletionEngine::CompletionEngine(std::shared_ptr<const Model> model, EngineOpt
                 fmt::format("need max_live >= 1 and max_cached >= 0 (got {}, {})",
                             options_.max_live, options_.max_cached));
   }
-  const uint32_t seqs = static_cast<uint32_t>(options_.max_live + options_.max_cached);
+  // Exact mode: one more sequence parks freed cells.
+  const uint32_t seqs =
+      static_cast<uint32_t>(options_.max_live + options_.max_cached + (options_.exact ? 1 : 0));
   if (seqs > max_parallel_sequences()) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("max_live {} + max_cached {} = {} sequences > {}, llama.cpp's most",
-                    options_.max_live, options_.max_cached, seqs, max_parallel_sequences()));
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("max_live {} + max_cached {}{} = {} sequences > {}, llama.cpp's most",
+                            options_.max_live, options_.max_cached,
+                            options_.exact ? " + 1 (exact mode's park)" : "", seqs,
+                            max_parallel_sequences()));
+  }
+  if (options_.exact) {
+    if (!model_->options().batch_invariant) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "exact serving needs the model loaded with batch-invariant kernels "
+                  "(ModelOptions::batch_invariant): otherwise a matmul rounds a token "
+                  "differently when other tokens share its decode call");
+    }
+    if (!attention_batch_invariant()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "exact serving needs our batch-invariant attention kernel (the llama.cpp "
+                  "scripts/build-llama.sh builds, GGML_CPU_FA_BATCH_INVARIANT not 0): "
+                  "llama.cpp's own kernels round a row differently beside other rows");
+    }
+    options_.context.flash_attn = true;
   }
   if (options_.context.n_batch < static_cast<uint32_t>(options_.max_live)) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -137,13 +155,21 @@ std::shared_ptr<Job> CompletionEngine::submit(CompletionRequest request) {
                 fmt::format("max_tokens must be >= 1 (got {})", request.max_tokens));
   }
   validate_sampling(request.sampling);
-  const uint64_t required = request.prompt.size() + static_cast<uint64_t>(request.max_tokens);
+  // Each further choice forks the prompt but its last token, which it
+  // decodes itself.
+  const uint64_t required = request.prompt.size() +
+                            static_cast<uint64_t>(request.n) * request.max_tokens +
+                            static_cast<uint64_t>(request.n - 1);
   if (required > options_.context.n_ctx) {
-    throw Error(
-        ErrorCode::kBudget,
-        fmt::format("prompt_tokens {} + max_tokens {} = {} > n_ctx {}; shorten the "
-                    "messages or lower max_tokens",
-                    request.prompt.size(), request.max_tokens, required, options_.context.n_ctx));
+    const std::string sum =
+        request.n == 1 ? fmt::format("prompt_tokens {} + max_tokens {}", request.prompt.size(),
+                                     request.max_tokens)
+                       : fmt::format("prompt_tokens {} + n {} x max_tokens {} + {}",
+                                     request.prompt.size(), request.n, request.max_tokens,
+                                     request.n - 1);
+    throw Error(ErrorCode::kBudget,
+                fmt::format("{} = {} > n_ctx {}; shorten the messages or lower max_tokens{}", sum,
+                            required, options_.context.n_ctx, request.n == 1 ? "" : " or n"));
   }
   auto job = std::shared_ptr<Job>(new Job(this));
   {
@@ -173,7 +199,11 @@ EngineStats CompletionEngine::stats() const {
 
 void CompletionEngine::loop() {
   Context& ctx = *ctx_;
-  const int32_t n_slots = static_cast<int32_t>(options_.context.n_seq_max);
+  const bool exact = options_.exact;
+  const int32_t n_slots = options_.max_live + options_.max_cached;
+  // Exact mode: the sequence after the slots' holds freed cells until the
+  // cache starts over (the header says why).
+  const SeqId park = exact ? n_slots : -1;
   const size_t n_ctx = options_.context.n_ctx;
   const bool sliding_window = ctx.kv_layout().n_swa > 0;
   std::vector<Slot> slots(static_cast<size_t>(n_slots));
@@ -182,6 +212,8 @@ void CompletionEngine::loop() {
   std::unordered_map<Job*, Request> requests;
   std::unordered_map<uint32_t, int32_t> cell_refs;  // cell id -> sequences holding it
   uint32_t next_cell = 0;
+  size_t frontier = 0;       // exact: cells handed out since the cache started over
+  bool must_reset = false;   // exact: a failed decode may have emptied cells
   uint64_t clock = 0;
   EngineStats local;  // the counters, published under the lock after each step
   local.kv_cells_total = static_cast<int32_t>(n_ctx);
@@ -191,6 +223,11 @@ void CompletionEngine::loop() {
   std::vector<std::pair<std::shared_ptr<Job>, Event>> outbox;
   const auto emit = [&](const std::shared_ptr<Job>& job, Event e) {
     outbox.emplace_back(job, std::move(e));
+  };
+  const auto new_cell = [&]() {
+    cell_refs[next_cell] = 1;
+    ++frontier;
+    return next_cell++;
   };
   const auto drop_cells = [&](Slot& s) {
     for (uint32_t id : s.cells) {
@@ -218,11 +255,27 @@ void CompletionEngine::loop() {
   const auto free_slot = [&](size_t index) {
     Slot& s = slots[index];
     release_waiters(index);
+    if (park >= 0 && s.decoded() > 0) ctx.seq_cp(s.seq, park);
     ctx.seq_rm(s.seq);
     drop_cells(s);
     const SeqId seq = s.seq;
     s = Slot{};
     s.seq = seq;
+  };
+  // Exact mode, nothing live: every sequence and the park go, and llama.cpp
+  // hands out cells from the first again.
+  const auto start_over = [&]() {
+    for (Slot& s : slots) {
+      const SeqId seq = s.seq;
+      s = Slot{};
+      s.seq = seq;
+    }
+    ctx.memory_clear();
+    cell_refs.clear();
+    frontier = 0;
+    must_reset = false;
+    local.kv_resets += 1;
+    log_info("serve: exact mode: the KV cache starts over (its cells were all handed out)");
   };
   const auto fail_job = [&](const std::shared_ptr<Job>& job, const ErrorValue& error) {
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -317,6 +370,10 @@ void CompletionEngine::loop() {
     }
     const CompletionRequest& req = p.request;
     if (live_count() + req.n > options_.max_live) return false;
+    if (must_reset) {
+      if (live_count() > 0) return false;
+      start_over();
+    }
     // The longest common prefix among the sequences that hold tokens; each
     // completion decodes at least its last prompt token itself.
     int source = -1;
@@ -328,7 +385,8 @@ void CompletionEngine::loop() {
       // Sliding-window layers let a sequence's cells that left its window
       // be overwritten, and a fork needs the window before its first own
       // position: fork only from a sequence not yet past the shared part.
-      if (sliding_window && s.decoded() > l) continue;
+      // In exact mode no cell is overwritten while the cache lasts.
+      if (sliding_window && !exact && s.decoded() > l) continue;
       if (l > best ||
           (l == best && l > 0 && s.decoded() > slots[static_cast<size_t>(source)].decoded())) {
         best = l;
@@ -353,14 +411,31 @@ void CompletionEngine::loop() {
       source = -1;
       shared = 0;
     }
-    const size_t need = (req.prompt.size() - shared) + static_cast<size_t>(req.max_tokens) +
-                        static_cast<size_t>(req.n - 1) * (1 + static_cast<size_t>(req.max_tokens));
+    const auto need = [&] {
+      return (req.prompt.size() - shared) + static_cast<size_t>(req.max_tokens) +
+             static_cast<size_t>(req.n - 1) * (1 + static_cast<size_t>(req.max_tokens));
+    };
+    // Room: free ids, and cells (exact mode: beyond the frontier, since no
+    // cell is emptied until the cache starts over). submit() made sure the
+    // request fits an empty cache, so with nothing live this ends.
     for (;;) {
-      const int32_t free_slots = count(Slot::State::kFree);
-      if (free_slots >= req.n && cell_refs.size() + reserved() + need <= n_ctx) break;
-      const int v = victim(source);
-      if (v < 0) return false;
-      free_slot(static_cast<size_t>(v));
+      const bool cells_fit = (exact ? frontier : cell_refs.size()) + reserved() + need() <= n_ctx;
+      if (cells_fit && count(Slot::State::kFree) >= req.n) break;
+      if (exact && !cells_fit) {
+        if (live_count() > 0) return false;  // wait for them to finish
+        start_over();
+        source = -1;
+        shared = 0;
+        continue;
+      }
+      if (const int v = victim(source); v >= 0) {
+        free_slot(static_cast<size_t>(v));
+      } else if (source >= 0 && live_count() == 0) {
+        source = -1;  // the source's own cells are in the way: prefill it all
+        shared = 0;
+      } else {
+        return false;
+      }
     }
     // The first choice's slot: the stored prefix goes there now (a
     // failure, such as no contiguous free cells, means a prefill).
@@ -406,10 +481,7 @@ void CompletionEngine::loop() {
       if (c == 0) {
         first = static_cast<int>(it - slots.begin());
         if (restored > 0) {
-          for (size_t k = 0; k < restored; ++k) {
-            cell_refs[next_cell] = 1;
-            s.cells.push_back(next_cell++);
-          }
+          for (size_t k = 0; k < restored; ++k) s.cells.push_back(new_cell());
           s.state = Slot::State::kPrefill;
         } else if (source >= 0 && slots[static_cast<size_t>(source)].decoded() >= shared) {
           fork(s, slots[static_cast<size_t>(source)], shared);
@@ -445,7 +517,7 @@ void CompletionEngine::loop() {
       stats_ = local;
       stats_.live_sequences = live_count();
       stats_.cached_sequences = count(Slot::State::kCached);
-      stats_.kv_cells_used = static_cast<int32_t>(cell_refs.size());
+      stats_.kv_cells_used = static_cast<int32_t>(exact ? frontier : cell_refs.size());
       stats_.queued = static_cast<int32_t>(queue.size() + inbox_.size());
     }
     for (auto& [job, e] : outbox) job->push(std::move(e));
@@ -453,7 +525,9 @@ void CompletionEngine::loop() {
     {
       std::unique_lock lock(mutex_);
       const auto has_work = [&] {
-        if (stopping_ || !inbox_.empty()) return true;
+        // The queue too: the last live completion may have finished in the
+        // step that left its head waiting.
+        if (stopping_ || !inbox_.empty() || !queue.empty()) return true;
         if (std::any_of(slots.begin(), slots.end(),
                         [](const Slot& s) { return s.live() && s.job->cancelled_.load(); })) {
           return true;
@@ -539,6 +613,7 @@ void CompletionEngine::loop() {
       // Every request with a token in this batch fails; the others go on.
       const ErrorValue error = e.value();
       log_warn("serve: decode of {} tokens failed: {}", batch.size(), error.to_string());
+      must_reset = exact;
       std::vector<std::shared_ptr<Job>> failed;
       for (const auto& [slot, n] : added) failed.push_back(slots[slot].job);
       for (const auto& job : failed) fail_job(job, error);
@@ -548,10 +623,7 @@ void CompletionEngine::loop() {
     local.prefilled_tokens += prefilled;
     for (const auto& [slot, n] : added) {
       Slot& s = slots[slot];
-      for (size_t k = 0; k < n; ++k) {
-        cell_refs[next_cell] = 1;
-        s.cells.push_back(next_cell++);
-      }
+      for (size_t k = 0; k < n; ++k) s.cells.push_back(new_cell());
       if (s.state == Slot::State::kGenerate) s.tokens.push_back(s.pending);
     }
     for (const Row& row : rows) {

@@ -21,7 +21,15 @@
 // Answers: a lone request's greedy answer equals a fresh re-prefill of its
 // prompt with the same settings (the same chunks, one-row steps). Requests
 // that share batches get the shared fork's numerics (README, "Fork
-// strategies": equal to a re-prefill except at near-ties).
+// strategies": equal to a re-prefill except at near-ties). In exact mode
+// (EngineOptions::exact) every answer equals a re-prefill's, bit for bit:
+// batch-invariant kernels make a row's result depend only on its own
+// visible cells in cell order, and no cell is emptied while any sequence is
+// live (a freed sequence's cells are parked in one spare sequence), so
+// llama.cpp hands out cells in rising order and every sequence's cells lie
+// in position order. When the cells run out, admission waits until the
+// live completions have finished, then the whole cache starts over (cached
+// prefixes go too).
 #pragma once
 
 #include <atomic>
@@ -44,7 +52,7 @@
 namespace swarmkv::server {
 
 struct EngineOptions {
-  ContextOptions context;   // n_seq_max is set to max_live + max_cached; kv_unified on
+  ContextOptions context;   // n_seq_max: max_live + max_cached (+ 1 exact); kv_unified on
   int32_t max_live = 16;    // completions decoding at once (each of a request's n counts)
   int32_t max_cached = 16;  // finished sequences kept for their prefix (0: none)
   // Non-empty: a snapshot store whose prefixes a prompt may restore instead
@@ -53,6 +61,10 @@ struct EngineOptions {
   // other cells than a prefill uses, and the answer would no longer equal
   // a re-prefill's.
   std::string snapshot_dir;
+  // Exact mode (above; README, "Exact mode"): needs the model loaded with
+  // ModelOptions::batch_invariant and our batch-invariant attention kernel
+  // (attention_batch_invariant()); turns flash attention on.
+  bool exact = false;
 };
 
 struct CompletionRequest {
@@ -116,9 +128,10 @@ struct EngineStats {
   uint64_t completion_tokens = 0;  // generated
   uint64_t decode_steps = 0;
   uint64_t cancelled = 0;      // requests whose client went away first
+  uint64_t kv_resets = 0;      // exact mode: times the cache started over
   int32_t live_sequences = 0;  // waiting, prefilling or generating
   int32_t cached_sequences = 0;
-  int32_t kv_cells_used = 0;  // distinct cells any sequence holds
+  int32_t kv_cells_used = 0;  // distinct cells any sequence holds (exact mode: parked ones too)
   int32_t kv_cells_total = 0;
   int32_t queued = 0;  // submitted, not admitted yet
 };
@@ -139,7 +152,8 @@ class CompletionEngine {
   const EngineOptions& options() const noexcept { return options_; }
 
   // Queues a request. Throws Error(kBudget) "prompt_tokens P + max_tokens M
-  // = R > n_ctx N ..." when it could never fit, Error(kInvalidArgument) for
+  // = R > n_ctx N ..." (with n > 1: "prompt_tokens P + n N x max_tokens M +
+  // N - 1 = R > n_ctx ...") when it could never fit, Error(kInvalidArgument) for
   // an empty prompt, n outside 1..max_live or bad sampling, and
   // Error(kAborted) once shutdown() began.
   std::shared_ptr<Job> submit(CompletionRequest request);

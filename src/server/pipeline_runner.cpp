@@ -31,10 +31,10 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
   // JSON is YAML: the pipeline file's reader checks every key, type and
   // range, and the graph; its messages start with "body: ".
   PipelineSpec spec = parse_pipeline(std::string(body_text), "body", "");
-  if (spec.exact) {
+  if (spec.exact && !limits.exact) {
     refuse("exact",
            "this server loads its model without the batch-invariant kernels exact mode needs; "
-           "run an exact pipeline with `swarmkv run`");
+           "start it with `swarmkv serve --exact`, or run the pipeline with `swarmkv run`");
   }
   if (std::cmp_greater(spec.agents.size(), limits.max_agents)) {
     refuse("agents", fmt::format("{} agents, more than the {} this server runs in one pipeline",
@@ -147,13 +147,17 @@ void PipelineRunner::work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    run(*job);
-    std::lock_guard lock(mutex_);
-    live_.erase(std::find(live_.begin(), live_.end(), job));
+    PipelineEvent last = run(*job);
+    {
+      std::lock_guard lock(mutex_);
+      live_.erase(std::find(live_.begin(), live_.end(), job));
+    }
+    // Only now: a client that posts its next run on this answer finds room.
+    job->push(std::move(last));
   }
 }
 
-void PipelineRunner::run(PipelineJob& job) {
+PipelineEvent PipelineRunner::run(PipelineJob& job) {
   const PipelineSpec& spec = job.spec_;
   std::vector<TextStream> streams;
   for (const AgentSpec& a : spec.agents) streams.emplace_back(a.stop);
@@ -202,11 +206,11 @@ void PipelineRunner::run(PipelineJob& job) {
       std::lock_guard lock(mutex_);
       ++cancelled_;
     }
-    job.push({"result", result_json(result), std::nullopt});
+    return {"result", result_json(result), std::nullopt};
   } catch (...) {
     const ErrorValue error = current_error_value();
     log_warn("serve: pipeline '{}' could not run ({})", spec.name, error.to_string());
-    job.push({"error", error_body(error, http_error(error.code)), error});
+    return {"error", error_body(error, http_error(error.code)), error};
   }
 }
 

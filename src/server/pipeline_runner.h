@@ -29,13 +29,14 @@ struct PipelineLimits {
   int32_t max_agents = 64;
   int32_t max_tokens = 4096;   // per agent
   uint32_t max_n_ctx = 32768;  // the KV cells its contexts may have (PipelineBudget::n_ctx)
+  bool exact = false;          // the server's model has batch-invariant kernels (serve --exact)
 };
 
 // Parses a /v1/pipelines body: the JSON of a pipeline file (parse_pipeline)
 // that names no model and no file, since a request must never read the
 // server's files. Throws Error(kInvalidArgument): "body: not JSON (...)",
 // "body: must be a JSON object (got ...)", "model: ...", "document.file:
-// ...", "exact: ..." (the server's model has no exact kernels), "agents:
+// ...", "exact: ..." (exact: true, and limits.exact is not), "agents:
 // ..." and "agents[i].max_tokens: ..." for the limits, or what
 // parse_pipeline throws, prefixed "body: ".
 PipelineSpec parse_pipeline_request(std::string_view body, const PipelineLimits& limits);
@@ -116,7 +117,9 @@ class PipelineRunner {
 
  private:
   void work();
-  void run(PipelineJob& job);
+  // Runs `job`, pushing its events; returns the last ("result" or "error"),
+  // which work() pushes once the job no longer counts as running.
+  PipelineEvent run(PipelineJob& job);
 
   std::shared_ptr<const Model> model_;
   const int32_t max_running_;

@@ -196,6 +196,9 @@ struct Server::Impl {
            static_cast<double>(s.cancelled));
     metric("swarmkv_decode_steps_total", "counter", "llama_decode calls.",
            static_cast<double>(s.decode_steps));
+    metric("swarmkv_kv_resets_total", "counter",
+           "Exact mode: times the KV cache started over once its cells were all handed out.",
+           static_cast<double>(s.kv_resets));
     metric("swarmkv_live_sequences", "gauge", "Completions waiting, prefilling or generating.",
            s.live_sequences);
     metric("swarmkv_cached_sequences", "gauge", "Finished sequences kept for prefix reuse.",
@@ -514,7 +517,8 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   }
   s.pipeline_limits = {.max_agents = o.max_pipeline_agents,
                        .max_tokens = o.max_tokens,
-                       .max_n_ctx = o.max_pipeline_ctx};
+                       .max_n_ctx = o.max_pipeline_ctx,
+                       .exact = o.exact};
   s.limits = {.max_messages = o.max_messages,
               .max_tokens = o.max_tokens,
               .max_n = std::min(o.max_n, o.max_live)};
@@ -527,7 +531,8 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                             .max_cached = o.max_cached,
                             .snapshot_dir = o.snapshots.cache == SnapshotCacheMode::kOff
                                                 ? std::string()
-                                                : snapshot_store_dir(o.snapshots.cache_dir)});
+                                                : snapshot_store_dir(o.snapshots.cache_dir),
+                            .exact = o.exact});
   s.pipelines = std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots);
 
   // Handler threads: every request in flight holds one (a stream for its

@@ -53,6 +53,13 @@ ServeCommand::ServeCommand(CLI::App& app) {
   sub_->add_option("--flash-attn", flash_attn_, "flash attention: on or off")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  sub_->add_flag("--exact", options_.exact,
+                 "exact mode: every completion's answer equals a re-prefill of its prompt bit for "
+                 "bit, however many requests share its batches, and posted pipelines may say "
+                 "exact: true. Loads the model with batch-invariant kernels (no weight "
+                 "repacking) and turns flash attention on; when the KV cells are all handed out "
+                 "the cache starts over once the live completions have finished, cached prefixes "
+                 "included (README, \"Exact mode\")");
   sub_->add_option("--max-live", options_.max_live,
                    "completions decoded at once (more wait in a queue)")
       ->capture_default_str()
@@ -109,7 +116,11 @@ int ServeCommand::run() {
   if (options.api_key.empty()) {
     if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) options.api_key = key;
   }
-  options.context.flash_attn = flash_attn_ == "on";
+  options.context.flash_attn = flash_attn_ == "on" || options.exact;
+  if (options.exact && sub_->count("--flash-attn") > 0 && flash_attn_ == "off") {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--exact needs flash attention (its batch-invariant kernel); drop --flash-attn off");
+  }
   options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
   // The micro-batch `run` uses by default: the store's snapshots fit.
   options.context.n_ubatch = auto_n_ubatch(options.context.n_batch);
@@ -126,7 +137,7 @@ int ServeCommand::run() {
 
   const std::string model_path = resolve_model_path(model_);
   if (std::getenv("SWARMKV_LOG_LEVEL") == nullptr) set_log_level(LogLevel::kInfo);
-  auto model = Model::load(model_path);
+  auto model = Model::load(model_path, ModelOptions{.batch_invariant = options.exact});
   Server server(model, options);
   std::cerr << fmt::format("swarmkv serve: http://{}:{}/v1 (model {})\n", options.host,
                            server.port(), model_path)
