@@ -912,10 +912,61 @@ TEST_F(ServerTest, AClientThatDisconnectsMidStreamFreesItsSequence) {
   EXPECT_EQ(metric(*m, "swarmkv_requests_in_flight"), 0);
 }
 
+// A streamed request writes nothing while its prompt is prefilled: a client
+// that hangs up then stops the prefill, not only the answer (httplib's
+// is_writable sees the closed connection).
+TEST_F(ServerTest, AClientThatHangsUpDuringThePrefillStopsIt) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  json body = chat_body("", document(10000) + "\n\nWhat is this?", 8);
+  body["stream"] = true;
+  const auto res = post_receiving(*c, body, [](const char*, size_t) { return false; });
+  EXPECT_FALSE(res);  // hung up at the first chunk, the role's
+  c.reset();
+  auto m = server.client();
+  EXPECT_TRUE(await_metric(*m, "swarmkv_cancelled_total", 1));
+  EXPECT_TRUE(await_metric(*m, "swarmkv_live_sequences", 0));
+  EXPECT_LT(metric(*m, "swarmkv_prefilled_tokens_total"), 1500)
+      << "of " << metric(*m, "swarmkv_prompt_tokens_total");
+}
+
+// A request that is not streamed asks nothing of httplib before its answer
+// is complete, so the server watches the client's socket itself.
+TEST_F(ServerTest, AClientThatHangsUpOnANonStreamedRequestFreesItsSequence) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  c->set_read_timeout(1, 0);  // gives up after a second and closes the connection
+  const auto res = c->Post("/v1/chat/completions", long_answer_body(2000).dump(),
+                           "application/json");
+  EXPECT_FALSE(res);
+  c.reset();
+  auto m = server.client();
+  EXPECT_TRUE(await_metric(*m, "swarmkv_cancelled_total", 1));
+  EXPECT_TRUE(await_metric(*m, "swarmkv_live_sequences", 0));
+  EXPECT_LT(metric(*m, "swarmkv_completion_tokens_total"), 2000);
+  EXPECT_TRUE(await_metric(*m, "swarmkv_requests_in_flight", 0));
+}
+
 json one_agent_pipeline(int max_tokens, const std::string& prompt = "Who is the Licensor?") {
   return {
       {"document", {{"text", document(600)}}},
       {"agents", json::array({{{"name", "a"}, {"prompt", prompt}, {"max_tokens", max_tokens}}})}};
+}
+
+// The same for a pipeline posted with ?stream=false: the run is cancelled.
+TEST_F(ServerTest, AClientThatHangsUpOnANonStreamedPipelineCancelsTheRun) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  c->set_read_timeout(1, 0);
+  const auto res = c->Post("/v1/pipelines?stream=false",
+                           one_agent_pipeline(2000, "Write a long story about a cat.").dump(),
+                           "application/json");
+  EXPECT_FALSE(res);
+  c.reset();
+  auto m = server.client();
+  EXPECT_TRUE(await_metric(*m, "swarmkv_pipelines_cancelled_total", 1));
+  EXPECT_TRUE(await_metric(*m, "swarmkv_pipelines_running", 0));
+  EXPECT_TRUE(await_metric(*m, "swarmkv_requests_in_flight", 0));
 }
 
 TEST_F(ServerTest, APostedPipelineIsRefusedWithItsReason) {
