@@ -51,8 +51,19 @@ PipelineSpec document_spec(const std::string& file, size_t n_chars, int32_t max_
 }
 
 // The first sections of the Apache License 2.0 (>= 1,500 tokens), four agents.
-PipelineSpec apache_spec(int32_t max_tokens) {
-  return document_spec("apache-2.0.txt", 8000, max_tokens,
+// The fork-equivalence tests' document: the sanitizer presets look at
+// memory and threads, not numerics, and run the same paths over a quarter
+// of it (under TSan these two tests took 116 and 107 s on all of it).
+#ifdef SWARMKV_SANITIZED
+constexpr size_t kApacheChars = 2000;
+constexpr int32_t kApacheMinPrefix = 400;
+#else
+constexpr size_t kApacheChars = 8000;
+constexpr int32_t kApacheMinPrefix = 1500;
+#endif
+
+PipelineSpec apache_spec(int32_t max_tokens, size_t chars = kApacheChars) {
+  return document_spec("apache-2.0.txt", chars, max_tokens,
                        {"Explain in detail what the Grant of Copyright License allows.",
                         "Write a detailed paragraph about the definitions section of this licence.",
                         "Describe, step by step, what a person must do to redistribute the Work.",
@@ -118,7 +129,7 @@ class PipelineModelTest : public ::testing::Test {
 
   // The first sections of the Apache License 2.0: >= 1,500 tokens.
   static PipelineSpec license_spec() {
-    PipelineSpec spec = apache_spec(40);
+    PipelineSpec spec = apache_spec(40, 8000);
     spec.n_ctx = 2048;
     return spec;
   }
@@ -145,7 +156,7 @@ class ForkEquivalenceTest : public ::testing::TestWithParam<test::TestModel> {
     const PipelineResult recomputed = run_pipeline(spec, model_);
     ASSERT_TRUE(forked.ok()) << describe(forked.document_error);
     ASSERT_TRUE(recomputed.ok()) << describe(recomputed.document_error);
-    EXPECT_GE(forked.prefix_tokens, 1500);
+    EXPECT_GE(forked.prefix_tokens, kApacheMinPrefix);
     EXPECT_GT(forked.snapshot_bytes, 0u);
     EXPECT_GT(forked.prefill_ms, 0.0)
         << "the seed reported 0 here; the real prefill time is never 0";
