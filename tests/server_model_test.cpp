@@ -733,6 +733,50 @@ TEST_P(ServerExactTest, APostedExactPipelineAnswersAsTheSameRunInProcess) {
   }
 }
 
+// A document prefix an exact prefill stored is restored whole (no cut to
+// micro-batches), on sliding-window layers too, and the answer is the
+// re-prefill's, token for token.
+TEST_P(ServerExactTest, AStoredDocumentPrefixIsRestoredWholeAndAnswersBitForBit) {
+  const TempStore dir("exact-prefix");
+  ServerOptions options = exact_options(4096);
+  options.snapshots.cache = SnapshotCacheMode::kReadOnly;
+  options.snapshots.cache_dir = dir.path.string();
+#ifdef SWARMKV_SANITIZED
+  const std::string doc = document(1200);
+#else
+  const std::string doc = document(3000);
+#endif
+  const json pipeline = {{"document", {{"text", doc}}},
+                         {"exact", true},
+                         {"n_batch", options.context.n_batch},
+                         {"n_ubatch", options.context.n_ubatch},
+                         {"agents", json::array({{{"name", "a"}, {"prompt", "unused"}}})}};
+  const PipelineSpec spec = parse_pipeline(pipeline.dump(), "test", "");
+  RunOptions store;
+  store.snapshot.cache = SnapshotCacheMode::kOn;
+  store.snapshot.cache_dir = dir.path.string();
+  ASSERT_TRUE(prefill_document(spec, model_, store).snapshot.published);
+  const std::vector<Token> prefix = prepare_prefix(spec, *model_);
+
+  Running server(model_, options);
+  auto c = server.client();
+  const std::string user = doc + "\n\nWho is the Licensor?";
+  const Reference ref = reprefill(model_, options, spec.system_prompt, user, 24);
+  const json answer = post_chat(*c, chat_body(spec.system_prompt, user, 24));
+  size_t common = 0;
+  while (common < prefix.size() && common + 1 < ref.prompt.size() &&
+         prefix[common] == ref.prompt[common]) {
+    ++common;
+  }
+  ASSERT_GE(common, static_cast<size_t>(options.context.n_ubatch))
+      << "the chat does not start with the stored prefix";
+  EXPECT_EQ(answer["usage"]["prompt_tokens_details"]["cached_tokens"], common);
+  EXPECT_EQ(metric(*c, "swarmkv_restored_tokens_total"), static_cast<double>(common));
+  EXPECT_EQ(metric(*c, "swarmkv_prefilled_tokens_total"),
+            static_cast<double>(ref.prompt.size() - common));
+  EXPECT_EQ(answer["choices"][0]["message"]["content"], ref.text);
+}
+
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerExactTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 

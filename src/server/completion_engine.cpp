@@ -122,12 +122,14 @@ CompletionEngine::CompletionEngine(std::shared_ptr<const Model> model, EngineOpt
   ctx_ = std::make_unique<Context>(model_, options_.context);
   options_.context = ctx_->options();
   if (!options_.snapshot_dir.empty()) {
-    if (ctx_->kv_layout().n_swa > 0) {
+    if (ctx_->kv_layout().n_swa > 0 && !options_.exact) {
       log_info(
           "serve: completions do not restore prefixes from the snapshot store on a model "
-          "with sliding-window layers (the answers would differ from a re-prefill)");
+          "with sliding-window layers unless the server is exact (the answers would differ "
+          "from a re-prefill)");
     } else {
-      store_ = std::make_unique<PrefixStore>(model_, options_.context, options_.snapshot_dir);
+      store_ = std::make_unique<PrefixStore>(model_, options_.context, options_.snapshot_dir,
+                                             options_.exact);
     }
   }
   stats_.kv_cells_total = static_cast<int32_t>(options_.context.n_ctx);

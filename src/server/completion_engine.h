@@ -57,9 +57,10 @@ struct EngineOptions {
   int32_t max_cached = 16;  // finished sequences kept for their prefix (0: none)
   // Non-empty: a snapshot store whose prefixes a prompt may restore instead
   // of prefilling (read only; stored_prefix.h). Not used on models with
-  // sliding-window layers: a sequence's restored state would be packed into
-  // other cells than a prefill uses, and the answer would no longer equal
-  // a re-prefill's.
+  // sliding-window layers unless `exact`: a sequence's restored state would
+  // be packed into other cells than a prefill uses, and the answer would no
+  // longer equal a re-prefill's (in exact mode only the cells' order counts,
+  // which a restore keeps).
   std::string snapshot_dir;
   // Exact mode (above; README, "Exact mode"): needs the model loaded with
   // ModelOptions::batch_invariant and our batch-invariant attention kernel

@@ -23,8 +23,9 @@ bool damaged(const Error& e) {
 }  // namespace
 
 PrefixStore::PrefixStore(std::shared_ptr<const Model> model, const ContextOptions& serving,
-                         std::string dir)
-    : model_(std::move(model)),
+                         std::string dir, bool exact)
+    : exact_(exact),
+      model_(std::move(model)),
       prefill_(prefill_options(serving)),
       binding_(binding_of(*model_, prefill_)),
       store_(std::move(dir)) {}
@@ -41,10 +42,15 @@ std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
   }
   if (!match) return std::nullopt;
   const size_t have = match->entry.header->meta.tokens.size();
-  // Never all of the prompt (its last token is decoded for its logits), so
-  // this is the cut to whole micro-batches a pipeline's store lookup makes.
-  const size_t reuse = detail::reusable_tokens(std::min(match->common_tokens, prompt.size() - 1),
-                                               have, prompt.size(), binding_.layout);
+  // Never all of the prompt (its last token is decoded for its logits).
+  // In exact mode (batch-invariant kernels) a row's result depends on its
+  // cells' values and order only, and a restore keeps both: any length, on
+  // sliding-window models too. Otherwise this is the cut to whole
+  // micro-batches a pipeline's store lookup makes.
+  const size_t common = std::min(match->common_tokens, prompt.size() - 1);
+  const size_t reuse = exact_
+                           ? common
+                           : detail::reusable_tokens(common, have, prompt.size(), binding_.layout);
   if (reuse <= more_than) return std::nullopt;
   try {
     const std::vector<uint8_t> payload =

@@ -27,17 +27,21 @@ class PrefixStore {
  public:
   // `serving`: the options of the context restores go into; the store's
   // entries must have been made with the same engine settings (n_ubatch,
-  // flash attention, KV types) on the same model file.
-  PrefixStore(std::shared_ptr<const Model> model, const ContextOptions& serving, std::string dir);
+  // flash attention, KV types, batch-invariant kernels) on the same model
+  // file. `exact`: the serving context is in exact mode (completion_engine.h).
+  PrefixStore(std::shared_ptr<const Model> model, const ContextOptions& serving, std::string dir,
+              bool exact);
 
   // The longest start of `prompt` the store holds, cut to whole micro-batches
   // (n_ubatch), so that the rest is decoded in the chunks a prefill of the
-  // whole prompt would use, and to at most prompt.size() - 1 tokens;
+  // whole prompt would use (not in exact mode, which needs no cut), and to
+  // at most prompt.size() - 1 tokens;
   // nullopt unless that is more than `more_than` tokens. A damaged entry is
   // a warning (left in place) and skipped; other errors are thrown.
   std::optional<StoredPrefix> find(std::span<const Token> prompt, size_t more_than) const;
 
  private:
+  bool exact_;
   std::shared_ptr<const Model> model_;
   ContextOptions prefill_;  // a prefill context's options for these settings (one sequence)
   SnapshotBinding binding_;
