@@ -907,8 +907,8 @@ TEST_F(ServerTest, AQueuedRequestRunsWhenTheLastLiveOneFinishes) {
     statuses.push_back(std::async(std::launch::async, [&server, q] {
       auto c = server.client();
       c->set_read_timeout(60, 0);  // a request left asleep fails here, not at CTest's timeout
-      const auto res = c->Post("/v1/chat/completions", chat_body("", q, 8).dump(),
-                               "application/json");
+      const auto res =
+          c->Post("/v1/chat/completions", chat_body("", q, 8).dump(), "application/json");
       return res ? res->status : -1;
     }));
   }
@@ -980,8 +980,8 @@ TEST_F(ServerTest, AClientThatHangsUpOnANonStreamedRequestFreesItsSequence) {
   Running server(model_, small_options());
   auto c = server.client();
   c->set_read_timeout(1, 0);  // gives up after a second and closes the connection
-  const auto res = c->Post("/v1/chat/completions", long_answer_body(2000).dump(),
-                           "application/json");
+  const auto res =
+      c->Post("/v1/chat/completions", long_answer_body(2000).dump(), "application/json");
   EXPECT_FALSE(res);
   c.reset();
   auto m = server.client();

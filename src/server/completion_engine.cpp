@@ -164,11 +164,11 @@ std::shared_ptr<Job> CompletionEngine::submit(CompletionRequest request) {
                             static_cast<uint64_t>(request.n - 1);
   if (required > options_.context.n_ctx) {
     const std::string sum =
-        request.n == 1 ? fmt::format("prompt_tokens {} + max_tokens {}", request.prompt.size(),
-                                     request.max_tokens)
-                       : fmt::format("prompt_tokens {} + n {} x max_tokens {} + {}",
-                                     request.prompt.size(), request.n, request.max_tokens,
-                                     request.n - 1);
+        request.n == 1
+            ? fmt::format("prompt_tokens {} + max_tokens {}", request.prompt.size(),
+                          request.max_tokens)
+            : fmt::format("prompt_tokens {} + n {} x max_tokens {} + {}", request.prompt.size(),
+                          request.n, request.max_tokens, request.n - 1);
     throw Error(ErrorCode::kBudget,
                 fmt::format("{} = {} > n_ctx {}; shorten the messages or lower max_tokens{}", sum,
                             required, options_.context.n_ctx, request.n == 1 ? "" : " or n"));
@@ -214,8 +214,8 @@ void CompletionEngine::loop() {
   std::unordered_map<Job*, Request> requests;
   std::unordered_map<uint32_t, int32_t> cell_refs;  // cell id -> sequences holding it
   uint32_t next_cell = 0;
-  size_t frontier = 0;       // exact: cells handed out since the cache started over
-  bool must_reset = false;   // exact: a failed decode may have emptied cells
+  size_t frontier = 0;      // exact: cells handed out since the cache started over
+  bool must_reset = false;  // exact: a failed decode may have emptied cells
   uint64_t clock = 0;
   EngineStats local;  // the counters, published under the lock after each step
   local.kv_cells_total = static_cast<int32_t>(n_ctx);

@@ -48,9 +48,8 @@ std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
   // sliding-window models too. Otherwise this is the cut to whole
   // micro-batches a pipeline's store lookup makes.
   const size_t common = std::min(match->common_tokens, prompt.size() - 1);
-  const size_t reuse = exact_
-                           ? common
-                           : detail::reusable_tokens(common, have, prompt.size(), binding_.layout);
+  const size_t reuse =
+      exact_ ? common : detail::reusable_tokens(common, have, prompt.size(), binding_.layout);
   if (reuse <= more_than) return std::nullopt;
   try {
     const std::vector<uint8_t> payload =

@@ -118,8 +118,9 @@ int ServeCommand::run() {
   }
   options.context.flash_attn = flash_attn_ == "on" || options.exact;
   if (options.exact && sub_->count("--flash-attn") > 0 && flash_attn_ == "off") {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--exact needs flash attention (its batch-invariant kernel); drop --flash-attn off");
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "--exact needs flash attention (its batch-invariant kernel); drop --flash-attn off");
   }
   options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
   // The micro-batch `run` uses by default: the store's snapshots fit.
