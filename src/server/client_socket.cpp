@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 #include <netdb.h>
@@ -47,9 +48,10 @@ ClientSocket::ClientSocket(const std::string& remote_addr, int remote_port, int 
   std::error_code ec;
   for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
        it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     char* rest = nullptr;
-    const long fd = std::strtol(it->path().filename().c_str(), &rest, 10);
-    if (*rest != '\0') continue;
+    const long fd = std::strtol(name.c_str(), &rest, 10);
+    if (rest == name.c_str() || *rest != '\0') continue;
     if (is_connection(static_cast<int>(fd), remote_addr, remote_port, local_port)) {
       fd_ = static_cast<int>(fd);
       return;
