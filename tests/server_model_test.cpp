@@ -971,43 +971,10 @@ TEST_F(ServerTest, AClientThatHangsUpDuringThePrefillStopsIt) {
       << "of " << metric(*m, "swarmkv_prompt_tokens_total");
 }
 
-// A request that is not streamed asks nothing of httplib before its answer
-// is complete, so the server watches the client's socket itself.
-TEST_F(ServerTest, AClientThatHangsUpOnANonStreamedRequestFreesItsSequence) {
-  Running server(model_, small_options());
-  auto c = server.client();
-  c->set_read_timeout(1, 0);  // gives up after a second and closes the connection
-  const auto res =
-      c->Post("/v1/chat/completions", long_answer_body(2000).dump(), "application/json");
-  EXPECT_FALSE(res);
-  c.reset();
-  auto m = server.client();
-  EXPECT_TRUE(await_metric(*m, "swarmkv_cancelled_total", 1));
-  EXPECT_TRUE(await_metric(*m, "swarmkv_live_sequences", 0));
-  EXPECT_LT(metric(*m, "swarmkv_completion_tokens_total"), 2000);
-  EXPECT_TRUE(await_metric(*m, "swarmkv_requests_in_flight", 0));
-}
-
 json one_agent_pipeline(int max_tokens, const std::string& prompt = "Who is the Licensor?") {
   return {
       {"document", {{"text", document(600)}}},
       {"agents", json::array({{{"name", "a"}, {"prompt", prompt}, {"max_tokens", max_tokens}}})}};
-}
-
-// The same for a pipeline posted with ?stream=false: the run is cancelled.
-TEST_F(ServerTest, AClientThatHangsUpOnANonStreamedPipelineCancelsTheRun) {
-  Running server(model_, small_options());
-  auto c = server.client();
-  c->set_read_timeout(1, 0);
-  const auto res = c->Post("/v1/pipelines?stream=false",
-                           one_agent_pipeline(2000, "Write a long story about a cat.").dump(),
-                           "application/json");
-  EXPECT_FALSE(res);
-  c.reset();
-  auto m = server.client();
-  EXPECT_TRUE(await_metric(*m, "swarmkv_pipelines_cancelled_total", 1));
-  EXPECT_TRUE(await_metric(*m, "swarmkv_pipelines_running", 0));
-  EXPECT_TRUE(await_metric(*m, "swarmkv_requests_in_flight", 0));
 }
 
 TEST_F(ServerTest, APostedPipelineIsRefusedWithItsReason) {

@@ -18,7 +18,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/client_socket.h"
 #include "server/completion_engine.h"
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
@@ -313,18 +312,11 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   const std::string id = fmt::format("chatcmpl-swarmkv-{}", next_id.fetch_add(1));
 
   if (!chat.stream) {
-    // Nothing is written before the answer is complete: a client that hangs
-    // up is seen on its socket.
-    const server::ClientSocket client(req.remote_addr, req.remote_port, port);
     std::vector<std::string> texts(static_cast<size_t>(chat.n));
     std::vector<StopReason> reasons(static_cast<size_t>(chat.n), StopReason::kMaxTokens);
     bool first = true;
     for (;;) {
-      if (client.hung_up()) {
-        job->cancel();
-        return;
-      }
-      const std::optional<Event> e = job->next(std::chrono::milliseconds(200));
+      const std::optional<Event> e = job->next(std::chrono::milliseconds(500));
       if (!e) continue;
       if (e->kind == Event::Kind::kDelta) {
         if (first) ttft.observe(since());
@@ -380,7 +372,7 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
         }
         const std::optional<Event> e = st->job->next(std::chrono::milliseconds(200));
         if (!e) {
-          if (sink.is_writable()) return true;  // false once the client closed
+          if (sink.is_writable()) return true;
           st->job->cancel();
           return false;
         }
@@ -455,12 +447,8 @@ void Server::Impl::pipeline(const httplib::Request& req, httplib::Response& res)
   }
 
   if (req.get_param_value("stream") == "false") {
-    const server::ClientSocket client(req.remote_addr, req.remote_port, port);
     for (;;) {
-      // The run goes on to its result, cancelled: its agents fail at their
-      // next token.
-      if (client.hung_up()) job->cancel("the client went away");
-      const std::optional<server::PipelineEvent> e = job->next(std::chrono::milliseconds(200));
+      const std::optional<server::PipelineEvent> e = job->next(std::chrono::milliseconds(500));
       if (!e) continue;
       if (e->name == "result") {
         res.set_content(dump(e->data), "application/json");
