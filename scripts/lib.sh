@@ -33,7 +33,7 @@ SWARMKV_APT_PACKAGES=(
   g++ cmake ninja-build pkg-config python3 python3-pip unzip patch clang-format
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev libcpp-httplib-dev libxxhash-dev libssl-dev python3-matplotlib
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server ccache
 )
 
 # Installs the missing Debian packages (as root), saying what it installs.
@@ -122,6 +122,9 @@ configure_and_build() {
     rm -f "$cache"
   fi
   mkdir -p "$SWARMKV_ROOT/build"
+  # ccache (CMakeLists.txt): one cache beside the others, keyed by paths
+  # relative to the checkout, so that a fresh clone hits what another built.
+  export CCACHE_DIR=${CCACHE_DIR:-$SWARMKV_CACHE/ccache} CCACHE_BASEDIR=$SWARMKV_ROOT CCACHE_NOHASHDIR=1
   (cd "$SWARMKV_ROOT" && cmake --preset "$preset" >"$SWARMKV_ROOT/build/configure-$preset.log" 2>&1) || {
     tail -n 30 "$SWARMKV_ROOT/build/configure-$preset.log" >&2
     die "configure failed for preset $preset (log: build/configure-$preset.log)"

@@ -224,6 +224,40 @@ def host_answers_equal_local(c):
 
 
 @case
+def needs_on_workers_equal_local(c):
+    """Watermarks travel with the job: under --fork host an agent with `needs`
+    answers from the cut document on a worker as it does locally, token for
+    token, with the same prompt_tokens (the doc-closing markup counts)."""
+    with open(os.path.join(c.source, "examples", "documents", "apache-2.0.txt")) as f:
+        document = f.read()[:3000]
+    doc = os.path.join(c.tmp, "document.txt")
+    with open(doc, "w") as f:
+        f.write(document)
+    c.pipeline = os.path.join(c.tmp, "needs.yaml")
+    with open(c.pipeline, "w") as f:
+        f.write(f"document: {{file: {doc}}}\n"
+                "defaults: {max_tokens: 16, repeat_penalty: 1.1, dry_multiplier: 0.8}\n"
+                "agents:\n"
+                "  - {name: head, prompt: Who is the Licensor?, needs: {tokens: 60}}\n"
+                "  - {name: until, prompt: Who is the Licensor?, needs: {until: Legal Entity}}\n"
+                "  - {name: whole, prompt: Who is the Licensor?}\n")
+    c.start_redis()
+    c.start_worker("w1")
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    remote = agents_by_name(json.loads(out))
+    local = agents_by_name(c.local("host"))
+    expect_equal_answers({"agents": list(remote.values())}, {"agents": list(local.values())})
+    for name in local:
+        assert remote[name]["prompt_tokens"] == local[name]["prompt_tokens"], (
+            name, remote[name]["prompt_tokens"], local[name]["prompt_tokens"])
+    # The cut is real: a watermarked agent's branch opens with the markup that
+    # closes the document, which the whole-document agent reads in its prefix.
+    assert local["head"]["prompt_tokens"] > local["whole"]["prompt_tokens"], local
+    stop_worker(c, "w1")
+
+
+@case
 def shared_on_workers_matches_the_reference(c):
     """--fork shared on the workers: every agent ok; on this model and pipeline
     every answer equals --fork none's (the bound shared documents)."""

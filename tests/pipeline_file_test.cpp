@@ -3,7 +3,9 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include "spec_fixtures.h"
 #include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
 
@@ -171,6 +173,22 @@ TEST_F(PipelineFileTest, PlaceholdersPrioritiesAndMaxLiveAreRead) {
                                   "\"{{name}} ...\")"),
             std::string::npos)
       << error_of(broken);
+}
+
+// The pipeline file's JSON is the one encoding of a spec (the cluster's job
+// messages carry it): every field comes back, whatever its text holds.
+TEST_F(PipelineFileTest, ASpecSurvivesItsPipelineJson) {
+  for (const PipelineSpec& spec :
+       {fixtures::spec_with_every_field_set(),
+        fixtures::exact_variant(fixtures::spec_with_every_field_set())}) {
+    const PipelineSpec back = parse_pipeline(pipeline_json(spec).dump(), "json", "/elsewhere");
+    EXPECT_EQ(back, spec) << pipeline_json(back).dump(1);
+  }
+  // An empty model stays out (a worker's own model is used).
+  PipelineSpec spec = fixtures::spec_with_every_field_set();
+  spec.model.clear();
+  EXPECT_FALSE(pipeline_json(spec).contains("model"));
+  EXPECT_EQ(parse_pipeline(pipeline_json(spec).dump(), "json", "/elsewhere"), spec);
 }
 
 TEST_F(PipelineFileTest, MistakesAreNamed) {

@@ -11,9 +11,11 @@
 
 #include "cluster/keys.h"
 #include "redis_server.h"
+#include "spec_fixtures.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/error.h"
 #include "swarmkv/redis.h"
+#include "swarmkv/result_json.h"
 #include "swarmkv/snapshot.h"
 
 namespace swarmkv {
@@ -285,73 +287,42 @@ TEST_F(SnapshotBusTest, TouchRenewsEveryKey) {
 // ------------------------------------------------------------------ job messages
 
 TEST(ClusterWireTest, ASpecSurvivesTheTrip) {
-  PipelineSpec spec;
-  spec.name = "p";
-  spec.document = "doc \xc3\xa9";
-  spec.document_source = "text";
-  spec.system_prompt = "sys";
-  spec.n_ctx = 4096;
-  spec.n_batch = 256;
-  spec.n_ubatch = 128;
-  spec.flash_attn = true;
-  spec.kv_type = KvType::kQ8_0;
-  spec.fork = ForkMode::kHost;
-  AgentSpec a;
-  a.name = "a";
-  a.prompt = "q?";
-  a.max_tokens = 7;
-  a.sampling = {0.5f, 0.9f, 40, 1234, 1.1f, 32, 0.2f, 0.3f, 0.8f, 1.5f, 3, 100};
-  a.stop = {"\n\n"};
-  a.depends_on = {"b"};
-  spec.agents = {a};
-  GuardPolicy guard = GuardPolicy::kSerialized;
-  const PipelineSpec back =
-      cluster::spec_from_json(cluster::spec_to_json(spec, GuardPolicy::kConcurrent), &guard);
-  EXPECT_EQ(guard, GuardPolicy::kConcurrent);
-  EXPECT_EQ(back.document, spec.document);
-  EXPECT_EQ(back.system_prompt, "sys");
-  EXPECT_EQ(back.n_ctx, 4096u);
-  EXPECT_EQ(back.n_batch, 256u);
-  EXPECT_EQ(back.n_ubatch, 128u);
-  EXPECT_TRUE(back.flash_attn);
-  EXPECT_EQ(back.kv_type, KvType::kQ8_0);
-  EXPECT_EQ(back.fork, ForkMode::kHost);
-  ASSERT_EQ(back.agents.size(), 1u);
-  const AgentSpec& b = back.agents[0];
-  EXPECT_EQ(b.max_tokens, 7);
-  EXPECT_EQ(b.stop, a.stop);
-  EXPECT_EQ(b.depends_on, a.depends_on);
-  EXPECT_EQ(b.sampling.top_k, 40);
-  EXPECT_EQ(b.sampling.seed, 1234u);
-  EXPECT_FLOAT_EQ(b.sampling.temperature, 0.5f);
-  EXPECT_FLOAT_EQ(b.sampling.dry_base, 1.5f);
-  EXPECT_EQ(b.sampling.dry_penalty_last_n, 100);
+  for (const PipelineSpec& spec :
+       {fixtures::spec_with_every_field_set(),
+        fixtures::exact_variant(fixtures::spec_with_every_field_set())}) {
+    GuardPolicy guard = GuardPolicy::kSerialized;
+    const PipelineSpec back =
+        cluster::spec_from_json(cluster::spec_to_json(spec, GuardPolicy::kConcurrent), &guard);
+    EXPECT_EQ(guard, GuardPolicy::kConcurrent);
+    // The model and the threads are the worker's own: they do not travel.
+    PipelineSpec expected = spec;
+    expected.model.clear();
+    expected.n_threads = 0;
+    expected.n_threads_batch = 0;
+    EXPECT_EQ(back, expected) << pipeline_json(back).dump(1);
+  }
+  nlohmann::json bad =
+      cluster::spec_to_json(fixtures::spec_with_every_field_set(), GuardPolicy::kSerialized);
+  bad["pipeline"]["agents"][0]["needs"] = "sixty";
+  const ErrorValue e = error_of([&] { cluster::spec_from_json(bad, nullptr); });
+  EXPECT_EQ(e.code, ErrorCode::kCorruption);
+  EXPECT_NE(e.message.find("a pipeline message does not parse: pipeline: agents[0].needs must be "
+                           "a mapping"),
+            std::string::npos)
+      << e.message;
 }
 
+// A worker's result is the agent_json of `run --json`, read back whole.
 TEST(ClusterWireTest, AResultKeepsItsTypedErrorTokensAndTimings) {
-  AgentResult r;
-  r.name = "a";
-  r.status = NodeStatus::kFailed;
-  r.error = ErrorValue{ErrorCode::kNoKvSlot, "no slot"};
-  r.answer = "x";
-  r.tokens = {5, 6, 7};
-  r.stop_reason = StopReason::kStopString;
-  r.prompt_tokens = 9;
-  r.timings_ms.prompt = 1.5;
-  r.timings_ms.done_at = 11;
-  const AgentResult back = cluster::agent_from_json(cluster::agent_to_json(r));
-  EXPECT_EQ(back.status, NodeStatus::kFailed);
-  EXPECT_EQ(back.error, r.error);
-  EXPECT_EQ(back.tokens, r.tokens);
-  EXPECT_EQ(back.stop_reason, StopReason::kStopString);
-  EXPECT_EQ(back.prompt_tokens, 9);
-  EXPECT_DOUBLE_EQ(back.timings_ms.prompt, 1.5);
-  EXPECT_DOUBLE_EQ(back.timings_ms.done_at, 11);
-  nlohmann::json bad = cluster::agent_to_json(r);
+  for (const AgentResult& r : fixtures::results_with_every_field_set()) {
+    EXPECT_EQ(agent_from_json(nlohmann::json::parse(agent_json(r).dump())), r) << agent_json(r);
+  }
+  nlohmann::json bad = agent_json(fixtures::results_with_every_field_set()[0]);
   bad["status"] = "weird";
-  EXPECT_EQ(error_of([&] { cluster::agent_from_json(bad); }).message, "unknown status 'weird'");
-  EXPECT_EQ(error_of([&] { cluster::agent_from_json(nlohmann::json::object()); }).code,
-            ErrorCode::kCorruption);
+  EXPECT_EQ(error_of([&] { agent_from_json(bad); }).message, "unknown status 'weird'");
+  const ErrorValue missing = error_of([&] { agent_from_json(nlohmann::json::object()); });
+  EXPECT_EQ(missing.code, ErrorCode::kCorruption);
+  EXPECT_NE(missing.message.find("a result does not parse"), std::string::npos) << missing.message;
 }
 
 // ------------------------------------------------------------------ a fetched file in the store

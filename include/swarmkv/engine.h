@@ -369,7 +369,29 @@ struct SamplingOptions {
     return repeat_last_n != 0 &&
            (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
   }
+  bool operator==(const SamplingOptions&) const = default;
 };
+
+// The one list of the sampling settings, for the encoders that walk them
+// (pipeline files, the cluster's JSON): calls f(key, member, least) for each
+// field of `s` (SamplingOptions or const SamplingOptions), where key is the
+// pipeline file's name, member a reference to the field (float, int32_t or
+// uint32_t) and least the smallest value an integer field may take.
+template <class Options, class F>
+void for_each_sampling_field(Options& s, F&& f) {
+  f("temperature", s.temperature, 0);
+  f("top_p", s.top_p, 0);
+  f("top_k", s.top_k, 0);
+  f("seed", s.seed, 0);
+  f("repeat_penalty", s.repeat_penalty, 0);
+  f("repeat_last_n", s.repeat_last_n, 0);
+  f("frequency_penalty", s.frequency_penalty, 0);
+  f("presence_penalty", s.presence_penalty, 0);
+  f("dry_multiplier", s.dry_multiplier, 0);
+  f("dry_base", s.dry_base, 0);
+  f("dry_allowed_length", s.dry_allowed_length, 1);
+  f("dry_penalty_last_n", s.dry_penalty_last_n, 1);
+}
 
 // The one check of sampling settings. Throws Error(kInvalidArgument): "need
 // temperature >= 0, top_p in (0, 1], top_k >= 0 (got T, P, K)", or for the

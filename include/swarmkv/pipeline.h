@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/snapshot.h"
@@ -39,6 +41,7 @@ struct DocumentNeeds {
   int32_t tokens = 0;  // the document's first N tokens (not counting system turn or template)
   std::string until;   // the document up to and including the first occurrence of this text
   bool any() const noexcept { return tokens > 0 || !until.empty(); }
+  bool operator==(const DocumentNeeds&) const = default;
 };
 
 // One agent: its own prompt and generation settings.
@@ -64,6 +67,7 @@ struct AgentSpec {
   // prefill passes it (streaming prefill: its tokens share the decode calls
   // of the remaining prefill chunks).
   DocumentNeeds needs;
+  bool operator==(const AgentSpec&) const = default;
 };
 
 // A `{{name}}` in a prompt: the agent it names and where it stands.
@@ -118,6 +122,7 @@ struct PipelineSpec {
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
   // first admitted agents finish sooner, at the cost of throughput.
   int32_t max_live = 0;
+  bool operator==(const PipelineSpec&) const = default;
 };
 
 // Throws Error(kInvalidArgument) naming the setting: n_batch >= 1, n_ubatch
@@ -155,6 +160,12 @@ PipelineSpec load_pipeline_file(const std::string& path);
 // relative paths; the pipeline's default name is "pipeline".
 PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
                             const std::string& base_dir);
+
+// `spec` as the JSON of a pipeline file, every setting written out and the
+// document as {"text": ...}: parse_pipeline of its dump() gives back `spec`
+// except document_source (which becomes "text"). `model` is left out when
+// empty. The cluster's job messages and POST /v1/pipelines carry this form.
+nlohmann::json pipeline_json(const PipelineSpec& spec);
 
 }  // namespace swarmkv
 
@@ -258,6 +269,7 @@ struct AgentTimings {
   double started_at = 0;      // its own work started (`wait` after it became ready)
   double first_token_at = 0;  // its first token was ready
   double done_at = 0;         // it finished
+  bool operator==(const AgentTimings&) const = default;
 };
 
 struct AgentResult {
@@ -269,8 +281,8 @@ struct AgentResult {
   std::optional<ErrorValue> error;
   std::string answer;
   std::vector<Token> tokens;  // the generated tokens
-  // When each of `tokens` was sampled, from the start of the run (ms);
-  // empty for a result that came from a remote worker.
+  // When each of `tokens` was sampled, from the start of the run (ms; a
+  // remote worker's run starts when it takes the job).
   std::vector<double> token_at_ms;
   // The prompt as the agent got it: placeholders replaced by the answers.
   std::string prompt_rendered;
@@ -278,6 +290,7 @@ struct AgentResult {
   int32_t prompt_tokens = 0;  // the agent's prompt, template wrapping included
   AgentTimings timings_ms;
   std::string worker;  // run_distributed: the worker that ran it; "" in a local run
+  bool operator==(const AgentResult&) const = default;
 };
 
 // One batched llama_decode of the shared fork (ForkMode::kShared).

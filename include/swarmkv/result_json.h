@@ -27,10 +27,16 @@ nlohmann::json kv_layout_json(const KvLayout& l);
 nlohmann::json timings_json(const AgentTimings& t);
 // {"name", "status", "error", "answer", "n_tokens", "tokens", "stop_reason",
 //  "prompt_tokens", "prompt_rendered", "started_at_ms", "first_token_at_ms",
-//  "done_at_ms", "timings_ms", "worker"} ("worker": the swarmkv worker that
+//  "done_at_ms", "token_at_ms", "timings_ms", "worker"} ("worker": the swarmkv worker that
 //  ran it under run --redis, else null; the *_at_ms from the run's start).
-// "stop_reason" is null unless the agent's status is ok.
+// "stop_reason" is null unless the agent's status is ok. "token_at_ms": when
+// each of "tokens" was sampled, from the run's start.
 nlohmann::json agent_json(const AgentResult& a);
+// The AgentResult that agent_json wrote ("n_tokens" is not read; a null
+// "stop_reason" reads as max_tokens). Throws Error(kCorruption): "unknown
+// status 'x'" (also code, stop_reason), "a result does not parse: ..." for a
+// missing key or a wrong type.
+AgentResult agent_from_json(const nlohmann::json& j);
 
 // `j` as indented text. Bytes that are not valid UTF-8 (an answer that
 // max_tokens cut inside a character, a name read from a Latin-1 file)

@@ -18,6 +18,7 @@
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
+#include "swarmkv/result_json.h"
 
 namespace swarmkv::cluster {
 namespace {

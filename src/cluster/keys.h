@@ -55,15 +55,12 @@ std::vector<StreamEntry> stream_entries(const redis::Reply& list);
 // coordinator may enqueue before any worker started). Throws Error(kIo).
 void ensure_job_group(redis::Client& redis, const std::string& stream);
 
-// The run's pipeline as the workers need it: the document, the prompts, the
-// engine settings, the fork. Threads and the model path are the worker's own.
+// The run's pipeline as the workers need it: {"pipeline": the pipeline
+// file's JSON (pipeline_json) without the worker's own settings (model,
+// threads, threads_batch), "document_source", "guard"}.
 nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard);
-// Throws Error(kCorruption) for a message that does not parse.
+// Throws Error(kCorruption) "a pipeline message does not parse: ..." for a
+// message that does not parse or whose pipeline parse_pipeline refuses.
 PipelineSpec spec_from_json(const nlohmann::json& j, GuardPolicy* guard);
-
-// One agent's whole result, tokens and timings included.
-nlohmann::json agent_to_json(const AgentResult& a);
-// Throws Error(kCorruption) for a message that does not parse.
-AgentResult agent_from_json(const nlohmann::json& j);
 
 }  // namespace swarmkv::cluster

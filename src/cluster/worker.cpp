@@ -17,6 +17,7 @@
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
+#include "swarmkv/result_json.h"
 #include "swarmkv/snapshot.h"
 
 namespace swarmkv::cluster {
@@ -302,7 +303,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
             {"XADD", results_key, "MAXLEN", "~", "100000", "*", "agent", a.name, "worker", name,
              "job", job.id, "fetch_bytes", std::to_string(fetched.bytes), "fetch_ms",
              fmt::format("{:.3f}", fetched.ms), "result",
-             agent_to_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
+             agent_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
       }
       redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
     }

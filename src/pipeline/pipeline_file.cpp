@@ -3,9 +3,11 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
@@ -195,35 +197,21 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   }
 
   // The sampling keys, the same in `defaults` and in each agent.
-  const std::set<std::string> sampling_keys = {"temperature",
-                                               "top_p",
-                                               "top_k",
-                                               "seed",
-                                               "repeat_penalty",
-                                               "repeat_last_n",
-                                               "frequency_penalty",
-                                               "presence_penalty",
-                                               "dry_multiplier",
-                                               "dry_base",
-                                               "dry_allowed_length",
-                                               "dry_penalty_last_n"};
+  std::set<std::string> sampling_keys;
+  SamplingOptions probe;
+  for_each_sampling_field(probe,
+                          [&](const char* key, auto&, int64_t) { sampling_keys.insert(key); });
   const auto read_sampling = [&](const YAML::Node& n, SamplingOptions& s,
                                  const std::string& where) {
-    s.temperature = r.real(n, "temperature", s.temperature, where);
-    s.top_p = r.real(n, "top_p", s.top_p, where);
-    s.top_k = static_cast<int32_t>(r.integer(n, "top_k", s.top_k, 0, kMaxInt32, where));
-    s.seed = static_cast<uint32_t>(r.integer(n, "seed", s.seed, 0, UINT32_MAX, where));
-    s.repeat_penalty = r.real(n, "repeat_penalty", s.repeat_penalty, where);
-    s.repeat_last_n =
-        static_cast<int32_t>(r.integer(n, "repeat_last_n", s.repeat_last_n, 0, kMaxInt32, where));
-    s.frequency_penalty = r.real(n, "frequency_penalty", s.frequency_penalty, where);
-    s.presence_penalty = r.real(n, "presence_penalty", s.presence_penalty, where);
-    s.dry_multiplier = r.real(n, "dry_multiplier", s.dry_multiplier, where);
-    s.dry_base = r.real(n, "dry_base", s.dry_base, where);
-    s.dry_allowed_length = static_cast<int32_t>(
-        r.integer(n, "dry_allowed_length", s.dry_allowed_length, 1, kMaxInt32, where));
-    s.dry_penalty_last_n = static_cast<int32_t>(
-        r.integer(n, "dry_penalty_last_n", s.dry_penalty_last_n, 1, kMaxInt32, where));
+    for_each_sampling_field(s, [&](const char* key, auto& value, int64_t least) {
+      using T = std::remove_reference_t<decltype(value)>;
+      if constexpr (std::is_floating_point_v<T>) {
+        value = r.real(n, key, value, where);
+      } else {
+        value =
+            static_cast<T>(r.integer(n, key, value, least, std::numeric_limits<T>::max(), where));
+      }
+    });
     try {
       validate_sampling(s);
     } catch (const Error& e) {
@@ -328,6 +316,37 @@ PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
   } catch (const YAML::Exception& e) {
     throw Error(ErrorCode::kInvalidArgument, yaml_error(origin, yaml, e));
   }
+}
+
+nlohmann::json pipeline_json(const PipelineSpec& spec) {
+  nlohmann::json agents = nlohmann::json::array();
+  for (const AgentSpec& a : spec.agents) {
+    nlohmann::json agent = {
+        {"name", a.name}, {"prompt", a.prompt},         {"max_tokens", a.max_tokens},
+        {"stop", a.stop}, {"depends_on", a.depends_on}, {"priority", a.priority}};
+    for_each_sampling_field(
+        a.sampling, [&](const char* key, const auto& value, int64_t) { agent[key] = value; });
+    if (!a.fork_from.empty()) agent["fork_from"] = a.fork_from;
+    if (a.needs.tokens > 0) agent["needs"]["tokens"] = a.needs.tokens;
+    if (!a.needs.until.empty()) agent["needs"]["until"] = a.needs.until;
+    agents.push_back(std::move(agent));
+  }
+  nlohmann::json j = {{"name", spec.name},
+                      {"system", spec.system_prompt},
+                      {"document", {{"text", spec.document}}},
+                      {"n_ctx", spec.n_ctx},
+                      {"n_batch", spec.n_batch},
+                      {"n_ubatch", spec.n_ubatch},
+                      {"threads", spec.n_threads},
+                      {"threads_batch", spec.n_threads_batch},
+                      {"flash_attn", spec.flash_attn},
+                      {"kv_type", std::string(to_string(spec.kv_type))},
+                      {"fork", std::string(to_string(spec.fork))},
+                      {"exact", spec.exact},
+                      {"max_live", spec.max_live},
+                      {"agents", std::move(agents)}};
+  if (!spec.model.empty()) j["model"] = spec.model;
+  return j;
 }
 
 PipelineSpec load_pipeline_file(const std::string& path) {

@@ -2,7 +2,22 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 namespace swarmkv {
+namespace {
+
+// The value of enum E whose to_string() is j[field]; values 0..count-1.
+template <class E>
+E enum_from(const nlohmann::json& j, const char* field, int count) {
+  const std::string name = j.at(field).get<std::string>();
+  for (int i = 0; i < count; ++i) {
+    if (to_string(static_cast<E>(i)) == name) return static_cast<E>(i);
+  }
+  throw Error(ErrorCode::kCorruption, fmt::format("unknown {} '{}'", field, name));
+}
+
+}  // namespace
 
 nlohmann::json error_json(const std::optional<ErrorValue>& error) {
   if (!error) return nullptr;
@@ -51,8 +66,48 @@ nlohmann::json agent_json(const AgentResult& a) {
           {"started_at_ms", a.timings_ms.started_at},
           {"first_token_at_ms", a.timings_ms.first_token_at},
           {"done_at_ms", a.timings_ms.done_at},
+          {"token_at_ms", a.token_at_ms},
           {"timings_ms", timings_json(a.timings_ms)},
           {"worker", a.worker.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.worker)}};
+}
+
+AgentResult agent_from_json(const nlohmann::json& j) {
+  try {
+    AgentResult a;
+    j.at("name").get_to(a.name);
+    a.status = enum_from<NodeStatus>(j, "status", 3);
+    if (const nlohmann::json& e = j.at("error"); !e.is_null()) {
+      a.error =
+          ErrorValue{enum_from<ErrorCode>(e, "code", static_cast<int>(ErrorCode::kInternal) + 1),
+                     e.at("message").get<std::string>()};
+    }
+    j.at("answer").get_to(a.answer);
+    j.at("tokens").get_to(a.tokens);
+    j.at("token_at_ms").get_to(a.token_at_ms);
+    if (!j.at("stop_reason").is_null()) a.stop_reason = enum_from<StopReason>(j, "stop_reason", 3);
+    j.at("prompt_tokens").get_to(a.prompt_tokens);
+    j.at("prompt_rendered").get_to(a.prompt_rendered);
+    AgentTimings& t = a.timings_ms;
+    const nlohmann::json& tj = j.at("timings_ms");
+    tj.at("wait").get_to(t.wait);
+    tj.at("context").get_to(t.context);
+    tj.at("prefill").get_to(t.prefill);
+    tj.at("fork").get_to(t.fork);
+    tj.at("restore").get_to(t.restore);
+    tj.at("prompt").get_to(t.prompt);
+    tj.at("first_token").get_to(t.first_token);
+    tj.at("generate").get_to(t.generate);
+    tj.at("total").get_to(t.total);
+    j.at("started_at_ms").get_to(t.started_at);
+    j.at("first_token_at_ms").get_to(t.first_token_at);
+    j.at("done_at_ms").get_to(t.done_at);
+    if (!j.at("worker").is_null()) j.at("worker").get_to(a.worker);
+    return a;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kCorruption, fmt::format("a result does not parse: {}", e.what()));
+  }
 }
 
 nlohmann::json snapshot_json(const std::optional<SnapshotUse>& s) {
