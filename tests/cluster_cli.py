@@ -238,9 +238,9 @@ def needs_on_workers_equal_local(c):
         f.write(f"document: {{file: {doc}}}\n"
                 "defaults: {max_tokens: 16, repeat_penalty: 1.1, dry_multiplier: 0.8}\n"
                 "agents:\n"
-                "  - {name: head, prompt: Who is the Licensor?, needs: {tokens: 60}}\n"
-                "  - {name: until, prompt: Who is the Licensor?, needs: {until: Legal Entity}}\n"
-                "  - {name: whole, prompt: Who is the Licensor?}\n")
+                "  - {name: head, prompt: \"Who is the Licensor?\", needs: {tokens: 60}}\n"
+                "  - {name: until, prompt: \"Who is the Licensor?\", needs: {until: \"Legal Entity\"}}\n"
+                "  - {name: whole, prompt: \"Who is the Licensor?\"}\n")
     c.start_redis()
     c.start_worker("w1")
     rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")

@@ -262,7 +262,7 @@ std::vector<Token> render(const Model& model, const std::string& system, const s
     return model.tokenize(model.apply_chat_template(chat, true), true);
   }
   // A model without a chat template (README, "Use it from any OpenAI client").
-  return model.tokenize((system.empty() ? "" : system + "\n\n") + user + "\n\nAnswer:", true);
+  return model.tokenize((system.empty() ? "" : system + "\n\n") + user + "\nAnswer:", true);
 }
 
 Reference reprefill(const std::shared_ptr<const Model>& model, const ServerOptions& options,

@@ -28,6 +28,13 @@ namespace swarmkv {
 
 using Token = std::int32_t;  // llama_token
 using Pos = std::int32_t;    // llama_pos: absolute position in a sequence
+
+// How many leading tokens `a` and `b` share.
+inline size_t common_prefix(std::span<const Token> a, std::span<const Token> b) noexcept {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
 using SeqId = std::int32_t;  // llama_seq_id
 
 // Options for Model::load.

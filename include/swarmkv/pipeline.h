@@ -34,6 +34,17 @@ std::string_view to_string(ForkMode mode) noexcept;
 // Parses "shared", "host" or "none"; throws Error(kInvalidArgument) naming them.
 ForkMode parse_fork_mode(std::string_view name);
 
+// What a fork mode means to the code around its strategy (budget, memory,
+// snapshots, the cluster). Defined beside the strategy factory, the one
+// other place that tells the modes apart.
+struct ForkTraits {
+  bool one_context = false;     // the prefix and every branch in one unified-KV context (shared)
+  bool prefix_state = false;    // the document's KV state is made once and reused (shared, host)
+  bool host_buffers = false;    // branches restore that state from host RAM buffers (host)
+  bool branch_workers = false;  // a context per running branch; GuardPolicy applies (host, none)
+};
+ForkTraits fork_traits(ForkMode mode);
+
 // The part of the document an agent needs (a watermark): it starts once
 // the prefill has passed that point and sees the document cut there. At
 // most one of the two; neither = the whole document.

@@ -89,7 +89,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
   PipelineResult result;
   result.fork = spec.fork;
   result.exact = spec.exact;
-  if (spec.fork != ForkMode::kShared) result.guard = options.run.guard;
+  if (fork_traits(spec.fork).branch_workers) result.guard = options.run.guard;
   result.engine = engine_options(spec);
   result.engine.n_threads = 0;  // the workers' own
   result.engine.n_threads_batch = 0;
@@ -135,10 +135,8 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
     log_info("coordinator: published snapshot {} ({:.1f} MiB, {} chunks) in {:.0f} ms", key,
              p.bytes / 1048576.0, p.chunks, p.ms);
   };
-  if (spec.fork != ForkMode::kNone) {
-    key = snapshot_key(
-        binding_of(*model, detail::prefill_context_options(spec, prepared.prefix.size())),
-        prepared.prefix);
+  if (fork_traits(spec.fork).prefix_state) {
+    key = snapshot_key(detail::prefix_binding(*model, spec), prepared.prefix);
     SnapshotUse use;
     use.source = SnapshotSource::kRedis;
     use.key = key;
@@ -224,7 +222,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
             "coordinator: {} lost this run's state (restarted?); publishing the snapshot "
             "and enqueueing {} agent(s) again",
             url.address(), in_flight.size());
-        if (spec.fork != ForkMode::kNone && !document_error)
+        if (fork_traits(spec.fork).prefix_state && !document_error)
           put_snapshot_on_bus(Publish::kIfAbsent);
         put_run();
         last_id = "0-0";
@@ -312,7 +310,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
     result.agents[i].status = dag.status(i + 1);
     result.agents[i].error = dag.error(i + 1);
   }
-  if (spec.fork != ForkMode::kNone) result.transfer = transfer;
+  if (fork_traits(spec.fork).prefix_state) result.transfer = transfer;
   result.total_ms = run.ms();
   return result;
 }

@@ -238,7 +238,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
                listed);
       RunOptions run;
       run.guard = it->second.second;
-      if (spec.fork != ForkMode::kNone) {
+      if (fork_traits(spec.fork).prefix_state) {
         const std::string key = field(job, "snapshot");
         std::string path = store.path_of(key);
         bool local = false;

@@ -101,3 +101,19 @@ std::unique_ptr<ForkStrategy> make_fork_strategy(ForkMode mode, GuardPolicy guar
 }
 
 }  // namespace swarmkv::detail
+
+namespace swarmkv {
+
+ForkTraits fork_traits(ForkMode mode) {
+  switch (mode) {
+    case ForkMode::kShared:
+      return {.one_context = true, .prefix_state = true};
+    case ForkMode::kHost:
+      return {.prefix_state = true, .host_buffers = true, .branch_workers = true};
+    case ForkMode::kNone:
+      return {.branch_workers = true};
+  }
+  throw Error(ErrorCode::kInternal, "unknown fork mode");
+}
+
+}  // namespace swarmkv

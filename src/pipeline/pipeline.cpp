@@ -12,6 +12,7 @@
 #include "pipeline/dag.h"
 #include "pipeline/fork_strategy.h"
 #include "pipeline/prefix_source.h"
+#include "swarmkv/chat.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
@@ -80,22 +81,15 @@ struct TemplateSplit {
 TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
   const bool trees = std::any_of(spec.agents.begin(), spec.agents.end(),
                                  [](const AgentSpec& a) { return !a.fork_from.empty(); });
-  std::string rendered, continued;
-  if (model.has_chat_template()) {
-    std::vector<ChatMessage> chat;
-    if (!spec.system_prompt.empty()) chat.push_back({"system", std::string(kSystemMarker)});
-    chat.push_back({"user", std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker)});
-    rendered = model.apply_chat_template(chat, /*add_assistant=*/true);
-    if (trees) {
-      chat.push_back({"assistant", std::string(kAnswerMarker)});
-      chat.push_back({"user", std::string(kNextPromptMarker)});
-      continued = model.apply_chat_template(chat, /*add_assistant=*/true);
-    }
-  } else {
-    rendered = (spec.system_prompt.empty() ? std::string() : std::string(kSystemMarker) + "\n\n") +
-               std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker) + "\nAnswer:";
-    continued = rendered + std::string(kAnswerMarker) + "\n\n" + std::string(kNextPromptMarker) +
-                "\nAnswer:";
+  std::vector<ChatMessage> chat;
+  if (!spec.system_prompt.empty()) chat.push_back({"system", std::string(kSystemMarker)});
+  chat.push_back({"user", std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker)});
+  const std::string rendered = render_chat(model, chat, /*add_assistant=*/true);
+  std::string continued;
+  if (trees) {
+    chat.push_back({"assistant", std::string(kAnswerMarker)});
+    chat.push_back({"user", std::string(kNextPromptMarker)});
+    continued = render_chat(model, chat, /*add_assistant=*/true);
   }
   const size_t at = rendered.find(kPromptMarker);
   if (at == std::string::npos || rendered.find(kDocumentMarker) > at) {
@@ -161,12 +155,6 @@ bool valid_utf8(std::string_view s) {
     i += n + 1;
   }
   return true;
-}
-
-size_t common_prefix(const std::vector<Token>& a, const std::vector<Token>& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
 }
 
 // Where the document's tokens lie in the prefix, and each agent's
@@ -562,7 +550,7 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
                                  [](const AgentSpec& a) { return !a.fork_from.empty(); });
   // exact: one more id parks finished branches' cells.
   const size_t ids = max_parallel_sequences() - (spec.exact ? 1 : 0);
-  if (trees && spec.fork == ForkMode::kShared && spec.agents.size() + 1 > ids) {
+  if (trees && fork_traits(spec.fork).one_context && spec.agents.size() + 1 > ids) {
     throw Error(ErrorCode::kBudget,
                 fmt::format("fork_from under fork shared keeps a finished parent's sequence until "
                             "its children have forked: at most {} agents (one sequence id each), "
@@ -586,24 +574,25 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
     }
   }
   out.budget = plan_budget(spec.fork, static_cast<int32_t>(out.prefix.size()),
-                           spec.fork == ForkMode::kShared ? new_cells : prompt_tokens, max_tokens,
-                           spec.n_ctx);
+                           fork_traits(spec.fork).one_context ? new_cells : prompt_tokens,
+                           max_tokens, spec.n_ctx);
   return out;
 }
 
 void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBudget& budget,
                   GuardPolicy guard) {
+  const ForkTraits traits = fork_traits(spec.fork);
   ContextOptions branch = engine_options(spec);
   branch.n_ctx = budget.n_ctx;
   branch.n_seq_max = budget.n_seq_max;
-  if (spec.fork == ForkMode::kShared) {
+  if (traits.one_context) {
     branch.n_batch = std::max(spec.n_batch, budget.n_seq_max);
     branch.n_ubatch = branch.n_batch;
   }
   const ContextMemory per_context = estimate_context_memory(model, branch);
   const size_t agents = spec.agents.size();
   const uint64_t contexts =
-      spec.fork == ForkMode::kShared || guard == GuardPolicy::kSerialized
+      !traits.branch_workers || guard == GuardPolicy::kSerialized
           ? 1
           : std::clamp<uint64_t>(static_cast<uint64_t>(hardware_threads()), 1, agents);
   uint64_t total = contexts * per_context.total();
@@ -612,12 +601,12 @@ void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBu
       "{:.2f} GiB each",
       contexts, budget.n_ctx, per_context.kv_bytes / 1073741824.0,
       per_context.compute_bytes / 1073741824.0);
-  if (spec.fork != ForkMode::kNone) {
+  if (traits.prefix_state) {
     const ContextMemory prefill = estimate_context_memory(
         model, detail::prefill_context_options(spec, static_cast<size_t>(budget.prefix_tokens)));
     total += prefill.total();
     parts += fmt::format("; the prefill context {:.2f} GiB", prefill.total() / 1073741824.0);
-    if (spec.fork == ForkMode::kHost) {
+    if (traits.host_buffers) {
       // The prefix's state in host memory: the snapshot and one branch buffer per worker.
       ContextOptions cells = branch;
       cells.n_ctx = static_cast<uint32_t>(budget.prefix_tokens);
@@ -664,7 +653,7 @@ PrefillReport prefill_document(const PipelineSpec& spec, const std::shared_ptr<c
   if (!out_path.empty()) {
     const Stopwatch w;
     SnapshotMeta meta;
-    meta.binding = binding_of(*model, detail::prefill_context_options(spec, prefix.size()));
+    meta.binding = detail::prefix_binding(*model, spec);
     meta.tokens = prefix;
     meta.model_file = std::filesystem::path(model->path()).filename().string();
     write_snapshot(out_path, meta, state.bytes);

@@ -11,22 +11,25 @@
 #include "swarmkv/paths.h"
 
 namespace swarmkv::detail {
-namespace {
 
-size_t common_prefix(const std::vector<Token>& a, const std::vector<Token>& b) {
-  const size_t n = std::min(a.size(), b.size());
-  return static_cast<size_t>(
-      std::mismatch(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n), b.begin()).first -
-      a.begin());
-}
-
-}  // namespace
-
-ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens) {
-  ContextOptions o = engine_options(spec);
+ContextOptions prefill_context_options(const ContextOptions& engine, size_t n_tokens) {
+  ContextOptions o = engine;
   o.n_ctx = static_cast<uint32_t>((n_tokens + 1 + 255) / 256 * 256);
   o.n_seq_max = 1;
+  o.kv_unified = false;
   return o;
+}
+
+ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens) {
+  return prefill_context_options(engine_options(spec), n_tokens);
+}
+
+SnapshotBinding prefix_binding(const Model& model, const ContextOptions& engine) {
+  return binding_of(model, prefill_context_options(engine, 0));
+}
+
+SnapshotBinding prefix_binding(const Model& model, const PipelineSpec& spec) {
+  return prefix_binding(model, engine_options(spec));
 }
 
 size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_tokens,
@@ -42,7 +45,7 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
   PrefixState out;
   SnapshotUse& use = out.use;
   const Stopwatch load;
-  const SnapshotBinding binding = binding_of(*model, prefill_context_options(spec, prefix.size()));
+  const SnapshotBinding binding = prefix_binding(*model, spec);
   use.key = snapshot_key(binding, prefix);
   const SnapshotOptions& so = options.snapshot;
   std::optional<SnapshotStore> store;

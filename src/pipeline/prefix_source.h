@@ -20,8 +20,19 @@ struct PrefixState {
   double export_ms = 0;   // state_get after that decode
 };
 
-// The options of the prefill context for a prefix of `n_tokens` tokens.
+// The context a prefix of `n_tokens` tokens is prefilled in, from the
+// engine settings of a run or a server (engine_options, the server's
+// context): one sequence, not unified, n_ctx the next multiple of 256 above
+// n_tokens. Every prefix snapshot is made in such a context, whoever makes
+// or reads it.
+ContextOptions prefill_context_options(const ContextOptions& engine, size_t n_tokens);
 ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens);
+
+// The binding of a prefix snapshot made with these engine settings on
+// `model`: the one place a snapshot key's binding is assembled (run,
+// prefill, serve, the coordinator and the workers all key by it).
+SnapshotBinding prefix_binding(const Model& model, const ContextOptions& engine);
+SnapshotBinding prefix_binding(const Model& model, const PipelineSpec& spec);
 
 // How many leading tokens of a snapshot of `snapshot_tokens` tokens that
 // shares `common` tokens with a prefix of `prefix_tokens` can be reused so

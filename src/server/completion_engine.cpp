@@ -22,14 +22,6 @@ void Job::cancel() {
 
 namespace {
 
-// The length of the longest common prefix of `a` and `b`.
-size_t common_prefix(const std::vector<Token>& a, const std::vector<Token>& b) {
-  const size_t n = std::min(a.size(), b.size());
-  size_t i = 0;
-  while (i < n && a[i] == b[i]) ++i;
-  return i;
-}
-
 Event failed(const ErrorValue& error) {
   Event e;
   e.kind = Event::Kind::kFailed;

@@ -21,6 +21,7 @@
 #include "server/completion_engine.h"
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
+#include "swarmkv/chat.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 
@@ -64,12 +65,6 @@ class Histogram {
   double sum_ = 0;                                 // guarded by mutex_
 };
 
-// Markers the chat template renders in place of each message's content, so
-// that contents stay plain text (a message cannot open or close a turn).
-std::string marker(size_t i) {
-  return fmt::format("\x1f<swarmkv-message-{}>\x1f", i);
-}
-
 // Counts a request in flight for as long as it lives.
 class InFlight {
  public:
@@ -109,31 +104,6 @@ struct Server::Impl {
   void count(const std::string& route, int status) {
     std::lock_guard lock(metrics_mutex);
     ++responses[{route, status}];
-  }
-
-  // The chat as tokens: the model's chat template with the contents as
-  // plain text; a model without one (a base model) gets "content\n\n" per
-  // system or user message, "Answer: content\n\n" per assistant message, and
-  // "Answer:" to open the answer.
-  std::vector<Token> render(const std::vector<ChatMessage>& messages) const {
-    std::vector<std::string> markers;
-    for (size_t i = 0; i < messages.size(); ++i) markers.push_back(marker(i));
-    std::vector<Model::Placeholder> contents;
-    for (size_t i = 0; i < messages.size(); ++i) {
-      contents.emplace_back(markers[i], messages[i].content);
-    }
-    std::string rendered;
-    if (model->has_chat_template()) {
-      std::vector<ChatMessage> marked;
-      for (size_t i = 0; i < messages.size(); ++i) marked.push_back({messages[i].role, markers[i]});
-      rendered = model->apply_chat_template(marked, /*add_assistant=*/true);
-    } else {
-      for (size_t i = 0; i < messages.size(); ++i) {
-        rendered += (messages[i].role == "assistant" ? "Answer: " : "") + markers[i] + "\n\n";
-      }
-      rendered += "Answer:";
-    }
-    return model->tokenize(Model::fill_placeholders(rendered, contents), /*add_special=*/true);
   }
 
   // `as` overrides the ErrorCode's mapping for the HTTP layer's own
@@ -293,7 +263,7 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   try {
     chat = server::parse_chat_request(req.body, limits);
     server::CompletionRequest c;
-    c.prompt = render(chat.messages);
+    c.prompt = chat_tokens(*model, chat.messages);
     c.sampling = chat.sampling;
     c.stop = chat.stop;
     c.n = chat.n;

@@ -8,13 +8,6 @@
 namespace swarmkv::server {
 namespace {
 
-ContextOptions prefill_options(const ContextOptions& serving) {
-  ContextOptions o = serving;
-  o.n_seq_max = 1;
-  o.kv_unified = false;
-  return o;
-}
-
 bool damaged(const Error& e) {
   return e.code() == ErrorCode::kCorruption || e.code() == ErrorCode::kIo ||
          e.code() == ErrorCode::kNotFound;
@@ -26,8 +19,8 @@ PrefixStore::PrefixStore(std::shared_ptr<const Model> model, const ContextOption
                          std::string dir, bool exact)
     : exact_(exact),
       model_(std::move(model)),
-      prefill_(prefill_options(serving)),
-      binding_(binding_of(*model_, prefill_)),
+      serving_(serving),
+      binding_(detail::prefix_binding(*model_, serving)),
       store_(std::move(dir)) {}
 
 std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
@@ -56,9 +49,7 @@ std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
         read_snapshot_payload(match->entry.path, *match->entry.header);
     // The entry is a prefill context's whole state; its first `reuse` tokens
     // as one sequence's state.
-    ContextOptions o = prefill_;
-    o.n_ctx = static_cast<uint32_t>((have + 1 + 255) / 256 * 256);
-    Context ctx(model_, o);
+    Context ctx(model_, detail::prefill_context_options(serving_, have));
     ctx.state_set(payload);
     if (reuse < have) ctx.seq_rm(0, static_cast<Pos>(reuse), -1);
     StoredPrefix out;

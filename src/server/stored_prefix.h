@@ -43,7 +43,7 @@ class PrefixStore {
  private:
   bool exact_;
   std::shared_ptr<const Model> model_;
-  ContextOptions prefill_;  // a prefill context's options for these settings (one sequence)
+  ContextOptions serving_;  // the server's engine settings (prefill_context_options)
   SnapshotBinding binding_;
   SnapshotStore store_;
 };

@@ -222,12 +222,7 @@ std::optional<SnapshotStore::Match> SnapshotStore::best_match(const SnapshotBind
       continue;
     }
     if (e.header->meta.binding != binding) continue;
-    const std::vector<Token>& have = e.header->meta.tokens;
-    const size_t n = std::min(have.size(), tokens.size());
-    const size_t common = static_cast<size_t>(
-        std::mismatch(have.begin(), have.begin() + static_cast<std::ptrdiff_t>(n), tokens.begin())
-            .first -
-        have.begin());
+    const size_t common = common_prefix(e.header->meta.tokens, tokens);
     if (common < min_common || common == 0) continue;
     const bool better =
         !best || (e.key == exact) || (best->entry.key != exact && common > best->common_tokens);

@@ -16,6 +16,7 @@
 #include "progress.h"
 #include "serve_cmd.h"
 #include "snapshot_cmd.h"
+#include "swarmkv/chat.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
@@ -78,15 +79,10 @@ int run_generate(const GenerateArgs& args) {
   if (args.raw) {
     tokens = model->tokenize(prompt, /*add_special=*/true);
   } else {
-    constexpr std::string_view kSystem = "\x1f<swarmkv-system>\x1f";
-    constexpr std::string_view kUser = "\x1f<swarmkv-user>\x1f";
     std::vector<swarmkv::ChatMessage> messages;
-    if (!args.system.empty()) messages.push_back({"system", std::string(kSystem)});
-    messages.push_back({"user", std::string(kUser)});
-    const std::string rendered = model->apply_chat_template(messages, /*add_assistant=*/true);
-    const swarmkv::Model::Placeholder contents[] = {{kSystem, args.system}, {kUser, prompt}};
-    tokens = model->tokenize(swarmkv::Model::fill_placeholders(rendered, contents),
-                             /*add_special=*/true);
+    if (!args.system.empty()) messages.push_back({"system", args.system});
+    messages.push_back({"user", prompt});
+    tokens = swarmkv::chat_tokens(*model, messages);
   }
   const uint64_t required = tokens.size() + static_cast<uint64_t>(args.max_tokens);
   if (required > args.context.n_ctx) {
@@ -276,7 +272,7 @@ int run_pipeline_cmd(const RunArgs& args) {
   options.snapshot.cache = swarmkv::parse_snapshot_cache_mode(args.snapshot_cache);
   options.snapshot.cache_dir = args.cache_dir;
   options.snapshot.file = args.snapshot_file;
-  if (!args.snapshot_file.empty() && spec.fork == swarmkv::ForkMode::kNone) {
+  if (!args.snapshot_file.empty() && !swarmkv::fork_traits(spec.fork).prefix_state) {
     throw swarmkv::Error(swarmkv::ErrorCode::kInvalidArgument,
                          "--snapshot restores the document's state, and --fork none re-prefills it "
                          "in every agent by definition; use --fork shared or host");
@@ -388,7 +384,8 @@ int run(int argc, char** argv) {
   GenerateArgs gen;
   CLI::App* generate = app.add_subcommand(
       "generate",
-      "Generate one answer to one prompt (chat template applied) and print it with its timings");
+      "Generate one answer to one prompt (chat template applied; a model without one gets "
+      "\"prompt\\nAnswer:\") and print it with its timings");
   generate->add_option("-m,--model", gen.model, "GGUF model file (default: see above)");
   auto* prompt_opt = generate->add_option("-p,--prompt", gen.prompt, "the user message");
   generate->add_option("-f,--prompt-file", gen.prompt_file, "read the user message from a file")
