@@ -192,7 +192,9 @@ def stop_worker(c, name):
 
 @case
 def host_answers_equal_local(c):
-    """Two workers + a coordinator, --fork host: every answer token for token the local one's."""
+    """Two workers + a coordinator, --fork host: every answer token for token the local one's
+    (on the quarter-size README pipeline: the fork-equivalence tests cover the whole one)."""
+    c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1")
     c.start_worker("w2")
@@ -261,6 +263,7 @@ def needs_on_workers_equal_local(c):
 def shared_on_workers_matches_the_reference(c):
     """--fork shared on the workers: every agent ok; on this model and pipeline
     every answer equals --fork none's (the bound shared documents)."""
+    c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1")
     c.start_worker("w2")

@@ -1205,19 +1205,26 @@ TEST_F(ServerTest, ABoundedLoadIsAnsweredAndLeavesNothingBehind) {
       }
     }
   };
+  // 200 repeats of one document show the memory staying flat; the
+  // sanitizers (which skip that check) need the concurrency, not the count.
+#ifdef SWARMKV_SANITIZED
+  constexpr int kRepeats = 40;
+#else
+  constexpr int kRepeats = 200;
+#endif
   int64_t rss_warm = 0;
   for (const auto& [total, interleave] :
-       {std::pair{16, true}, std::pair{200, false}, std::pair{50, true}}) {
+       {std::pair{16, true}, std::pair{kRepeats, false}, std::pair{50, true}}) {
     if (rss_warm == 0 && total != 16) rss_warm = rss_bytes();
     next.store(0);
     std::vector<std::thread> threads;
     for (int t = 0; t < 16; ++t) threads.emplace_back(worker, total, interleave);
     for (auto& t : threads) t.join();
   }
-  EXPECT_EQ(ok.load(), 266);
+  EXPECT_EQ(ok.load(), 66 + kRepeats);
   EXPECT_EQ(other.load(), 0);
   auto c = server.client();
-  EXPECT_EQ(metric(*c, "swarmkv_requests_total"), 266);
+  EXPECT_EQ(metric(*c, "swarmkv_requests_total"), 66 + kRepeats);
   EXPECT_EQ(metric(*c, "swarmkv_live_sequences"), 0);
   EXPECT_EQ(metric(*c, "swarmkv_queue_length"), 0);
   EXPECT_EQ(metric(*c, "swarmkv_requests_in_flight"), 0);

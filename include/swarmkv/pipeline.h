@@ -133,6 +133,11 @@ struct PipelineSpec {
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
   // first admitted agents finish sooner, at the cost of throughput.
   int32_t max_live = 0;
+
+  // The index in `agents` of the agent named `agent`, if there is one.
+  std::optional<size_t> agent_index(std::string_view agent) const;
+  bool any_needs() const;      // an agent reads only part of the document
+  bool any_fork_from() const;  // an agent continues another's conversation
   bool operator==(const PipelineSpec&) const = default;
 };
 

@@ -236,10 +236,9 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
     for (StreamEntry& e : entries) {
       last_id = e.id;
       std::map<std::string, std::string>& f = e.fields;
-      const auto it = std::find_if(spec.agents.begin(), spec.agents.end(),
-                                   [&](const AgentSpec& a) { return a.name == f["agent"]; });
-      if (it == spec.agents.end()) continue;
-      const auto i = static_cast<size_t>(it - spec.agents.begin());
+      const std::optional<size_t> index = spec.agent_index(f["agent"]);
+      if (!index) continue;
+      const size_t i = *index;
       if (answered[i] || in_flight.count(i) == 0) {
         ++duplicates;
         continue;

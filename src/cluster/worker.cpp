@@ -222,14 +222,13 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       std::string listed;
       for (const nlohmann::json& n : names) {
         const std::string agent = n.get<std::string>();
-        const auto a = std::find_if(full.agents.begin(), full.agents.end(),
-                                    [&](const AgentSpec& x) { return x.name == agent; });
-        if (a == full.agents.end()) {
+        const std::optional<size_t> a = full.agent_index(agent);
+        if (!a) {
           throw Error(ErrorCode::kCorruption,
                       fmt::format("job {} names agent '{}', which run {} does not have", job.id,
                                   agent, run_id));
         }
-        spec.agents.push_back(*a);
+        spec.agents.push_back(full.agents[*a]);
         spec.agents.back().depends_on.clear();  // the coordinator enqueues it once they are done
         listed += (listed.empty() ? "" : ", ") + agent;
       }

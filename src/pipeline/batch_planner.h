@@ -78,7 +78,6 @@ class BatchPlanner {
   // position 0), and an agent is admitted once they are decoded past its
   // watermark. Before the first admit().
   void stream_prefix(int32_t tokens);
-  Pos prefix_decoded() const noexcept { return prefix_decoded_; }
   bool streaming() const noexcept { return prefix_decoded_ < prefix_total_; }
   // Fails every agent without an outcome (a failed prefill step).
   void fail_all(const ErrorValue& error);

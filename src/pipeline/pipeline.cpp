@@ -79,8 +79,7 @@ struct TemplateSplit {
 // the agent's prompt: what comes before the prompt is the shared prefix, what
 // follows closes every branch.
 TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
-  const bool trees = std::any_of(spec.agents.begin(), spec.agents.end(),
-                                 [](const AgentSpec& a) { return !a.fork_from.empty(); });
+  const bool trees = spec.any_fork_from();
   std::vector<ChatMessage> chat;
   if (!spec.system_prompt.empty()) chat.push_back({"system", std::string(kSystemMarker)});
   chat.push_back({"user", std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker)});
@@ -163,8 +162,7 @@ bool valid_utf8(std::string_view s) {
 // that merges the document's end with the markup after it is not one).
 void locate_document(const PipelineSpec& spec, const Model& model, const TemplateSplit& split,
                      PreparedPipeline& out) {
-  if (std::none_of(spec.agents.begin(), spec.agents.end(),
-                   [](const AgentSpec& a) { return a.needs.any(); })) {
+  if (!spec.any_needs()) {
     out.watermarks.assign(spec.agents.size(), static_cast<int32_t>(out.prefix.size()));
     return;  // nothing to cut: spare tokenising the document twice more
   }
@@ -205,6 +203,23 @@ void locate_document(const PipelineSpec& spec, const Model& model, const Templat
 }
 
 }  // namespace
+
+std::optional<size_t> PipelineSpec::agent_index(std::string_view agent) const {
+  const auto it = std::find_if(agents.begin(), agents.end(),
+                               [&](const AgentSpec& a) { return a.name == agent; });
+  if (it == agents.end()) return std::nullopt;
+  return static_cast<size_t>(it - agents.begin());
+}
+
+bool PipelineSpec::any_needs() const {
+  return std::any_of(agents.begin(), agents.end(),
+                     [](const AgentSpec& a) { return a.needs.any(); });
+}
+
+bool PipelineSpec::any_fork_from() const {
+  return std::any_of(agents.begin(), agents.end(),
+                     [](const AgentSpec& a) { return !a.fork_from.empty(); });
+}
 
 std::string_view to_string(ForkMode mode) noexcept {
   switch (mode) {
@@ -326,9 +341,8 @@ void validate_pipeline(const PipelineSpec& spec) {
                               a.name));
     }
     if (a.fork_from.empty()) continue;
-    const auto parent = std::find_if(spec.agents.begin(), spec.agents.end(),
-                                     [&](const AgentSpec& x) { return x.name == a.fork_from; });
-    if (parent != spec.agents.end() && parent->needs.any()) {
+    const std::optional<size_t> parent = spec.agent_index(a.fork_from);
+    if (parent && spec.agents[*parent].needs.any()) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent '{}': fork_from names '{}', which reads only part of the "
                               "document (needs); fork from an agent that reads all of it",
@@ -337,8 +351,7 @@ void validate_pipeline(const PipelineSpec& spec) {
     if (a.fork_from == a.name) {
       throw Error(ErrorCode::kGraph, fmt::format("agent '{}' cannot fork from itself", a.name));
     }
-    if (std::none_of(spec.agents.begin(), spec.agents.end(),
-                     [&](const AgentSpec& x) { return x.name == a.fork_from; })) {
+    if (!parent) {
       throw Error(ErrorCode::kGraph, fmt::format("agent '{}': fork_from names unknown agent '{}'",
                                                  a.name, a.fork_from));
     }
@@ -349,14 +362,13 @@ void validate_pipeline(const PipelineSpec& spec) {
     if (holes.empty()) continue;
     const std::vector<bool> upstream = detail::upstream_of(deps, i + 1);
     for (const PromptPlaceholder& h : holes) {
-      const auto named = std::find_if(spec.agents.begin(), spec.agents.end(),
-                                      [&](const AgentSpec& a) { return a.name == h.name; });
-      if (named == spec.agents.end()) {
+      const std::optional<size_t> named = spec.agent_index(h.name);
+      if (!named) {
         throw Error(ErrorCode::kGraph,
                     fmt::format("agent '{}': placeholder {{{{{}}}}} names unknown agent '{}'",
                                 spec.agents[i].name, h.name, h.name));
       }
-      if (!upstream[static_cast<size_t>(named - spec.agents.begin()) + 1]) {
+      if (!upstream[*named + 1]) {
         throw Error(ErrorCode::kGraph,
                     fmt::format("agent '{}': placeholder {{{{{}}}}} names agent '{}', which is not "
                                 "among its dependencies (add '{}' to depends_on)",
@@ -497,11 +509,8 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
   out.branch_tail = split.texts[1];
   out.turn_close = split.turn_close;
   locate_document(spec, model, split, out);
-  const auto index_of = [&](const std::string& name) {
-    return static_cast<size_t>(std::find_if(spec.agents.begin(), spec.agents.end(),
-                                            [&](const AgentSpec& x) { return x.name == name; }) -
-                               spec.agents.begin());
-  };
+  // validate_pipeline made sure that every name below is an agent's.
+  const auto index_of = [&](const std::string& name) { return *spec.agent_index(name); };
   // Each agent's own prompt: tokenised now, or, with placeholders, counted
   // as the prompt without them plus each named agent's max_tokens.
   std::vector<int64_t> own;
@@ -546,8 +555,7 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
     }
     new_cells.push_back(static_cast<int32_t>(std::min(cells, kMax)));
   }
-  const bool trees = std::any_of(spec.agents.begin(), spec.agents.end(),
-                                 [](const AgentSpec& a) { return !a.fork_from.empty(); });
+  const bool trees = spec.any_fork_from();
   // exact: one more id parks finished branches' cells.
   const size_t ids = max_parallel_sequences() - (spec.exact ? 1 : 0);
   if (trees && fork_traits(spec.fork).one_context && spec.agents.size() + 1 > ids) {

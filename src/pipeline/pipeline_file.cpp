@@ -307,15 +307,20 @@ std::string yaml_error(const std::string& origin, const std::string& text,
                                  : "");
 }
 
+PipelineSpec parse_text(const std::string& text, const std::string& origin,
+                        const std::string& base_dir, const std::string& default_name) {
+  try {
+    return parse(YAML::Load(text), origin, base_dir, default_name);
+  } catch (const YAML::Exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, yaml_error(origin, text, e));
+  }
+}
+
 }  // namespace
 
 PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
                             const std::string& base_dir) {
-  try {
-    return parse(YAML::Load(yaml), origin, base_dir, "pipeline");
-  } catch (const YAML::Exception& e) {
-    throw Error(ErrorCode::kInvalidArgument, yaml_error(origin, yaml, e));
-  }
+  return parse_text(yaml, origin, base_dir, "pipeline");
 }
 
 nlohmann::json pipeline_json(const PipelineSpec& spec) {
@@ -350,13 +355,9 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
 }
 
 PipelineSpec load_pipeline_file(const std::string& path) {
-  const std::string text = read_file(path, "pipeline file");
-  try {
-    return parse(YAML::Load(text), path, std::filesystem::path(path).parent_path().string(),
-                 std::filesystem::path(path).stem().string());
-  } catch (const YAML::Exception& e) {
-    throw Error(ErrorCode::kInvalidArgument, yaml_error(path, text, e));
-  }
+  return parse_text(read_file(path, "pipeline file"), path,
+                    std::filesystem::path(path).parent_path().string(),
+                    std::filesystem::path(path).stem().string());
 }
 
 }  // namespace swarmkv

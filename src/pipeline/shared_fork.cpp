@@ -33,9 +33,7 @@ class SharedFork final : public ForkStrategy {
     const size_t document = *dag.pop();
     // Agents that read part of the document start during its prefill, so
     // the shared context prefills it itself, unless a snapshot holds it all.
-    const bool stream_if_missing = in.options.snapshot.file.empty() &&
-                                   std::any_of(in.spec.agents.begin(), in.spec.agents.end(),
-                                               [](const AgentSpec& a) { return a.needs.any(); });
+    const bool stream_if_missing = in.options.snapshot.file.empty() && in.spec.any_needs();
     std::unique_ptr<Context> ctx;
     bool streaming = false;
     try {
@@ -115,9 +113,8 @@ class SharedFork final : public ForkStrategy {
     const size_t n = in.spec.agents.size();
     std::vector<std::optional<size_t>> parents(n);
     for (size_t a = 0; a < n; ++a) {
-      const std::string& parent = in.spec.agents[a].fork_from;
-      for (size_t p = 0; p < n && !parent.empty(); ++p)
-        if (in.spec.agents[p].name == parent) parents[a] = p;
+      if (!in.spec.agents[a].fork_from.empty())
+        parents[a] = in.spec.agent_index(in.spec.agents[a].fork_from);
     }
     // keep_cells: the last id parks finished branches' cells (see BranchDecoding).
     const bool keep_cells = branch_decoding(in.spec).keep_cells;
@@ -126,9 +123,7 @@ class SharedFork final : public ForkStrategy {
     BatchPlanner planner(
         dag, in.prepared.budgeted_prompt_tokens, in.branch_pos0, keep_cells ? n_seq - 1 : n_seq,
         static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live, std::move(parents));
-    if (std::any_of(in.spec.agents.begin(), in.spec.agents.end(),
-                    [](const AgentSpec& a) { return a.needs.any(); }))
-      planner.set_watermarks(in.prepared.watermarks);
+    if (in.spec.any_needs()) planner.set_watermarks(in.prepared.watermarks);
     const std::vector<Token>& prefix = in.prepared.prefix;
     if (streaming) planner.stream_prefix(static_cast<int32_t>(prefix.size()));
     const Stopwatch stream_time;
