@@ -262,10 +262,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
       // A worker that could not get the snapshot from the bus (damaged
       // twice, or gone): publish it again, once per run, replacing the
       // bus's copy, and give the agent one more try.
-      if (a.error && !retried[i] &&
-          (a.error->code == ErrorCode::kCorruption || a.error->code == ErrorCode::kNotFound) &&
-          (a.error->message.rfind(url.address() + ": snapshot ", 0) == 0 ||
-           a.error->message.rfind(url.address() + ": the snapshot bus has no snapshot", 0) == 0)) {
+      if (a.error && !retried[i] && f["snapshot_unavailable"] == "1") {
         retried[i] = true;
         if (!republished) {
           republished = true;

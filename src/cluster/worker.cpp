@@ -193,6 +193,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
     std::vector<AgentResult> results;
     std::string run_id;
     FetchReport fetched;
+    bool snapshot_unavailable = false;  // the bus's copy is missing or damaged
     try {
       run_id = field(job, "run");
       const nlohmann::json names = nlohmann::json::parse(field(job, "agents"));
@@ -248,7 +249,15 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         } catch (const Error&) {
         }
         if (!local) {
-          const std::vector<uint8_t> file = fetch_snapshot(redis, key, &fetched);
+          std::vector<uint8_t> file;
+          try {
+            file = fetch_snapshot(redis, key, &fetched);
+          } catch (const Error& e) {
+            // Redis being away (kIo) is no fault of the bus's copy.
+            snapshot_unavailable =
+                e.code() == ErrorCode::kCorruption || e.code() == ErrorCode::kNotFound;
+            throw;
+          }
           path = store.adopt(key, file);
           ++report.fetches;
           log_info("worker {}: fetched snapshot {} ({:.1f} MiB in {:.0f} ms, {:.0f} MB/s)", name,
@@ -299,9 +308,25 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       for (AgentResult& a : results) {
         a.worker = name;
         redis.command(
-            {"XADD", results_key, "MAXLEN", "~", "100000", "*", "agent", a.name, "worker", name,
-             "job", job.id, "fetch_bytes", std::to_string(fetched.bytes), "fetch_ms",
-             fmt::format("{:.3f}", fetched.ms), "result",
+            {"XADD",
+             results_key,
+             "MAXLEN",
+             "~",
+             "100000",
+             "*",
+             "agent",
+             a.name,
+             "worker",
+             name,
+             "job",
+             job.id,
+             "fetch_bytes",
+             std::to_string(fetched.bytes),
+             "fetch_ms",
+             fmt::format("{:.3f}", fetched.ms),
+             "snapshot_unavailable",
+             snapshot_unavailable ? "1" : "0",
+             "result",
              agent_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
       }
       redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});

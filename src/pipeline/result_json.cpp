@@ -17,6 +17,21 @@ E enum_from(const nlohmann::json& j, const char* field, int count) {
   throw Error(ErrorCode::kCorruption, fmt::format("unknown {} '{}'", field, name));
 }
 
+// "timings_ms": its keys and the AgentTimings fields they hold, both ways.
+// started_at and first_token_at stand beside it (*_at_ms); done_at is in
+// both places.
+constexpr std::pair<const char*, double AgentTimings::*> kTimingsFields[] = {
+    {"wait", &AgentTimings::wait},
+    {"context", &AgentTimings::context},
+    {"prefill", &AgentTimings::prefill},
+    {"fork", &AgentTimings::fork},
+    {"restore", &AgentTimings::restore},
+    {"prompt", &AgentTimings::prompt},
+    {"first_token", &AgentTimings::first_token},
+    {"generate", &AgentTimings::generate},
+    {"total", &AgentTimings::total},
+    {"done_at", &AgentTimings::done_at}};
+
 }  // namespace
 
 nlohmann::json error_json(const std::optional<ErrorValue>& error) {
@@ -39,16 +54,9 @@ nlohmann::json kv_layout_json(const KvLayout& l) {
 }
 
 nlohmann::json timings_json(const AgentTimings& t) {
-  return {{"wait", t.wait},
-          {"context", t.context},
-          {"prefill", t.prefill},
-          {"fork", t.fork},
-          {"restore", t.restore},
-          {"prompt", t.prompt},
-          {"first_token", t.first_token},
-          {"generate", t.generate},
-          {"total", t.total},
-          {"done_at", t.done_at}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, member] : kTimingsFields) j[key] = t.*member;
+  return j;
 }
 
 nlohmann::json agent_json(const AgentResult& a) {
@@ -88,16 +96,7 @@ AgentResult agent_from_json(const nlohmann::json& j) {
     j.at("prompt_tokens").get_to(a.prompt_tokens);
     j.at("prompt_rendered").get_to(a.prompt_rendered);
     AgentTimings& t = a.timings_ms;
-    const nlohmann::json& tj = j.at("timings_ms");
-    tj.at("wait").get_to(t.wait);
-    tj.at("context").get_to(t.context);
-    tj.at("prefill").get_to(t.prefill);
-    tj.at("fork").get_to(t.fork);
-    tj.at("restore").get_to(t.restore);
-    tj.at("prompt").get_to(t.prompt);
-    tj.at("first_token").get_to(t.first_token);
-    tj.at("generate").get_to(t.generate);
-    tj.at("total").get_to(t.total);
+    for (const auto& [key, member] : kTimingsFields) j.at("timings_ms").at(key).get_to(t.*member);
     j.at("started_at_ms").get_to(t.started_at);
     j.at("first_token_at_ms").get_to(t.first_token_at);
     j.at("done_at_ms").get_to(t.done_at);
