@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -108,6 +109,23 @@ TEST_F(SnapshotFileTest, RoundTripKeepsMetadataTokensAndEveryPayloadByte) {
   EXPECT_GT(times.verify_ms, 0);
   // Nothing but the file is left in the folder.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+// The codec works in memory; a file is one sink for its bytes.
+TEST_F(SnapshotFileTest, EncodedBytesAreTheFileWriteSnapshotWrites) {
+  SnapshotMeta meta = test_meta(300);
+  meta.created_unix = 1800000000;  // both encodings made in the same second
+  const std::vector<uint8_t> payload = payload_of(kSnapshotSectionBytes + 100);
+  const std::vector<uint8_t> encoded = encode_snapshot(meta, payload);
+  write_snapshot(path("file.swkv"), meta, payload);
+  const std::string file = bytes_of(path("file.swkv"));
+  ASSERT_EQ(encoded.size(), file.size());
+  EXPECT_TRUE(
+      std::equal(encoded.begin(), encoded.end(), reinterpret_cast<const uint8_t*>(file.data())));
+  write_snapshot_bytes(path("copy.swkv"), encoded);
+  const SnapshotHeader h = read_snapshot_header(path("copy.swkv"));
+  EXPECT_EQ(h.meta.tokens, meta.tokens);
+  EXPECT_EQ(read_snapshot_payload(path("copy.swkv"), h), payload);
 }
 
 TEST_F(SnapshotFileTest, TruncationAtEverySectionBoundaryNamesTheSection) {

@@ -77,6 +77,10 @@ SnapshotBinding binding_of(const Model& model, const ContextOptions& options);
 // the tokens. Equal keys mean equal bindings and equal tokens.
 std::string snapshot_key(const SnapshotBinding& binding, std::span<const Token> tokens);
 
+// The bytes of the snapshot file of `meta` and `payload`, in memory (what
+// write_snapshot writes; the bus sends them as they are).
+std::vector<uint8_t> encode_snapshot(const SnapshotMeta& meta, std::span<const uint8_t> payload);
+
 // Writes `meta` and `payload` to `path` atomically: a temporary file in the
 // same folder, fsync, rename over `path`, fsync the folder. Readers see the
 // old file or the new one, never a part. Throws Error(kIo) naming the path;

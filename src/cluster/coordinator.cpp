@@ -117,17 +117,13 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
       return;
     }
     if (file.empty()) {
-      const std::string tmp = (std::filesystem::temp_directory_path() /
-                               fmt::format("swarmkv-{}-{}.swkv", key, ::getpid()))
-                                  .string();
-      const PrefillReport made = prefill_document(spec, model, options.run, tmp);
-      const std::string bytes = read_file(tmp, "the snapshot just written");
-      std::filesystem::remove(tmp);
-      file.assign(bytes.begin(), bytes.end());
-      result.snapshot = made.snapshot;
+      detail::PrefixState made =
+          detail::obtain_prefix_state(spec, prepared.prefix, options.run, model);
+      file = encode_snapshot(detail::prefix_meta(*model, spec, prepared.prefix), made.bytes);
       result.prefill_ms = made.prefill_ms;
       result.export_ms = made.export_ms;
-      result.document_prefills = made.snapshot.prefilled_tokens > 0 ? 1 : 0;
+      result.document_prefills = made.use.prefilled_tokens > 0 ? 1 : 0;
+      result.snapshot = std::move(made.use);
     }
     const PublishReport p = publish_snapshot(redis, key, file, options.bus, mode);
     transfer.bytes = p.bytes;

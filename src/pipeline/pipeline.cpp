@@ -660,11 +660,7 @@ PrefillReport prefill_document(const PipelineSpec& spec, const std::shared_ptr<c
   report.export_ms = state.export_ms;
   if (!out_path.empty()) {
     const Stopwatch w;
-    SnapshotMeta meta;
-    meta.binding = detail::prefix_binding(*model, spec);
-    meta.tokens = prefix;
-    meta.model_file = std::filesystem::path(model->path()).filename().string();
-    write_snapshot(out_path, meta, state.bytes);
+    write_snapshot(out_path, detail::prefix_meta(*model, spec, prefix), state.bytes);
     report.write_ms = w.ms();
     report.out_path = out_path;
   }

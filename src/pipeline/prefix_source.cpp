@@ -32,6 +32,15 @@ SnapshotBinding prefix_binding(const Model& model, const PipelineSpec& spec) {
   return prefix_binding(model, engine_options(spec));
 }
 
+SnapshotMeta prefix_meta(const Model& model, const PipelineSpec& spec,
+                         const std::vector<Token>& prefix) {
+  SnapshotMeta meta;
+  meta.binding = prefix_binding(model, spec);
+  meta.tokens = prefix;
+  meta.model_file = std::filesystem::path(model.path()).filename().string();
+  return meta;
+}
+
 size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_tokens,
                        const KvLayout& layout) {
   if (common == snapshot_tokens && common == prefix_tokens) return common;
@@ -175,12 +184,8 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
            rest.size(), out.prefill_ms, use.bytes);
 
   if (store && so.cache == SnapshotCacheMode::kOn) {
-    SnapshotMeta meta;
-    meta.binding = binding;
-    meta.tokens = prefix;
-    meta.model_file = std::filesystem::path(model->path()).filename().string();
     try {
-      const std::string path = store->publish(meta, out.bytes);
+      const std::string path = store->publish(prefix_meta(*model, spec, prefix), out.bytes);
       use.published = true;
       if (use.source == SnapshotSource::kPrefill) use.path = path;
     } catch (const Error& err) {

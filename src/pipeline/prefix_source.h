@@ -34,6 +34,11 @@ ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens
 SnapshotBinding prefix_binding(const Model& model, const ContextOptions& engine);
 SnapshotBinding prefix_binding(const Model& model, const PipelineSpec& spec);
 
+// The metadata of a snapshot of `prefix` made for `spec` on `model`: its
+// binding (prefix_binding), the tokens, the model's file name.
+SnapshotMeta prefix_meta(const Model& model, const PipelineSpec& spec,
+                         const std::vector<Token>& prefix);
+
 // How many leading tokens of a snapshot of `snapshot_tokens` tokens that
 // shares `common` tokens with a prefix of `prefix_tokens` can be reused so
 // that the result equals a prefill of the prefix bit for bit: all of them on

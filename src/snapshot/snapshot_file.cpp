@@ -236,8 +236,17 @@ std::string snapshot_key(const SnapshotBinding& binding, std::span<const Token> 
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
 
-void write_snapshot(const std::string& path, const SnapshotMeta& meta_in,
-                    std::span<const uint8_t> payload) {
+namespace {
+
+// A snapshot file is head + tokens + the payload as is: the head holds the
+// magic, the metadata and the section table (the payload cut into
+// kSnapshotSectionBytes sections, each with its checksum).
+struct EncodedParts {
+  std::string head;
+  std::string tokens;
+};
+
+EncodedParts encode_parts(const SnapshotMeta& meta_in, std::span<const uint8_t> payload) {
   SnapshotMeta meta = meta_in;
   meta.payload_bytes = payload.size();
   if (meta.producer.empty()) meta.producer = std::string("swarmkv ") + SWARMKV_VERSION;
@@ -246,24 +255,24 @@ void write_snapshot(const std::string& path, const SnapshotMeta& meta_in,
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
   }
-  // Sections: the tokens, then the payload in kSnapshotSectionBytes pieces.
-  std::string tokens;
-  tokens.reserve(meta.tokens.size() * 4);
-  for (const Token t : meta.tokens) put_u32(tokens, static_cast<uint32_t>(t));
+  EncodedParts out;
+  out.tokens.reserve(meta.tokens.size() * 4);
+  for (const Token t : meta.tokens) put_u32(out.tokens, static_cast<uint32_t>(t));
   struct Piece {
     std::string name;
     const uint8_t* data;
     uint64_t size;
   };
   std::vector<Piece> pieces{
-      {"tokens", reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size()}};
+      {"tokens", reinterpret_cast<const uint8_t*>(out.tokens.data()), out.tokens.size()}};
   for (uint64_t at = 0, i = 0; at < payload.size(); at += kSnapshotSectionBytes, ++i) {
     pieces.push_back({fmt::format("kv.{}", i), payload.data() + at,
                       std::min<uint64_t>(kSnapshotSectionBytes, payload.size() - at)});
   }
 
   const std::string json = meta_json(meta);
-  std::string header(kMagic, sizeof(kMagic));
+  std::string& header = out.head;
+  header.assign(kMagic, sizeof(kMagic));
   put_u32(header, meta.format_version);
   put_u32(header, static_cast<uint32_t>(json.size()));
   header += json;
@@ -280,11 +289,30 @@ void write_snapshot(const std::string& path, const SnapshotMeta& meta_in,
     offset += p.size;
   }
   put_u64(header, XXH3_64bits(header.data(), header.size()));
+  return out;
+}
 
-  std::vector<std::span<const uint8_t>> parts{
-      {reinterpret_cast<const uint8_t*>(header.data()), header.size()}};
-  for (const Piece& p : pieces) parts.emplace_back(p.data, p.size);
-  write_atomically(path, parts);
+std::span<const uint8_t> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_snapshot(const SnapshotMeta& meta, std::span<const uint8_t> payload) {
+  const EncodedParts parts = encode_parts(meta, payload);
+  std::vector<uint8_t> file;
+  file.reserve(parts.head.size() + parts.tokens.size() + payload.size());
+  for (const std::span<const uint8_t> part :
+       {bytes_of(parts.head), bytes_of(parts.tokens), payload})
+    file.insert(file.end(), part.begin(), part.end());
+  return file;
+}
+
+void write_snapshot(const std::string& path, const SnapshotMeta& meta,
+                    std::span<const uint8_t> payload) {
+  const EncodedParts parts = encode_parts(meta, payload);
+  const std::span<const uint8_t> file[] = {bytes_of(parts.head), bytes_of(parts.tokens), payload};
+  write_atomically(path, file);
 }
 
 void write_snapshot_bytes(const std::string& path, std::span<const uint8_t> file) {
