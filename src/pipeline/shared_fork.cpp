@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "kv/sequence_table.h"
 #include "pipeline/batch_planner.h"
 #include "pipeline/fork_strategy.h"
 #include "pipeline/prefix_source.h"
@@ -119,12 +120,14 @@ class SharedFork final : public ForkStrategy {
     // keep_cells: the last id parks finished branches' cells (see BranchDecoding).
     const bool keep_cells = branch_decoding(in.spec).keep_cells;
     const auto n_seq = static_cast<int32_t>(ctx.options().n_seq_max);
-    const SeqId park = keep_cells ? n_seq - 1 : -1;
+    ContextKv kv(ctx);
+    SequenceTable table(kv, keep_cells ? n_seq - 1 : n_seq, keep_cells);
+    const std::vector<Token>& prefix = in.prepared.prefix;
+    if (!streaming) table.decoded(0, prefix.size());  // restored on sequence 0
     BatchPlanner planner(
         dag, in.prepared.budgeted_prompt_tokens, in.branch_pos0, keep_cells ? n_seq - 1 : n_seq,
         static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live, std::move(parents));
     if (in.spec.any_needs()) planner.set_watermarks(in.prepared.watermarks);
-    const std::vector<Token>& prefix = in.prepared.prefix;
     if (streaming) planner.stream_prefix(static_cast<int32_t>(prefix.size()));
     const Stopwatch stream_time;
     std::vector<Branch> branches(n);
@@ -134,10 +137,7 @@ class SharedFork final : public ForkStrategy {
 
     while (!planner.finished()) {
       const std::vector<BatchPlanner::Admission> admissions = planner.admit();
-      for (const SeqId seq : planner.take_freed()) {  // before any fork into it
-        if (keep_cells) ctx.seq_cp(seq, park);
-        ctx.seq_rm(seq);
-      }
+      for (const SeqId seq : planner.take_freed()) table.free(seq);  // before any fork into it
       for (const BatchPlanner::Admission& admitted : admissions) {
         Branch& b = branches[admitted.agent];
         const AgentSpec& spec = in.spec.agents[admitted.agent];
@@ -168,7 +168,8 @@ class SharedFork final : public ForkStrategy {
           // The fork: no KV byte moves. A watermark agent takes the prefix's
           // cells before its watermark only.
           const bool cut = spec.needs.any();
-          ctx.seq_cp(admitted.from, b.seq, cut ? 0 : -1, cut ? admitted.pos0 : -1);
+          table.fork(b.seq, admitted.from,
+                     cut ? static_cast<size_t>(admitted.pos0) : table.length(admitted.from));
           t.fork = ms_between(b.admitted, Clock::now());
         } catch (...) {
           fail(admitted.agent, current_error_value());
@@ -214,6 +215,7 @@ class SharedFork final : public ForkStrategy {
       }
       const auto t1 = Clock::now();
       planner.decoded(plan);
+      for (const PlannedToken& p : plan.tokens) table.decoded(p.seq, 1);
       if (plan.step.document_tokens > 0 && !planner.streaming()) {
         result.prefill_ms = stream_time.ms();
         result.prefill_done_at_ms = ms_between(in.started, t1);

@@ -165,7 +165,7 @@ class CompletionEngine {
   EngineStats stats() const;
 
  private:
-  struct Slot;
+  class Scheduler;  // the engine thread's state and steps
   struct Pending {
     std::shared_ptr<Job> job;
     CompletionRequest request;
@@ -174,7 +174,6 @@ class CompletionEngine {
     bool looked_up = false;
     std::optional<StoredPrefix> stored;
   };
-  void loop();
   void wake();
   friend class Job;
 
