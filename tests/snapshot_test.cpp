@@ -63,10 +63,32 @@ class SnapshotFileTest : public ::testing::Test {
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // The error of reading `file` whole (header, then payload); "" when none.
+  // The same bytes decoded in memory, and verified in memory, must fail
+  // with the same error (the codec is one, the file only its source).
   static std::string read_error(const std::string& file, ErrorCode* code = nullptr) {
+    const std::string from_file = error_of(
+        [&] {
+          const SnapshotHeader h = read_snapshot_header(file);
+          read_snapshot_payload(file, h);
+        },
+        code);
+    if (fs::exists(file)) {
+      const std::string bytes = bytes_of(file);
+      const std::span<const uint8_t> in_memory(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                               bytes.size());
+      EXPECT_EQ(error_of([&] {
+                  const SnapshotHeader h = decode_snapshot_header(in_memory, file);
+                  decode_snapshot_payload(in_memory, h, file);
+                }),
+                from_file);
+      EXPECT_EQ(error_of([&] { verify_snapshot(in_memory, file); }), from_file);
+    }
+    return from_file;
+  }
+  template <typename F>
+  static std::string error_of(F&& read, ErrorCode* code = nullptr) {
     try {
-      const SnapshotHeader h = read_snapshot_header(file);
-      read_snapshot_payload(file, h);
+      read();
     } catch (const Error& e) {
       if (code != nullptr) *code = e.code();
       return e.what();
@@ -126,6 +148,21 @@ TEST_F(SnapshotFileTest, EncodedBytesAreTheFileWriteSnapshotWrites) {
   const SnapshotHeader h = read_snapshot_header(path("copy.swkv"));
   EXPECT_EQ(h.meta.tokens, meta.tokens);
   EXPECT_EQ(read_snapshot_payload(path("copy.swkv"), h), payload);
+}
+
+TEST_F(SnapshotFileTest, DecodingBytesInMemoryGivesWhatReadingTheFileGives) {
+  const std::vector<uint8_t> payload = payload_of(2 * kSnapshotSectionBytes + 5);
+  const std::vector<uint8_t> file = encode_snapshot(test_meta(300), payload);
+  write_snapshot_bytes(path("file.swkv"), file);
+  const SnapshotHeader from_file = read_snapshot_header(path("file.swkv"));
+  const SnapshotHeader decoded = decode_snapshot_header(file, "bytes");
+  EXPECT_EQ(decoded.meta.binding, from_file.meta.binding);
+  EXPECT_EQ(decoded.meta.tokens, from_file.meta.tokens);
+  EXPECT_EQ(decoded.meta.payload_bytes, payload.size());
+  EXPECT_EQ(decoded.file_bytes, file.size());
+  ASSERT_EQ(decoded.sections.size(), 4u);
+  EXPECT_EQ(decode_snapshot_payload(file, decoded, "bytes"), payload);
+  EXPECT_EQ(verify_snapshot(file, "bytes").meta.tokens, from_file.meta.tokens);
 }
 
 TEST_F(SnapshotFileTest, TruncationAtEverySectionBoundaryNamesTheSection) {
@@ -416,6 +453,42 @@ TEST_F(SnapshotStoreTest, GcEvictsToTheCapAndRemovesOnlyStaleTemporaries) {
   EXPECT_TRUE(fs::exists(b));
   EXPECT_FALSE(fs::exists(path(".tmp-stale")));
   EXPECT_TRUE(fs::exists(path(".tmp-live")));
+}
+
+TEST_F(SnapshotStoreTest, AdoptStoresOnlyVerifiedBytesOfItsKey) {
+  SnapshotStore store(dir_.string(), 1ull << 30);
+  const SnapshotMeta meta = test_meta(200);
+  const std::string key = snapshot_key(meta.binding, meta.tokens);
+  const std::vector<uint8_t> file = encode_snapshot(meta, payload_of(5000));
+  const auto adopt_error = [&](const std::string& as, std::vector<uint8_t> bytes) {
+    try {
+      store.adopt(as, bytes);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorruption) << e.what();
+      EXPECT_FALSE(fs::exists(store.path_of(as))) << "a refused file reached the store";
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::vector<uint8_t> damaged = file;
+  damaged.at(damaged.size() - 10) ^= 1;  // in the KV payload
+  EXPECT_TRUE(adopt_error(key, damaged)
+                  .starts_with(fmt::format(
+                      "corruption: snapshot {}: snapshot '{}': checksum mismatch in section 'kv.0'",
+                      key, store.path_of(key))));
+  const std::string other = snapshot_key(meta.binding, test_meta(201).tokens);
+  EXPECT_EQ(adopt_error(other, file),
+            fmt::format("corruption: snapshot {}: the snapshot received for key {} is the "
+                        "snapshot of key {}",
+                        other, other, key));
+  EXPECT_EQ(adopt_error(key, {}),
+            fmt::format("corruption: snapshot {}: snapshot '{}': the file is empty (0 bytes)", key,
+                        store.path_of(key)));
+  const std::string stored = store.adopt(key, file);
+  EXPECT_EQ(stored, store.path_of(key));
+  const std::string on_disk = bytes_of(stored);
+  EXPECT_TRUE(std::equal(file.begin(), file.end(), on_disk.begin(), on_disk.end(),
+                         [](uint8_t a, char b) { return a == static_cast<uint8_t>(b); }));
 }
 
 TEST_F(SnapshotStoreTest, TwoProcessesPublishingOneKeyLeaveOneValidFileAndNoTemporaries) {

@@ -18,10 +18,6 @@ inline constexpr int kResultSchemaVersion = 2;
 
 // null when ok, else {"code": "<stable code name>", "message": "..."}.
 nlohmann::json error_json(const std::optional<ErrorValue>& error);
-// {"architecture", "n_layer", "n_embd_k", "n_embd_v", "type_k", "type_v",
-//  "flash_attn", "kv_unified", "n_swa", "n_ubatch"}: the snapshot metadata's
-//  "layout" and `swarmkv snapshot info`'s.
-nlohmann::json kv_layout_json(const KvLayout& l);
 // {"wait", "context", "prefill", "fork", "restore", "prompt", "first_token",
 //  "generate", "total", "done_at"}, milliseconds (AgentTimings).
 nlohmann::json timings_json(const AgentTimings& t);

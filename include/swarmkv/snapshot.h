@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 
@@ -69,6 +71,16 @@ struct SnapshotReadTimes {
   double verify_ms = 0;  // checksums
 };
 
+// The layout as the snapshot format writes it (the metadata's "layout",
+// whose dumped bytes a snapshot key hashes; `snapshot info` and `run
+// --json` print the same object): {"architecture", "n_layer", "n_embd_k",
+// "n_embd_v", "type_k", "type_v", "flash_attn", "kv_unified", "n_swa",
+// "n_ubatch", "batch_invariant"}.
+nlohmann::json kv_layout_json(const KvLayout& l);
+// The layout kv_layout_json wrote (a missing "batch_invariant" reads as
+// false); throws nlohmann::json::exception for a missing key or a wrong type.
+KvLayout kv_layout_from_json(const nlohmann::json& j);
+
 // The binding of a prefix state made by a context with `options` on
 // `model`: engine, state version, the model's fingerprint and kv_layout().
 SnapshotBinding binding_of(const Model& model, const ContextOptions& options);
@@ -105,6 +117,15 @@ SnapshotHeader read_snapshot_header(const std::string& path);
 // mismatch), Error(kIo) when reading fails.
 std::vector<uint8_t> read_snapshot_payload(const std::string& path, const SnapshotHeader& header,
                                            SnapshotReadTimes* times = nullptr);
+
+// The same reads on a whole snapshot file in memory (received from the
+// bus), with the same errors; `name` stands for the path in them.
+SnapshotHeader decode_snapshot_header(std::span<const uint8_t> file, const std::string& name);
+std::vector<uint8_t> decode_snapshot_payload(std::span<const uint8_t> file,
+                                             const SnapshotHeader& header, const std::string& name);
+// decode_snapshot_header and every KV section's checksum, without copying
+// the payload: what a file must pass before it is stored.
+SnapshotHeader verify_snapshot(std::span<const uint8_t> file, const std::string& name);
 
 // Throws Error(kIncompatible) naming the first field that differs, with the
 // value the snapshot was made for and the value this context has.
@@ -176,11 +197,12 @@ class SnapshotStore {
   // recently used entries (never the new one) until the store fits the cap.
   // Returns the entry's path. Throws Error(kIo).
   std::string publish(const SnapshotMeta& meta, std::span<const uint8_t> payload);
-  // Stores a whole snapshot file received from elsewhere under `key`
-  // atomically, verifies it (header, tokens and every KV section; a file
-  // whose bytes do not hash to `key` is removed again) and evicts as publish
-  // does. Returns the entry's path. Throws Error(kIo), and Error(kCorruption)
-  // naming the key for bytes that are not a valid snapshot of that key.
+  // Verifies a whole snapshot file received from elsewhere in memory
+  // (verify_snapshot, and that its binding and tokens hash to `key`), then
+  // stores it under `key` atomically and evicts as publish does; bytes that
+  // fail never reach the folder. Returns the entry's path. Throws
+  // Error(kCorruption) naming the key for bytes that are not a valid
+  // snapshot of that key, Error(kIo) when writing fails.
   std::string adopt(const std::string& key, std::span<const uint8_t> file);
   // Marks an entry as just used.
   void touch(const std::string& path) const;

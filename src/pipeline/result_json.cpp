@@ -39,20 +39,6 @@ nlohmann::json error_json(const std::optional<ErrorValue>& error) {
   return {{"code", std::string(to_string(error->code))}, {"message", error->message}};
 }
 
-nlohmann::json kv_layout_json(const KvLayout& l) {
-  return {{"architecture", l.architecture},
-          {"n_layer", l.n_layer},
-          {"n_embd_k", l.n_embd_k},
-          {"n_embd_v", l.n_embd_v},
-          {"type_k", l.type_k},
-          {"type_v", l.type_v},
-          {"flash_attn", l.flash_attn},
-          {"kv_unified", l.kv_unified},
-          {"n_swa", l.n_swa},
-          {"n_ubatch", l.n_ubatch},
-          {"batch_invariant", l.batch_invariant}};
-}
-
 nlohmann::json timings_json(const AgentTimings& t) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [key, member] : kTimingsFields) j[key] = t.*member;

@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include "swarmkv/measure.h"
-#include "swarmkv/result_json.h"
 #include "swarmkv/snapshot.h"
 
 #ifndef SWARMKV_VERSION
@@ -49,7 +48,23 @@ uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
-KvLayout layout_from(const nlohmann::json& j) {
+}  // namespace
+
+nlohmann::json kv_layout_json(const KvLayout& l) {
+  return {{"architecture", l.architecture},
+          {"n_layer", l.n_layer},
+          {"n_embd_k", l.n_embd_k},
+          {"n_embd_v", l.n_embd_v},
+          {"type_k", l.type_k},
+          {"type_v", l.type_v},
+          {"flash_attn", l.flash_attn},
+          {"kv_unified", l.kv_unified},
+          {"n_swa", l.n_swa},
+          {"n_ubatch", l.n_ubatch},
+          {"batch_invariant", l.batch_invariant}};
+}
+
+KvLayout kv_layout_from_json(const nlohmann::json& j) {
   KvLayout l;
   l.architecture = j.at("architecture").get<std::string>();
   l.n_layer = j.at("n_layer").get<int32_t>();
@@ -64,6 +79,8 @@ KvLayout layout_from(const nlohmann::json& j) {
   l.batch_invariant = j.value("batch_invariant", false);  // files from before the key: not
   return l;
 }
+
+namespace {
 
 std::string meta_json(const SnapshotMeta& m) {
   const nlohmann::json j = {
@@ -84,22 +101,6 @@ std::string meta_json(const SnapshotMeta& m) {
   throw Error(ErrorCode::kCorruption, fmt::format("snapshot '{}': {}", path, what));
 }
 
-// Reads exactly `n` bytes at `offset`; false when the file ends first.
-bool read_at(int fd, uint64_t offset, uint8_t* dst, size_t n, const std::string& path) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t got = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw Error(ErrorCode::kIo,
-                  fmt::format("reading snapshot '{}' failed: {}", path, std::strerror(errno)));
-    }
-    if (got == 0) return false;
-    done += static_cast<size_t>(got);
-  }
-  return true;
-}
-
 class Fd {
  public:
   explicit Fd(int fd) : fd_(fd) {}
@@ -114,40 +115,111 @@ class Fd {
   int fd_;
 };
 
-Fd open_for_reading(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      throw Error(ErrorCode::kNotFound, fmt::format("snapshot '{}' does not exist", path));
+// Where the decoder reads a snapshot's bytes from: a file, or memory (a
+// file received from the bus). `name` names it in errors.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual const std::string& name() const = 0;
+  virtual uint64_t size() const = 0;
+  // Exactly `n` bytes at `offset` into dst; false when the bytes end first.
+  // Throws Error(kIo) when reading fails.
+  virtual bool read(uint64_t offset, uint8_t* dst, uint64_t n) const = 0;
+};
+
+class FileSource final : public ByteSource {
+ public:
+  explicit FileSource(const std::string& path) : path_(path), fd_(open(path)) {
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) {
+      throw Error(ErrorCode::kIo,
+                  fmt::format("cannot stat snapshot '{}': {}", path, std::strerror(errno)));
     }
-    throw Error(ErrorCode::kIo,
-                fmt::format("cannot open snapshot '{}': {}", path, std::strerror(errno)));
+    size_ = static_cast<uint64_t>(st.st_size);
   }
-  return Fd(fd);
+  const std::string& name() const override { return path_; }
+  uint64_t size() const override { return size_; }
+  bool read(uint64_t offset, uint8_t* dst, uint64_t n) const override {
+    uint64_t done = 0;
+    while (done < n) {
+      const ssize_t got =
+          ::pread(fd_.get(), dst + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        throw Error(ErrorCode::kIo,
+                    fmt::format("reading snapshot '{}' failed: {}", path_, std::strerror(errno)));
+      }
+      if (got == 0) return false;
+      done += static_cast<uint64_t>(got);
+    }
+    return true;
+  }
+
+ private:
+  static int open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) {
+        throw Error(ErrorCode::kNotFound, fmt::format("snapshot '{}' does not exist", path));
+      }
+      throw Error(ErrorCode::kIo,
+                  fmt::format("cannot open snapshot '{}': {}", path, std::strerror(errno)));
+    }
+    return fd;
+  }
+  std::string path_;
+  Fd fd_;
+  uint64_t size_ = 0;
+};
+
+class MemorySource final : public ByteSource {
+ public:
+  MemorySource(std::span<const uint8_t> bytes, std::string name)
+      : bytes_(bytes), name_(std::move(name)) {}
+  const std::string& name() const override { return name_; }
+  uint64_t size() const override { return bytes_.size(); }
+  bool read(uint64_t offset, uint8_t* dst, uint64_t n) const override {
+    // As pread does: what there is, then false when it was not all.
+    const uint64_t have = offset < bytes_.size() ? std::min(n, bytes_.size() - offset) : 0;
+    if (have > 0) std::memcpy(dst, bytes_.data() + offset, have);
+    return have == n;
+  }
+  std::span<const uint8_t> bytes() const { return bytes_; }
+
+ private:
+  std::span<const uint8_t> bytes_;
+  std::string name_;
+};
+
+void check_in_bounds(const ByteSource& src, const SnapshotSection& s) {
+  if (s.offset + s.size > src.size()) {
+    corrupt(src.name(), fmt::format("truncated: section '{}' needs bytes [{}, {}), the file has {}",
+                                    s.name, s.offset, s.offset + s.size, src.size()));
+  }
 }
 
-// Reads a section's bytes and checks them against the table.
-void read_section(int fd, const std::string& path, const SnapshotSection& s, uint64_t file_bytes,
-                  uint8_t* dst, SnapshotReadTimes* times) {
-  if (s.offset + s.size > file_bytes) {
-    corrupt(path, fmt::format("truncated: section '{}' needs bytes [{}, {}), the file has {}",
-                              s.name, s.offset, s.offset + s.size, file_bytes));
-  }
-  const Stopwatch r;
-  if (!read_at(fd, s.offset, dst, s.size, path)) {
-    corrupt(path, fmt::format("truncated while reading section '{}'", s.name));
-  }
+void check_sum(const ByteSource& src, const SnapshotSection& s, const uint8_t* data,
+               SnapshotReadTimes* times) {
   const Stopwatch v;
-  const uint64_t sum = XXH3_64bits(dst, s.size);
-  if (times != nullptr) {
-    times->read_ms += r.ms() - v.ms();
-    times->verify_ms += v.ms();
-  }
+  const uint64_t sum = XXH3_64bits(data, s.size);
+  if (times != nullptr) times->verify_ms += v.ms();
   if (sum != s.xxh3) {
-    corrupt(path,
+    corrupt(src.name(),
             fmt::format("checksum mismatch in section '{}' (stored {:016x}, computed {:016x})",
                         s.name, s.xxh3, sum));
   }
+}
+
+// Reads a section's bytes and checks them against the table.
+void read_section(const ByteSource& src, const SnapshotSection& s, uint8_t* dst,
+                  SnapshotReadTimes* times) {
+  check_in_bounds(src, s);
+  const Stopwatch r;
+  if (!src.read(s.offset, dst, s.size)) {
+    corrupt(src.name(), fmt::format("truncated while reading section '{}'", s.name));
+  }
+  if (times != nullptr) times->read_ms += r.ms();
+  check_sum(src, s, dst, times);
 }
 
 void fsync_dir(const std::filesystem::path& dir) {
@@ -320,20 +392,17 @@ void write_snapshot_bytes(const std::string& path, std::span<const uint8_t> file
   write_atomically(path, parts);
 }
 
-SnapshotHeader read_snapshot_header(const std::string& path) {
-  const Fd fd = open_for_reading(path);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    throw Error(ErrorCode::kIo,
-                fmt::format("cannot stat snapshot '{}': {}", path, std::strerror(errno)));
-  }
+namespace {
+
+// The header and the tokens section, verified (read_snapshot_header's contract).
+SnapshotHeader decode_header(const ByteSource& src) {
+  const std::string& path = src.name();
   SnapshotHeader h;
-  h.file_bytes = static_cast<uint64_t>(st.st_size);
+  h.file_bytes = src.size();
   if (h.file_bytes == 0) corrupt(path, "the file is empty (0 bytes)");
 
   uint8_t fixed[16];
-  if (!read_at(fd.get(), 0, fixed, sizeof(fixed), path) ||
-      std::memcmp(fixed, kMagic, sizeof(kMagic)) != 0) {
+  if (!src.read(0, fixed, sizeof(fixed)) || std::memcmp(fixed, kMagic, sizeof(kMagic)) != 0) {
     if (std::memcmp(fixed, kMagic, std::min<uint64_t>(h.file_bytes, sizeof(kMagic))) == 0) {
       corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
     }
@@ -347,7 +416,7 @@ SnapshotHeader read_snapshot_header(const std::string& path) {
   }
   std::vector<uint8_t> head(sizeof(fixed) + meta_len + 4);
   std::memcpy(head.data(), fixed, sizeof(fixed));
-  if (!read_at(fd.get(), sizeof(fixed), head.data() + sizeof(fixed), meta_len + 4, path)) {
+  if (!src.read(sizeof(fixed), head.data() + sizeof(fixed), meta_len + 4)) {
     corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
   }
   const uint32_t n_sections = get_u32(head.data() + sizeof(fixed) + meta_len);
@@ -356,7 +425,7 @@ SnapshotHeader read_snapshot_header(const std::string& path) {
   }
   const size_t table_at = head.size();
   head.resize(table_at + n_sections * kTableRow + 8);
-  if (!read_at(fd.get(), table_at, head.data() + table_at, head.size() - table_at, path)) {
+  if (!src.read(table_at, head.data() + table_at, head.size() - table_at)) {
     corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
   }
   const uint64_t stored = get_u64(head.data() + head.size() - 8);
@@ -380,7 +449,7 @@ SnapshotHeader read_snapshot_header(const std::string& path) {
     h.meta.binding.engine = j.at("engine").get<std::string>();
     h.meta.binding.state_version = j.at("state_version").get<uint32_t>();
     h.meta.binding.model_sha256 = j.at("model_sha256").get<std::string>();
-    h.meta.binding.layout = layout_from(j.at("layout"));
+    h.meta.binding.layout = kv_layout_from_json(j.at("layout"));
     n_tokens = j.at("n_tokens").get<uint64_t>();
     h.meta.payload_bytes = j.at("payload_bytes").get<uint64_t>();
     h.meta.created_unix = j.at("created_unix").get<int64_t>();
@@ -418,7 +487,7 @@ SnapshotHeader read_snapshot_header(const std::string& path) {
   }
 
   std::vector<uint8_t> tokens(h.sections[0].size);
-  read_section(fd.get(), path, h.sections[0], h.file_bytes, tokens.data(), nullptr);
+  read_section(src, h.sections[0], tokens.data(), nullptr);
   h.meta.tokens.resize(n_tokens);
   for (uint64_t i = 0; i < n_tokens; ++i) {
     h.meta.tokens[i] = static_cast<Token>(get_u32(tokens.data() + 4 * i));
@@ -440,16 +509,48 @@ SnapshotHeader read_snapshot_header(const std::string& path) {
   return h;
 }
 
-std::vector<uint8_t> read_snapshot_payload(const std::string& path, const SnapshotHeader& header,
-                                           SnapshotReadTimes* times) {
-  const Fd fd = open_for_reading(path);
+// Every KV section into one buffer, verified.
+std::vector<uint8_t> decode_payload(const ByteSource& src, const SnapshotHeader& header,
+                                    SnapshotReadTimes* times) {
   std::vector<uint8_t> out(header.meta.payload_bytes);
   uint64_t at = 0;
   for (size_t i = 1; i < header.sections.size(); ++i) {
-    read_section(fd.get(), path, header.sections[i], header.file_bytes, out.data() + at, times);
+    read_section(src, header.sections[i], out.data() + at, times);
     at += header.sections[i].size;
   }
   return out;
+}
+
+}  // namespace
+
+SnapshotHeader read_snapshot_header(const std::string& path) {
+  return decode_header(FileSource(path));
+}
+
+std::vector<uint8_t> read_snapshot_payload(const std::string& path, const SnapshotHeader& header,
+                                           SnapshotReadTimes* times) {
+  return decode_payload(FileSource(path), header, times);
+}
+
+SnapshotHeader decode_snapshot_header(std::span<const uint8_t> file, const std::string& name) {
+  return decode_header(MemorySource(file, name));
+}
+
+std::vector<uint8_t> decode_snapshot_payload(std::span<const uint8_t> file,
+                                             const SnapshotHeader& header,
+                                             const std::string& name) {
+  return decode_payload(MemorySource(file, name), header, nullptr);
+}
+
+SnapshotHeader verify_snapshot(std::span<const uint8_t> file, const std::string& name) {
+  const MemorySource src(file, name);
+  SnapshotHeader header = decode_header(src);
+  for (size_t i = 1; i < header.sections.size(); ++i) {
+    const SnapshotSection& s = header.sections[i];
+    check_in_bounds(src, s);
+    check_sum(src, s, file.data() + s.offset, nullptr);
+  }
+  return header;
 }
 
 void check_binding(const std::string& path, const SnapshotBinding& snapshot,

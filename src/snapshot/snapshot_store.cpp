@@ -256,20 +256,18 @@ std::string SnapshotStore::adopt(const std::string& key, std::span<const uint8_t
                 fmt::format("cannot create the snapshot store '{}': {}", dir_, ec.message()));
   }
   const std::string path = path_of(key);
-  write_snapshot_bytes(path, file);
+  // Verified in memory: a damaged file never enters the store.
   try {
-    const SnapshotHeader header = read_snapshot_header(path);
-    read_snapshot_payload(path, header);
+    const SnapshotHeader header = verify_snapshot(file, path);
     if (snapshot_key(header.meta.binding, header.meta.tokens) != key) {
       throw Error(ErrorCode::kCorruption,
                   fmt::format("the snapshot received for key {} is the snapshot of key {}", key,
                               snapshot_key(header.meta.binding, header.meta.tokens)));
     }
   } catch (const Error& e) {
-    remove_path(path);
-    throw Error(e.code() == ErrorCode::kIo ? ErrorCode::kIo : ErrorCode::kCorruption,
-                fmt::format("snapshot {}: {}", key, e.message()));
+    throw Error(ErrorCode::kCorruption, fmt::format("snapshot {}: {}", key, e.message()));
   }
+  write_snapshot_bytes(path, file);
   evict(max_bytes_, path);
   return path;
 }
