@@ -116,15 +116,24 @@ int ServeCommand::run() {
   if (options.api_key.empty()) {
     if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) options.api_key = key;
   }
-  options.context.flash_attn = flash_attn_ == "on" || options.exact;
   if (options.exact && sub_->count("--flash-attn") > 0 && flash_attn_ == "off") {
     throw Error(
         ErrorCode::kInvalidArgument,
         "--exact needs flash attention (its batch-invariant kernel); drop --flash-attn off");
   }
   options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
-  // The micro-batch `run` uses by default: the store's snapshots fit.
-  options.context.n_ubatch = auto_n_ubatch(options.context.n_batch);
+  // The serving context's settings go through the derivation `run` uses
+  // (engine_options: micro-batch, threads, flash attention, KV type, exact),
+  // so that a prompt's stored prefix has the binding `run` gives it.
+  PipelineSpec engine;
+  engine.n_batch = options.context.n_batch;
+  engine.n_threads = options.context.n_threads;
+  engine.flash_attn = flash_attn_ == "on";
+  engine.exact = options.exact;
+  validate_engine_settings(engine);
+  const uint32_t n_ctx = options.context.n_ctx;
+  options.context = engine_options(engine);
+  options.context.n_ctx = n_ctx;
   validate_context_options(options.context);
   // SIGTERM and SIGINT are taken by one thread (sigwait), blocked in all
   // others, which inherit this mask; a client gone mid-write is an error
