@@ -274,6 +274,46 @@ TEST_F(SnapshotFileTest, ANewerFormatVersionIsIncompatibleNotCorrupt) {
   EXPECT_EQ(code, ErrorCode::kIncompatible);
 }
 
+// A hostile writer's file: section sizes chosen so that their sums wrap
+// around 2^64 while the table still adds up to the file and the payload to
+// the metadata, with the header checksum recomputed. Without the reader's
+// wrap checks, verify_snapshot hashed 2^64 - 16 bytes of a buffer.
+TEST_F(SnapshotFileTest, SectionSizesThatWrapAroundAreMalformedNotRead) {
+  write_snapshot(path("s.swkv"), test_meta(10), payload_of(kSnapshotSectionBytes + 100));
+  const SnapshotHeader h = read_snapshot_header(path("s.swkv"));
+  ASSERT_EQ(h.sections.size(), 3u);
+  std::string bytes = bytes_of(path("s.swkv"));
+  const size_t header_end = h.sections[0].offset;
+  constexpr size_t kRow = 16 + 4 + 3 * 8;  // name, codec, offset, size, xxh3
+  const size_t table = header_end - 8 - 3 * kRow;
+  const auto put_u64 = [&](size_t at, uint64_t v) {
+    for (int i = 0; i < 8; ++i) bytes[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  };
+  // kv.0 claims 2^64 - 16 bytes; kv.1 starts there modulo 2^64 (16 bytes
+  // before kv.0) and is as long as makes both sums come out right.
+  const uint64_t wrapped = ~uint64_t{0} - 15;
+  const SnapshotSection& kv0 = h.sections[1];
+  put_u64(table + kRow + 28, wrapped);                                 // kv.0: size
+  put_u64(table + 2 * kRow + 20, kv0.offset + wrapped);                // kv.1: offset
+  put_u64(table + 2 * kRow + 28, kv0.size + h.sections[2].size + 16);  // kv.1: size
+  // The header checksum, by the library's own rule (read from its message).
+  write_bytes(path("wrap.swkv"), bytes);
+  try {
+    read_snapshot_header(path("wrap.swkv"));
+  } catch (const Error& e) {
+    const std::string m = e.message();
+    ASSERT_NE(m.find("computed "), std::string::npos) << m;
+    put_u64(header_end - 8, std::stoull(m.substr(m.find("computed ") + 9, 16), nullptr, 16));
+  }
+  write_bytes(path("wrap.swkv"), bytes);
+  ErrorCode code{};
+  const std::string error = read_error(path("wrap.swkv"), &code);
+  EXPECT_EQ(code, ErrorCode::kCorruption) << error;
+  EXPECT_EQ(error, fmt::format("corruption: snapshot '{}': section table row 1 is malformed "
+                               "('kv.0', codec 0, offset {}, size {})",
+                               path("wrap.swkv"), kv0.offset, wrapped));
+}
+
 std::string binding_error(const SnapshotBinding& snapshot) {
   try {
     check_binding("s.swkv", snapshot, test_binding());

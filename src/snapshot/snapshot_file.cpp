@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include <fmt/format.h>
@@ -191,8 +192,9 @@ class MemorySource final : public ByteSource {
   std::string name_;
 };
 
+// Written so that no sum wraps: the sizes come from the file.
 void check_in_bounds(const ByteSource& src, const SnapshotSection& s) {
-  if (s.offset + s.size > src.size()) {
+  if (s.size > src.size() || s.offset > src.size() - s.size) {
     corrupt(src.name(), fmt::format("truncated: section '{}' needs bytes [{}, {}), the file has {}",
                                     s.name, s.offset, s.offset + s.size, src.size()));
   }
@@ -471,21 +473,26 @@ SnapshotHeader decode_header(const ByteSource& src) {
     s.size = get_u64(row + kNameBytes + 12);
     s.xxh3 = get_u64(row + kNameBytes + 20);
     const std::string expected_name = i == 0 ? "tokens" : fmt::format("kv.{}", i - 1);
-    if (s.name != expected_name || codec != 0 || s.offset != expected_offset) {
-      corrupt(path, fmt::format("section table row {} is malformed ('{}', codec {}, offset {})", i,
-                                s.name, codec, s.offset));
+    // The sizes are the file's word: a sum of them must not wrap.
+    if (s.name != expected_name || codec != 0 || s.offset != expected_offset ||
+        s.size > std::numeric_limits<uint64_t>::max() - expected_offset) {
+      corrupt(path,
+              fmt::format("section table row {} is malformed ('{}', codec {}, offset {}, size {})",
+                          i, s.name, codec, s.offset, s.size));
     }
     expected_offset += s.size;
     if (i > 0) payload += s.size;
     h.sections.push_back(std::move(s));
   }
-  if (h.sections.empty() || h.sections[0].size != n_tokens * 4 || payload != h.meta.payload_bytes) {
+  if (h.sections.empty() || h.sections[0].size % 4 != 0 || h.sections[0].size / 4 != n_tokens ||
+      payload != h.meta.payload_bytes) {
     corrupt(path,
             fmt::format("the section table does not match the metadata ({} tokens, {} payload "
                         "bytes)",
                         n_tokens, h.meta.payload_bytes));
   }
 
+  check_in_bounds(src, h.sections[0]);  // before its size is allocated
   std::vector<uint8_t> tokens(h.sections[0].size);
   read_section(src, h.sections[0], tokens.data(), nullptr);
   h.meta.tokens.resize(n_tokens);
