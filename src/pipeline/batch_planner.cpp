@@ -1,11 +1,20 @@
 #include "pipeline/batch_planner.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "kv/step_composer.h"
+
 namespace swarmkv::detail {
+namespace {
+
+// The streamed prefix's tokens in a composed step (they belong to no agent).
+constexpr size_t kDocument = std::numeric_limits<size_t>::max();
+
+}  // namespace
 
 BatchPlanner::BatchPlanner(ReadySet& dag, std::vector<int32_t> prompt_tokens, Pos pos0,
                            int32_t n_seq_max, int32_t n_batch, int32_t max_live,
@@ -119,29 +128,33 @@ void BatchPlanner::fail_all(const ErrorValue& error) {
 
 BatchPlan BatchPlanner::next() {
   BatchPlan plan;
-  const auto room = [&] { return static_cast<int32_t>(plan.tokens.size()) < n_batch_; };
+  StepComposer step(n_batch_);
   for (const Branch& b : live_) {
-    if (!b.generating || !room()) continue;
-    plan.tokens.push_back(
-        {b.agent, b.seq, b.pos0 + prompt_tokens_[b.agent] + b.generated - 1, -1, true});
-    ++plan.step.generate_tokens;
+    if (b.generating &&
+        step.generating(b.agent, b.seq, b.pos0 + prompt_tokens_[b.agent] + b.generated - 1)) {
+      ++plan.step.generate_tokens;
+    }
   }
   plan.step.branches = plan.step.generate_tokens;
   for (Branch& b : live_) {
     const int32_t n = prompt_tokens_[b.agent];
     if (b.generating || b.fed == n) continue;
-    if (room()) ++plan.step.branches;
-    while (b.fed < n && room()) {
-      plan.tokens.push_back({b.agent, b.seq, b.pos0 + b.fed, b.fed, b.fed + 1 == n});
-      ++b.fed;
-      ++plan.step.prompt_tokens;
-    }
+    if (step.has_room()) ++plan.step.branches;
+    const int32_t added = step.prefill(b.agent, b.seq, b.pos0, b.fed, n, n - 1);
+    b.fed += added;
+    plan.step.prompt_tokens += added;
   }
   // The streamed prefix takes the room left, unless no agent is left to read it.
-  while (prefix_planned_ < prefix_total_ && room() && !dag_.finished()) {
-    plan.tokens.push_back({0, 0, prefix_planned_, prefix_planned_, false, true});
-    ++prefix_planned_;
-    ++plan.step.document_tokens;
+  if (prefix_planned_ < prefix_total_ && !dag_.finished()) {
+    const int32_t added = step.prefill(kDocument, 0, 0, prefix_planned_, prefix_total_, -1);
+    prefix_planned_ += added;
+    plan.step.document_tokens += added;
+  }
+  plan.tokens.reserve(step.tokens().size());
+  for (const StepToken& t : step.tokens()) {
+    const bool document = t.owner == kDocument;
+    plan.tokens.push_back(
+        {document ? 0 : t.owner, t.seq, t.pos, t.prompt_index, t.logits, document});
   }
   return plan;
 }

@@ -4,7 +4,8 @@
 //
 // Every step carries one generated token per generating branch (n_batch >=
 // n_seq_max guarantees room), then the prompt tokens of newly admitted
-// branches in admission order, as many as fit in n_batch. Branches are
+// branches in admission order, as many as fit in n_batch (StepComposer,
+// which `serve`'s scheduler composes its steps with too). Branches are
 // admitted in the ready set's order (priority, then agent) as sequence ids
 // free up, at most max_live at a time; a branch that
 // finishes frees its id and makes its dependents ready before the next

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kv/sequence_table.h"
+#include "kv/step_composer.h"
 #include "server/text_stream.h"
 #include "swarmkv/log.h"
 
@@ -494,15 +495,11 @@ void CompletionEngine::Scheduler::drop_cancelled() {
 // One generated token per generating completion, then prompt tokens in
 // admission order while they fit; returns the prompt tokens planned.
 size_t CompletionEngine::Scheduler::plan_step() {
-  batch_.clear();
-  rows_.clear();
-  added_.clear();
+  detail::StepComposer step(batch_.capacity());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    if (s.state != Slot::State::kGenerate) continue;
-    rows_.push_back({i, batch_.size()});
-    batch_.add(s.pending, static_cast<Pos>(decoded(s)), s.seq, true);
-    added_.push_back({i, 1});
+    const Slot& s = slots_[i];
+    // n_batch >= max_live (the constructor): every one has room.
+    if (s.state == Slot::State::kGenerate) step.generating(i, s.seq, static_cast<Pos>(decoded(s)));
   }
   std::vector<size_t> prefilling;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -522,14 +519,20 @@ size_t CompletionEngine::Scheduler::plan_step() {
         end = std::min(end, w.fork_len);
       }
     }
-    size_t n = 0;
-    for (size_t pos = decoded(s); pos < end && batch_.size() < batch_.capacity(); ++pos, ++n) {
-      const bool last = pos + 1 == s.prompt_len;
-      if (last) rows_.push_back({i, batch_.size()});
-      batch_.add(s.tokens[pos], static_cast<Pos>(pos), s.seq, last);
-    }
-    if (n > 0) added_.push_back({i, n});
-    prefilled += n;
+    prefilled += static_cast<size_t>(step.prefill(i, s.seq, 0, static_cast<int32_t>(decoded(s)),
+                                                  static_cast<int32_t>(end),
+                                                  static_cast<int32_t>(s.prompt_len) - 1));
+  }
+  batch_.clear();
+  rows_.clear();
+  added_.clear();
+  for (const detail::StepToken& t : step.tokens()) {
+    const Slot& s = slots_[t.owner];
+    if (t.logits) rows_.push_back({t.owner, batch_.size()});
+    batch_.add(t.prompt_index >= 0 ? s.tokens[static_cast<size_t>(t.prompt_index)] : s.pending,
+               t.pos, s.seq, t.logits);
+    if (added_.empty() || added_.back().first != t.owner) added_.push_back({t.owner, 0});
+    ++added_.back().second;
   }
   return prefilled;
 }
