@@ -806,6 +806,13 @@ TEST_F(ServerTest, AKeyIsNeededOnEveryRouteButHealth) {
     EXPECT_EQ(wrong->Get(path)->status, 401) << path;
     EXPECT_EQ(right->Get(path)->status, 200) << path;
   }
+  // The scheme's name in any case, as HTTP has it; the key itself exactly.
+  for (const char* header : {"bearer sekret", "BEARER sekret", "Bearer sekret"}) {
+    EXPECT_EQ(anon->Get("/v1/models", {{"Authorization", header}})->status, 200) << header;
+  }
+  for (const char* header : {"bearer SEKRET", "Basic sekret", "bearer", "bearersekret"}) {
+    EXPECT_EQ(anon->Get("/v1/models", {{"Authorization", header}})->status, 401) << header;
+  }
   const json body = chat_body("", "Hi", 2);
   EXPECT_EQ(anon->Post("/v1/chat/completions", body.dump(), "application/json")->status, 401);
   EXPECT_EQ(right->Post("/v1/chat/completions", body.dump(), "application/json")->status, 200);
@@ -869,6 +876,31 @@ TEST_F(ServerTest, EachBadRequestGetsItsStatusAndOpenAIsErrorShape) {
   res = c->Get("/v1/nothing");
   EXPECT_EQ(res->status, 404);
   EXPECT_EQ(json::parse(res->body)["error"]["message"], "no route GET /v1/nothing");
+}
+
+// A JSON body is read as JSON whatever its Content-Type (curl -d sends a
+// form type); this httplib would parse a form body itself and refuse one
+// over 8 KiB with a 413 that named the wrong limit.
+TEST_F(ServerTest, AJsonBodyIsReadAsJsonWhateverItsContentType) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  const std::string body = chat_body("", "Name a colour.", 6).dump() + std::string(50000, ' ');
+  const json as_json = post_chat(*c, json::parse(body));
+  for (const char* type : {"application/x-www-form-urlencoded", "text/plain"}) {
+    const auto res = c->Post("/v1/chat/completions", body, type);
+    ASSERT_TRUE(res) << type;
+    ASSERT_EQ(res->status, 200) << type << ": " << res->body;
+    EXPECT_EQ(json::parse(res->body)["choices"][0]["message"]["content"],
+              as_json["choices"][0]["message"]["content"])
+        << type;
+  }
+  const auto res =
+      c->Post("/v1/chat/completions", "--x\r\n\r\n--x--\r\n", "multipart/form-data; boundary=x");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 415);
+  EXPECT_EQ(json::parse(res->body)["error"]["message"],
+            "body: multipart form data; send the request as one JSON object (Content-Type: "
+            "application/json)");
 }
 
 // n completions of one prompt fork from the first: its prompt is

@@ -1,7 +1,9 @@
 #include "swarmkv/server.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -115,11 +117,24 @@ struct Server::Impl {
     res.set_content(dump(server::error_body(e, h)), "application/json");
   }
 
+  void send_too_large(httplib::Response& res) {
+    send_error(res,
+               {ErrorCode::kInvalidArgument,
+                fmt::format("body: larger than {} bytes, the most this server takes",
+                            options.max_body_bytes)},
+               {{413, "invalid_request_error", ""}});
+  }
+
   bool authorised(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
+    // The scheme's name is case-insensitive (RFC 9110 11.1): "bearer" too.
     const std::string header = req.get_header_value("Authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    const std::string given = header.rfind(kBearer, 0) == 0 ? header.substr(kBearer.size()) : "";
+    constexpr std::string_view kBearer = "bearer ";
+    const bool bearer =
+        header.size() > kBearer.size() &&
+        std::equal(kBearer.begin(), kBearer.end(), header.begin(),
+                   [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+    const std::string given = bearer ? header.substr(kBearer.size()) : "";
     // Equal-length digests compared in constant time: neither the key's
     // length nor its bytes leak through timing.
     unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
@@ -227,9 +242,47 @@ struct Server::Impl {
   // Answers 503 while draining and 429 over max_concurrent; otherwise
   // returns the request's place in flight.
   std::shared_ptr<InFlight> admit(httplib::Response& res);
-  void chat(const httplib::Request& req, httplib::Response& res);
-  void pipeline(const httplib::Request& req, httplib::Response& res);
+  void chat(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void pipeline(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // Registers a POST route whose body is read as JSON whatever its
+  // Content-Type: httplib would parse a form-encoded body itself and
+  // refuse one over 8 KiB with 413.
+  void post_json(const std::string& route,
+                 void (Impl::*handle)(const httplib::Request& req, const std::string& body,
+                                      httplib::Response& res));
 };
+
+void Server::Impl::post_json(const std::string& route,
+                             void (Impl::*handle)(const httplib::Request& req,
+                                                  const std::string& body,
+                                                  httplib::Response& res)) {
+  http.Post(route, [this, handle](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& read) {
+    if (req.is_multipart_form_data()) {
+      send_error(res,
+                 {ErrorCode::kInvalidArgument,
+                  "body: multipart form data; send the request as one JSON object "
+                  "(Content-Type: application/json)"},
+                 {{415, "invalid_request_error", ""}});
+      return;
+    }
+    std::string body;
+    const bool whole = read([&body](const char* data, size_t n) {
+      body.append(data, n);
+      return true;
+    });
+    if (!whole) {
+      if (res.status == 413) {
+        send_too_large(res);
+      } else {
+        send_error(res, {ErrorCode::kInvalidArgument, "body: the request ended before its body"},
+                   {{400, "invalid_request_error", ""}});
+      }
+      return;
+    }
+    (this->*handle)(req, body, res);
+  });
+}
 
 std::shared_ptr<InFlight> Server::Impl::admit(httplib::Response& res) {
   if (draining.load()) {
@@ -251,7 +304,7 @@ std::shared_ptr<InFlight> Server::Impl::admit(httplib::Response& res) {
   return guard;
 }
 
-void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::chat(const httplib::Request&, const std::string& body, httplib::Response& res) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto since = [t0] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -261,7 +314,7 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   std::shared_ptr<server::Job> job;
   server::ChatRequest chat;
   try {
-    chat = server::parse_chat_request(req.body, limits);
+    chat = server::parse_chat_request(body, limits);
     server::CompletionRequest c;
     c.prompt = chat_tokens(*model, chat.messages);
     c.sampling = chat.sampling;
@@ -393,13 +446,13 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
       });
 }
 
-void Server::Impl::pipeline(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::pipeline(const httplib::Request& req, const std::string& body,
+                            httplib::Response& res) {
   auto guard = admit(res);
   if (!guard) return;
   std::shared_ptr<server::PipelineJob> job;
   try {
-    job = pipelines->submit(server::parse_pipeline_request(req.body, pipeline_limits),
-                            pipeline_limits);
+    job = pipelines->submit(server::parse_pipeline_request(body, pipeline_limits), pipeline_limits);
   } catch (const Error& e) {
     send_error(res, e.value());
     return;
@@ -522,11 +575,7 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   s.http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error JSON
     if (res.status == 413) {
-      s.send_error(res,
-                   {ErrorCode::kInvalidArgument,
-                    fmt::format("body: larger than {} bytes, the most this server takes",
-                                s.options.max_body_bytes)},
-                   {{413, "invalid_request_error", ""}});
+      s.send_too_large(res);
     } else if (res.status == 404) {
       s.send_error(res, {ErrorCode::kNotFound, fmt::format("no route {} {}", req.method, req.path)},
                    {{404, "invalid_request_error", ""}});
@@ -561,13 +610,8 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
     res.set_content(s.metrics(), "text/plain; version=0.0.4");
   });
-  s.http.Post("/v1/chat/completions",
-              [&s](const httplib::Request& req, httplib::Response& res) { s.chat(req, res); });
-  if (o.max_pipelines > 0) {
-    s.http.Post("/v1/pipelines", [&s](const httplib::Request& req, httplib::Response& res) {
-      s.pipeline(req, res);
-    });
-  }
+  s.post_json("/v1/chat/completions", &Impl::chat);
+  if (o.max_pipelines > 0) s.post_json("/v1/pipelines", &Impl::pipeline);
 
   if (o.port < 0 || o.port > 65535) {
     throw Error(ErrorCode::kInvalidArgument,
