@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
 
@@ -312,6 +313,66 @@ TEST_F(SnapshotFileTest, SectionSizesThatWrapAroundAreMalformedNotRead) {
   EXPECT_EQ(error, fmt::format("corruption: snapshot '{}': section table row 1 is malformed "
                                "('kv.0', codec 0, offset {}, size {})",
                                path("wrap.swkv"), kv0.offset, wrapped));
+}
+
+// Numbers in the metadata are read as the file gives them: an integer its
+// field's type holds, or corruption naming the field and the value. The
+// file is rewritten with one metadata value changed (the producer shortened
+// and the JSON padded with spaces so that no offset moves) and its header
+// checksum recomputed. A plain get<int32_t>() read n_layer 2^40 as 0 and
+// n_tokens 451.5 as 451.
+TEST_F(SnapshotFileTest, MetadataNumbersOutsideTheirTypeAreCorruptionNamingTheValue) {
+  write_snapshot(path("m.swkv"), test_meta(10), payload_of(100));
+  const std::string original = bytes_of(path("m.swkv"));
+  const size_t header_end = read_snapshot_header(path("m.swkv")).sections[0].offset;
+  const auto meta_len = static_cast<size_t>(static_cast<uint8_t>(original[12]) |
+                                            static_cast<uint8_t>(original[13]) << 8);
+  ASSERT_EQ(original[14], 0);
+  const auto rewritten = [&](const char* field, const nlohmann::json& value) {
+    auto meta = nlohmann::json::parse(original.substr(16, meta_len));
+    meta["producer"] = "";
+    if (meta.contains(field)) {
+      meta[field] = value;
+    } else {
+      meta["layout"][field] = value;
+    }
+    std::string text = meta.dump();
+    EXPECT_LE(text.size(), meta_len);
+    text.resize(meta_len, ' ');
+    std::string bytes = original;
+    bytes.replace(16, meta_len, text);
+    const std::string file = path(fmt::format("{}.swkv", field));
+    write_bytes(file, bytes);
+    try {
+      read_snapshot_header(file);
+    } catch (const Error& e) {
+      const std::string m = e.message();
+      if (m.find("computed ") == std::string::npos) return file;  // the checksum still held
+      const uint64_t sum = std::stoull(m.substr(m.find("computed ") + 9, 16), nullptr, 16);
+      for (int i = 0; i < 8; ++i) {
+        bytes[header_end - 8 + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
+      }
+    }
+    write_bytes(file, bytes);
+    return file;
+  };
+  // The rewrite itself keeps a valid file.
+  EXPECT_EQ(read_snapshot_header(rewritten("model_file", "test.gguf")).meta.tokens.size(), 10u);
+  const auto refused = [&](const char* field, const nlohmann::json& value,
+                           const std::string& range) {
+    const std::string file = rewritten(field, value);
+    ErrorCode code{};
+    EXPECT_EQ(read_error(file, &code),
+              fmt::format("corruption: snapshot '{}': unreadable metadata: '{}' is {}, not an "
+                          "integer in {}",
+                          file, field, value.dump(), range));
+    EXPECT_EQ(code, ErrorCode::kCorruption);
+  };
+  refused("n_layer", uint64_t{1} << 40, "[-2147483648, 2147483647]");
+  refused("n_ubatch", -1, "[0, 4294967295]");
+  refused("n_tokens", 451.5, "[0, 18446744073709551615]");
+  refused("payload_bytes", "100", "[0, 18446744073709551615]");
+  refused("created_unix", true, "[-9223372036854775808, 9223372036854775807]");
 }
 
 std::string binding_error(const SnapshotBinding& snapshot) {

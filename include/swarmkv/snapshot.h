@@ -78,7 +78,9 @@ struct SnapshotReadTimes {
 // "n_ubatch", "batch_invariant"}.
 nlohmann::json kv_layout_json(const KvLayout& l);
 // The layout kv_layout_json wrote (a missing "batch_invariant" reads as
-// false); throws nlohmann::json::exception for a missing key or a wrong type.
+// false); throws nlohmann::json::exception for a missing key or a wrong
+// type, std::invalid_argument (naming the field and its value) for a number
+// that is not an integer its field's type holds.
 KvLayout kv_layout_from_json(const nlohmann::json& j);
 
 // The binding of a prefix state made by a context with `options` on
@@ -111,6 +113,10 @@ void write_snapshot_bytes(const std::string& path, std::span<const uint8_t> file
 // snapshot, truncated in the header or at a section, a checksum, the
 // metadata), Error(kIncompatible) for another format version.
 SnapshotHeader read_snapshot_header(const std::string& path);
+// Whether the file at `path` begins with the snapshot magic ("SWKVSNAP"),
+// however damaged the rest: what `snapshot rm` asks of a path before it
+// removes it. False for a file that cannot be opened or is shorter.
+bool has_snapshot_magic(const std::string& path) noexcept;
 
 // Reads every KV section into one buffer, verifying each checksum. Throws
 // Error(kCorruption) naming the file and the section (truncated or checksum

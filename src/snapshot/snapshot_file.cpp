@@ -11,6 +11,8 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -49,6 +51,25 @@ uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
+// The integer field `key` of a metadata object, as the file gives it: an
+// integer (not 451.5, not "7") that T holds, or std::invalid_argument
+// naming the field and its value (2^40 is not read as n_layer 0).
+template <class T>
+T integer_field(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  constexpr auto lo = std::numeric_limits<T>::min();
+  constexpr auto hi = std::numeric_limits<T>::max();
+  const bool fits = v.is_number_unsigned()  ? std::cmp_less_equal(v.get<uint64_t>(), hi)
+                    : v.is_number_integer() ? std::in_range<T>(v.get<int64_t>())
+                                            : false;
+  if (!fits) {
+    throw std::invalid_argument(
+        fmt::format("'{}' is {}, not an integer in [{}, {}]", key, v.dump(), lo, hi));
+  }
+  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
+                                : static_cast<T>(v.get<int64_t>());
+}
+
 }  // namespace
 
 nlohmann::json kv_layout_json(const KvLayout& l) {
@@ -68,15 +89,15 @@ nlohmann::json kv_layout_json(const KvLayout& l) {
 KvLayout kv_layout_from_json(const nlohmann::json& j) {
   KvLayout l;
   l.architecture = j.at("architecture").get<std::string>();
-  l.n_layer = j.at("n_layer").get<int32_t>();
-  l.n_embd_k = j.at("n_embd_k").get<int32_t>();
-  l.n_embd_v = j.at("n_embd_v").get<int32_t>();
+  l.n_layer = integer_field<int32_t>(j, "n_layer");
+  l.n_embd_k = integer_field<int32_t>(j, "n_embd_k");
+  l.n_embd_v = integer_field<int32_t>(j, "n_embd_v");
   l.type_k = j.at("type_k").get<std::string>();
   l.type_v = j.at("type_v").get<std::string>();
   l.flash_attn = j.at("flash_attn").get<bool>();
   l.kv_unified = j.at("kv_unified").get<bool>();
-  l.n_swa = j.at("n_swa").get<int32_t>();
-  l.n_ubatch = j.at("n_ubatch").get<uint32_t>();
+  l.n_swa = integer_field<int32_t>(j, "n_swa");
+  l.n_ubatch = integer_field<uint32_t>(j, "n_ubatch");
   l.batch_invariant = j.value("batch_invariant", false);  // files from before the key: not
   return l;
 }
@@ -449,15 +470,17 @@ SnapshotHeader decode_header(const ByteSource& src) {
                                          head.begin() + sizeof(fixed) + meta_len);
     h.meta.format_version = version;
     h.meta.binding.engine = j.at("engine").get<std::string>();
-    h.meta.binding.state_version = j.at("state_version").get<uint32_t>();
+    h.meta.binding.state_version = integer_field<uint32_t>(j, "state_version");
     h.meta.binding.model_sha256 = j.at("model_sha256").get<std::string>();
     h.meta.binding.layout = kv_layout_from_json(j.at("layout"));
-    n_tokens = j.at("n_tokens").get<uint64_t>();
-    h.meta.payload_bytes = j.at("payload_bytes").get<uint64_t>();
-    h.meta.created_unix = j.at("created_unix").get<int64_t>();
+    n_tokens = integer_field<uint64_t>(j, "n_tokens");
+    h.meta.payload_bytes = integer_field<uint64_t>(j, "payload_bytes");
+    h.meta.created_unix = integer_field<int64_t>(j, "created_unix");
     h.meta.producer = j.at("producer").get<std::string>();
     h.meta.model_file = j.at("model_file").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
+    corrupt(path, fmt::format("unreadable metadata: {}", e.what()));
+  } catch (const std::invalid_argument& e) {
     corrupt(path, fmt::format("unreadable metadata: {}", e.what()));
   }
 
@@ -532,6 +555,12 @@ std::vector<uint8_t> decode_payload(const ByteSource& src, const SnapshotHeader&
 
 SnapshotHeader read_snapshot_header(const std::string& path) {
   return decode_header(FileSource(path));
+}
+
+bool has_snapshot_magic(const std::string& path) noexcept {
+  std::ifstream in(path, std::ios::binary);
+  char magic[sizeof(kMagic)] = {};
+  return in.read(magic, sizeof(magic)) && std::memcmp(magic, kMagic, sizeof(kMagic)) == 0;
 }
 
 std::vector<uint8_t> read_snapshot_payload(const std::string& path, const SnapshotHeader& header,

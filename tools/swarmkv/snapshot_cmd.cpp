@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -104,6 +105,26 @@ nlohmann::json header_json(const SnapshotHeader& h, const std::string& path) {
           {"sections", sections}};
 }
 
+// Text from a snapshot's metadata as a terminal may show it: control
+// characters (C0, DEL and C1) as \xNN / \u00NN, so that a file cannot
+// move the cursor, retitle the window or clear the screen.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+    if (c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
+      out += fmt::format("\\u{:04x}", next);
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 SnapshotCommands::SnapshotCommands(CLI::App& app) {
@@ -154,7 +175,9 @@ SnapshotCommands::SnapshotCommands(CLI::App& app) {
   verify_->add_option("target", targets_, "snapshot files or keys")->required();
   verify_->add_flag("--json", json_, "print a JSON array with the read and verify times");
   rm_ = snapshot_->add_subcommand("rm", "Remove snapshots from the store");
-  rm_->add_option("target", targets_, "keys or files");
+  rm_->add_option("target", targets_,
+                  "store keys (removed however damaged) or snapshot files (a file without the "
+                  "snapshot magic is refused); all are checked before any is removed");
   rm_->add_flag("--all", all_, "remove every snapshot in the store");
   gc_ = snapshot_->add_subcommand(
       "gc", "Evict least recently used snapshots above the cap and remove stale temporary files");
@@ -254,7 +277,7 @@ int SnapshotCommands::run_ls() {
       std::cout << fmt::format("{:<32} {:>7} {:>10.1f} {:<20} {:<20} {}\n", e.key,
                                e.header ? std::to_string(e.header->meta.tokens.size()) : "?",
                                static_cast<double>(e.bytes) / 1048576.0, iso_time(e.last_used_unix),
-                               e.header ? e.header->meta.model_file.substr(0, 20) : "?",
+                               e.header ? printable(e.header->meta.model_file).substr(0, 20) : "?",
                                e.error ? e.error->to_string() : "ok");
     }
   }
@@ -282,12 +305,12 @@ int SnapshotCommands::run_info() {
     std::cout << fmt::format(
         "{}\n  key {}\n  model {} (sha256 {})\n  engine {} (state format {})\n  layout {}\n  "
         "{} tokens, {} payload bytes in {} sections, {} bytes on disk\n  created {} by {}\n",
-        j["path"].get<std::string>(), j["key"].get<std::string>(),
-        j["model_file"].get<std::string>(), j["model_sha256"].get<std::string>(),
-        j["engine"].get<std::string>(), j["state_version"].get<uint32_t>(), j["layout"].dump(),
-        j["n_tokens"].get<size_t>(), j["payload_bytes"].get<uint64_t>(), j["sections"].size(),
-        j["file_bytes"].get<uint64_t>(), j["created"].get<std::string>(),
-        j["producer"].get<std::string>());
+        printable(j["path"].get<std::string>()), j["key"].get<std::string>(),
+        printable(j["model_file"].get<std::string>()),
+        printable(j["model_sha256"].get<std::string>()), printable(j["engine"].get<std::string>()),
+        j["state_version"].get<uint32_t>(), j["layout"].dump(), j["n_tokens"].get<size_t>(),
+        j["payload_bytes"].get<uint64_t>(), j["sections"].size(), j["file_bytes"].get<uint64_t>(),
+        j["created"].get<std::string>(), printable(j["producer"].get<std::string>()));
   }
   return 0;
 }
@@ -339,7 +362,18 @@ int SnapshotCommands::run_rm() {
   if (all_) {
     for (const SnapshotStore::Entry& e : store.list()) paths.push_back(e.path);
   } else {
-    for (const std::string& t : targets_) paths.push_back(resolve_target(store, t));
+    // Every target is checked before any is removed. A key names a store
+    // entry, removed however damaged; a path must be a snapshot file.
+    for (const std::string& t : targets_) {
+      std::error_code ec;
+      if (fs::is_regular_file(t, ec) && !has_snapshot_magic(t)) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("snapshot '{}': not a SwarmKV snapshot (no SWKVSNAP magic); "
+                                "nothing removed",
+                                t));
+      }
+      paths.push_back(resolve_target(store, t));
+    }
   }
   for (const std::string& p : paths) {
     if (store.remove_path(p)) std::cout << "removed " << p << "\n";
