@@ -75,8 +75,11 @@ class Server {
   // failed (after the drain deadline, with kAborted "the server is shutting
   // down").
   void run();
-  // Stops accepting connections; requests in flight may finish for
-  // drain_s seconds, then fail. Idempotent.
+  // Drains: the listener stays up, answering /health with 503 "draining"
+  // and new completions and pipelines with 503; requests in flight may
+  // finish for drain_s seconds, then fail with kAborted (a stream with an
+  // error event and [DONE]); then the listener closes and run() returns.
+  // Idempotent.
   void stop();
 
  private:

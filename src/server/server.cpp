@@ -33,6 +33,10 @@ namespace {
 using nlohmann::json;
 using server::Event;
 
+// Seconds the requests failed at the drain deadline get to write their
+// error and return before the listener closes.
+constexpr double kFailedRequestsReturn = 5;
+
 std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -432,7 +436,9 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
             break;
           }
           case Event::Kind::kFailed: {
-            ok = send(server::error_body(e->error, server::http_error(e->error.code)));
+            const std::string done = "data: [DONE]\n\n";
+            ok = send(server::error_body(e->error, server::http_error(e->error.code))) &&
+                 sink.write(done.data(), done.size());
             st->finished = true;
             if (ok) sink.done();
             break;
@@ -664,18 +670,24 @@ void Server::stop() {
   Impl& s = *impl_;
   std::lock_guard lock(s.stop_mutex);
   if (s.draining.exchange(true)) return;
-  // The listening socket closes at once; listen_after_bind() then joins the
-  // handlers in flight, which get drain_s before the engine fails what is
-  // left with kAborted, so that every one of them returns.
-  s.http.stop();
+  // The listener stays up while requests in flight finish: /health answers
+  // 503 "draining" and new work 503 (admit). Only then does httplib stop,
+  // since it ends every chunked stream as soon as its listener closes.
   s.drain_thread = std::thread([&s] {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(s.options.drain_s);
-    while (s.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    const auto wait_idle = [&s](double seconds) {
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+      while (s.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    };
+    wait_idle(s.options.drain_s);
+    // What is left fails with kAborted: a stream gets its error event and
+    // [DONE], an answer its error; both return to httplib within a step.
     s.pipelines->shutdown("the server is shutting down");
     s.engine->shutdown();
+    wait_idle(kFailedRequestsReturn);
+    s.http.stop();
   });
 }
 

@@ -26,8 +26,10 @@ ServeCommand::ServeCommand(CLI::App& app) {
       "JSON of a pipeline file (document.text, no model, no file) and streams its agents' "
       "events, then `run --json`'s result (?stream=false: the result alone). Bound to 127.0.0.1 "
       "unless --host says "
-      "otherwise. SIGTERM or Ctrl-C stop accepting, let requests in flight finish for --drain "
-      "seconds and exit 0. Logs at info level unless --log-level says otherwise. See README.md, "
+      "otherwise. SIGTERM or Ctrl-C drain: requests in flight may finish for --drain seconds "
+      "(then they fail: a stream ends with an error event and [DONE]) while /health answers 503 "
+      "draining and new requests 503; then it exits 0. Logs at info level unless --log-level says "
+      "otherwise. See README.md, "
       "\"Use it from any OpenAI client\".");
   sub_->add_option("--host", options_.host, "address to listen on")->capture_default_str();
   sub_->add_option("--port", options_.port, "TCP port (0: any free one, printed at start)")
