@@ -14,6 +14,7 @@
 
 #include "pipeline/prefix_source.h"
 #include "swarmkv/error.h"
+#include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/snapshot.h"
@@ -242,6 +243,48 @@ TEST_P(SnapshotModelTest, DamagedStoreEntriesAreSkippedAndTheRunSucceeds) {
                   copy, h.sections[1].offset, h.sections[1].offset + h.sections[1].size,
                   h.sections[1].offset + 10));
   EXPECT_EQ(failed.agents[0].status, NodeStatus::kDependencyFailed);
+}
+
+// A snapshot whose payload (checksums recomputed: a hostile writer's) gives
+// its architecture name a length of 2^31 - 1: refused before llama.cpp
+// reads it, without the 2 GiB it allocated and zeroed for the name (peak
+// RSS rose by that much, and the restore took seconds), on both forks.
+TEST_P(SnapshotModelTest, AHugeArchitectureNameInThePayloadIsRefusedBeforeAllocating) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread restores here: release and ASan run it";
+#endif
+  if (GetParam().name != std::string("smollm2"))
+    GTEST_SKIP() << "model-independent; smollm2 runs it";
+  fs::create_directories(dir_);
+  PipelineSpec spec = licence_spec(1000, 4);
+  const std::string good = (dir_ / "good.swkv").string();
+  prefill_document(spec, model_, RunOptions{}, good);
+  const SnapshotHeader h = read_snapshot_header(good);
+  std::vector<uint8_t> payload = read_snapshot_payload(good, h);
+  ASSERT_EQ(payload[0], 5);  // "llama"
+  payload[0] = payload[1] = payload[2] = 0xff;
+  payload[3] = 0x7f;
+  const std::string hostile = (dir_ / "hostile.swkv").string();
+  write_snapshot(hostile, h.meta, payload);
+  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
+    SCOPED_TRACE(to_string(fork));
+    spec.fork = fork;
+    RunOptions o;
+    o.snapshot.file = hostile;
+    reset_peak_rss();
+    const long before = peak_rss_kib();
+    const PipelineResult r = run_pipeline(spec, model_, o);
+    const long grew_kib = peak_rss_kib() - before;
+    EXPECT_FALSE(r.ok());
+    const std::string error = r.document_error    ? r.document_error->to_string()
+                              : r.agents[0].error ? r.agents[0].error->to_string()
+                                                  : std::string("ok");
+    EXPECT_NE(error.find("the state does not begin with this model's architecture name 'llama' "
+                         "(it gives a name of 2147483647 bytes)"),
+              std::string::npos)
+        << error;
+    EXPECT_LT(grew_kib, 1024 * 1024) << "peak RSS grew by " << grew_kib << " KiB";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SnapshotModelTest, SWARMKV_FORK_TEST_MODELS,

@@ -339,8 +339,9 @@ class Context {
   std::size_t state_get(std::span<std::uint8_t> dst);
   // Replaces the whole memory with a state exported by state_get from a
   // context of the same model and shape. Throws Error(kState) unless
-  // llama.cpp consumed exactly src.size() bytes; after a failure the memory
-  // is empty.
+  // llama.cpp consumed exactly src.size() bytes, or before llama.cpp reads
+  // anything when the state does not begin with this model's architecture
+  // name; after a failure the memory is empty.
   void state_set(std::span<const std::uint8_t> src);
 
  private:

@@ -757,6 +757,22 @@ std::size_t Context::state_get(std::span<std::uint8_t> dst) {
 }
 
 void Context::state_set(std::span<const std::uint8_t> src) {
+  // The state begins with the architecture's name (a u32 length, then the
+  // bytes), and llama.cpp allocates the length it reads before comparing:
+  // 2^31 from a damaged or hostile snapshot cost 2.4 GB and 5 s. Checked
+  // here, so no size from the bytes reaches an allocation.
+  const std::string arch = kv_layout().architecture;
+  uint32_t arch_len = 0;
+  for (size_t i = 0; i < 4 && i < src.size(); ++i) arch_len |= uint32_t{src[i]} << (8 * i);
+  if (src.size() < 4 + arch.size() || arch_len != arch.size() ||
+      !std::equal(arch.begin(), arch.end(), src.begin() + 4)) {
+    memory_clear();
+    throw Error(ErrorCode::kState,
+                fmt::format("state_set: the state does not begin with this model's architecture "
+                            "name '{}' (it gives a name of {} bytes); the data is corrupt or not "
+                            "a state of this model",
+                            arch, arch_len));
+  }
   const size_t consumed = llama_state_set_data(ctx_.get(), src.data(), src.size());
   if (consumed != src.size()) {
     memory_clear();  // whatever llama.cpp left behind
