@@ -321,6 +321,45 @@ def sigterm_drains_the_job_in_hand(c):
 
 
 @case
+def hostile_jobs_fail_and_the_worker_goes_on(c):
+    """Jobs whose 'agents' is not a list of names, and one whose snapshot
+    manifest claims 2^40 bytes in one chunk: each fails that job and is
+    acknowledged (the worker used to exit, and every restarted one claimed
+    the job again and died); then the same worker runs a real pipeline."""
+    c.use_small_pipeline()
+    c.start_redis()
+    c.start_worker("w1")
+    stream = c.redis_cmd_key("jobs")
+    bad_agents = ("not json", '{"a":1}', "[1,2]", "[]")
+    for agents in bad_agents:
+        c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", agents)
+    spec = {"pipeline": {"document": {"text": "A short document."}, "fork": "host",
+                         "agents": [{"name": "a", "prompt": "Say hi."}]},
+            "document_source": "text", "guard": "serialized"}
+    c.redis_cmd("SET", "swarmkv:run:hostile:spec", json.dumps(spec))
+    key = "f" * 32
+    c.redis_cmd("SET", "swarmkv:snap:" + key,
+                json.dumps({"key": key, "upload": "u", "bytes": 1 << 40, "chunk_bytes": 1 << 40,
+                            "chunk_xxh3": [1]}))
+    c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", '["a"]', "snapshot", key)
+    wait_for("the worker to fail the hostile jobs",
+             lambda: c.log("w1").count("failed: corruption: job") == len(bad_agents) and
+             "the manifest of snapshot " + key + " is damaged" in c.log("w1") or
+             c.workers["w1"].poll() is not None, 60)
+    assert c.workers["w1"].poll() is None, c.log("w1")
+    for agents in bad_agents:
+        assert f"'agents' is not a JSON array of agent names (it is '{agents}')" in c.log("w1")
+    results = c.redis_cmd("XRANGE", "swarmkv:run:hostile:results", "-", "+")
+    assert b"chunk size or chunk count is inconsistent (1099511627776 bytes in 1 chunks of " \
+        b"1099511627776)" in results, results
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    assert all(a["status"] == "ok" and a["worker"] == "w1" for a in json.loads(out)["agents"])
+    pending = c.redis_cmd("XPENDING", stream, "workers")
+    assert pending.startswith(b"*4\r\n:0\r\n"), pending
+
+
+@case
 def redis_down_at_start_fails_fast(c):
     """No server: the coordinator and a worker fail within 5 s naming the address."""
     for args in (["run", c.pipeline, "--redis", c.url()], ["worker", "--redis", c.url()]):

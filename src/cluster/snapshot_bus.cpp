@@ -111,8 +111,13 @@ std::optional<Manifest> find_snapshot(redis::Client& redis, const std::string& k
     m.producer = j.value("producer", "");
     m.created_unix = j.value("created_unix", int64_t{0});
     const uint64_t expect = m.chunk_bytes == 0 ? 0 : (m.bytes + m.chunk_bytes - 1) / m.chunk_bytes;
-    if (m.key != key || m.chunk_bytes == 0 || m.chunk_xxh3.size() != expect) {
-      throw Error(ErrorCode::kCorruption, "its key, chunk size or chunk count is inconsistent");
+    // A chunk is one Redis string, which holds at most 512 MiB.
+    if (m.key != key || m.chunk_bytes == 0 || m.chunk_bytes > (uint64_t{512} << 20) ||
+        m.chunk_xxh3.size() != expect) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("its key, chunk size or chunk count is inconsistent ({} bytes in {} "
+                              "chunks of {})",
+                              m.bytes, m.chunk_xxh3.size(), m.chunk_bytes));
     }
     return m;
   } catch (const std::exception& e) {
@@ -141,8 +146,10 @@ std::vector<uint8_t> fetch_once(redis::Client& redis, const std::string& key, in
                                                       redis.url().address(), key));
     return {};
   }
+  // The manifest's sizes are a Redis writer's word until the chunks bear
+  // them out: no more is reserved up front than one chunk's worth.
   std::vector<uint8_t> file;
-  file.reserve(m->bytes);
+  file.reserve(std::min<uint64_t>(m->bytes, m->chunk_bytes));
   for (size_t i = 0; i < m->chunk_xxh3.size(); ++i) {
     const uint64_t want = std::min<uint64_t>(m->chunk_bytes, m->bytes - i * m->chunk_bytes);
     for (int attempt = 0;; ++attempt) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -35,6 +36,26 @@ std::string field(const StreamEntry& e, const std::string& name) {
     throw Error(ErrorCode::kCorruption, fmt::format("job {} has no '{}' field", e.id, name));
   }
   return it->second;
+}
+
+// The agent names a job lists: a non-empty JSON array of strings, or
+// Error(kCorruption) naming the job and what its field holds instead.
+std::vector<std::string> job_agents(const StreamEntry& job) {
+  const std::string text = field(job, "agents");
+  const nlohmann::json names = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> out;
+  if (names.is_array()) {
+    for (const nlohmann::json& n : names) {
+      if (!n.is_string()) break;
+      out.push_back(n.get<std::string>());
+    }
+  }
+  if (!names.is_array() || names.empty() || out.size() != names.size()) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("job {}: 'agents' is not a JSON array of agent names (it is '{}')",
+                            job.id, text.substr(0, 200)));
+  }
+  return out;
 }
 
 // The worker's heartbeat on its own connection: its key, and the idle time
@@ -194,9 +215,10 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
     std::string run_id;
     FetchReport fetched;
     bool snapshot_unavailable = false;  // the bus's copy is missing or damaged
+    std::optional<ErrorValue> failure;
     try {
       run_id = field(job, "run");
-      const nlohmann::json names = nlohmann::json::parse(field(job, "agents"));
+      const std::vector<std::string> names = job_agents(job);
       // A run that finished (or was lost) has no pipeline key: its jobs are
       // leftovers nobody waits for.
       const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
@@ -221,8 +243,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       spec.agents.clear();
       spec.n_threads = options.n_threads;
       std::string listed;
-      for (const nlohmann::json& n : names) {
-        const std::string agent = n.get<std::string>();
+      for (const std::string& agent : names) {
         const std::optional<size_t> a = full.agent_index(agent);
         if (!a) {
           throw Error(ErrorCode::kCorruption,
@@ -288,18 +309,26 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       }
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kIo && run_id.empty()) throw;
+      failure = e.value();
+    } catch (const std::exception& e) {
+      // Whatever a message makes the code throw fails that job, never the
+      // worker: a worker that exited would leave the job pending for the
+      // next one to claim and die on.
+      failure = ErrorValue{ErrorCode::kCorruption, fmt::format("job {}: {}", job.id, e.what())};
+    }
+    if (failure) {
       // The whole job failed (its snapshot, its message): every agent says why.
-      log_warn("worker {}: job {} failed: {}", name, job.id, e.what());
+      log_warn("worker {}: job {} failed: {}", name, job.id, failure->to_string());
       results.clear();
       try {
-        for (const nlohmann::json& n : nlohmann::json::parse(field(job, "agents"))) {
+        for (const std::string& agent : job_agents(job)) {
           AgentResult failed;
-          failed.name = n.get<std::string>();
+          failed.name = agent;
           failed.status = NodeStatus::kFailed;
-          failed.error = e.value();
+          failed.error = *failure;
           results.push_back(std::move(failed));
         }
-      } catch (const std::exception&) {
+      } catch (const Error&) {
         // A message without agent names: nobody waits for its results.
       }
     }
