@@ -385,32 +385,6 @@ def http(port, path, body=None, timeout=60):
         return r.status, r.read().decode()
 
 
-@case
-def serve_drains_on_sigterm(ctx):
-    import threading
-    p, port = serve_process(ctx, "--drain", "60")
-    try:
-        answer = {}
-        body = {"messages": [{"role": "user", "content": "Write a long story about a cat."}],
-                "max_tokens": 64, "temperature": 0}
-        t = threading.Thread(target=lambda: answer.update(r=http(port, "/v1/chat/completions",
-                                                                 body)))
-        t.start()
-        for _ in range(200):  # until the request is being decoded
-            if re.search(r"^swarmkv_live_sequences 1$", http(port, "/metrics")[1], re.M):
-                break
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)
-        t.join(timeout=60)
-        rc = p.wait(timeout=60)
-    finally:
-        p.kill()
-    assert rc == 0, f"exit {rc}"
-    status, text = answer["r"]
-    assert status == 200, status
-    assert json.loads(text)["usage"]["completion_tokens"] == 64, text
-
-
 def http_status(port, path, body=None):
     """The status of a request that may be refused (urllib raises on 4xx/5xx)."""
     import urllib.error
@@ -420,27 +394,56 @@ def http_status(port, path, body=None):
         return e.code, e.read().decode()
 
 
-def stream_chat(port, body, out):
-    """POST a streamed completion; out["lines"] gets its data lines as they come."""
+def stream_chat(port, body):
+    """A streamed completion: its status and its data lines."""
     import http.client
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     c.request("POST", "/v1/chat/completions", json.dumps(dict(body, stream=True)),
               {"Content-Type": "application/json"})
     r = c.getresponse()
-    out["status"] = r.status
-    out["lines"] = []
-    for raw in r:
-        line = raw.decode().strip()
-        if line.startswith("data: "):
-            out["lines"].append(line[6:])
+    lines = [raw.decode().strip() for raw in r]
+    return r.status, [line[6:] for line in lines if line.startswith("data: ")]
 
 
-def wait_live(port):
-    for _ in range(200):  # until a request is being decoded
-        if re.search(r"^swarmkv_live_sequences 1$", http(port, "/metrics")[1], re.M):
-            return
-        time.sleep(0.05)
-    raise AssertionError("no request became live")
+STORY = {"messages": [{"role": "user", "content": "Write a long story about a cat."}],
+         "max_tokens": 64, "temperature": 0}
+
+
+def sigterm_during(ctx, drain, request, while_draining=None):
+    """`serve --drain DRAIN`; request(port) in a thread, SIGTERM once it is
+    being decoded, then while_draining(port) (if given). Returns serve's
+    exit status, the request's result and while_draining's."""
+    import threading
+    p, port = serve_process(ctx, "--drain", str(drain))
+    try:
+        out = {}
+        t = threading.Thread(target=lambda: out.update(r=request(port)))
+        t.start()
+        for _ in range(200):  # until the request is being decoded
+            if re.search(r"^swarmkv_live_sequences 1$", http(port, "/metrics")[1], re.M):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("no request became live")
+        p.send_signal(signal.SIGTERM)
+        during = None
+        if while_draining:
+            time.sleep(0.2)
+            during = while_draining(port)
+        t.join(timeout=120)
+        rc = p.wait(timeout=60)
+    finally:
+        p.kill()
+    return rc, out.get("r"), during
+
+
+@case
+def serve_drains_on_sigterm(ctx):
+    rc, (status, text), _ = sigterm_during(
+        ctx, 60, lambda port: http(port, "/v1/chat/completions", STORY))
+    assert rc == 0, f"exit {rc}"
+    assert status == 200, status
+    assert json.loads(text)["usage"]["completion_tokens"] == 64, text
 
 
 # A stream in flight at SIGTERM runs to its end within --drain, while the
@@ -449,63 +452,31 @@ def wait_live(port):
 # streams were cut at once, and /health refused connections.)
 @case
 def serve_drains_streams_and_says_so(ctx):
-    import threading
-    body = {"messages": [{"role": "user", "content": "Write a long story about a cat."}],
-            "max_tokens": 64, "temperature": 0}
-    p, port = serve_process(ctx, "--drain", "60")
-    try:
-        out = {}
-        t = threading.Thread(target=stream_chat, args=(port, body, out))
-        t.start()
-        wait_live(port)
-        p.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        health = http_status(port, "/health")
-        refused = http_status(port, "/v1/chat/completions", body)
-        t.join(timeout=120)
-        rc = p.wait(timeout=60)
-    finally:
-        p.kill()
+    rc, (status, lines), (health, refused) = sigterm_during(
+        ctx, 60, lambda port: stream_chat(port, STORY),
+        lambda port: (http_status(port, "/health"),
+                      http_status(port, "/v1/chat/completions", STORY)))
     assert rc == 0, f"exit {rc}"
     assert health[0] == 503 and json.loads(health[1]) == {"status": "draining"}, health
     assert refused[0] == 503, refused
     assert json.loads(refused[1])["error"]["message"] == "the server is shutting down", refused
-    lines = out["lines"]
-    assert out["status"] == 200 and lines[-1] == "[DONE]", lines[-3:]
+    assert status == 200 and lines[-1] == "[DONE]", lines[-3:]
     chunks = [json.loads(x) for x in lines[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop"), chunks[-1]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-    plain = json.loads(plain_answer(ctx, body))
-    assert text == plain["choices"][0]["message"]["content"], (text, plain)
-
-    p, port = serve_process(ctx, "--drain", "0")
+    p, port = serve_process(ctx)  # the same completion, not streamed
     try:
-        out = {}
-        t = threading.Thread(target=stream_chat,
-                             args=(port, dict(body, max_tokens=2000), out))
-        t.start()
-        wait_live(port)
-        p.send_signal(signal.SIGTERM)
-        t.join(timeout=120)
-        rc = p.wait(timeout=60)
-    finally:
-        p.kill()
-    assert rc == 0, f"exit {rc}"
-    lines = out["lines"]
-    assert lines[-1] == "[DONE]", lines[-3:]
-    assert json.loads(lines[-2])["error"]["message"] == "the server is shutting down", lines[-3:]
-
-
-def plain_answer(ctx, body):
-    """The same completion, not streamed, from a fresh server."""
-    p, port = serve_process(ctx)
-    try:
-        status, text = http(port, "/v1/chat/completions", body)
-        assert status == 200, status
-        return text
+        plain = json.loads(http(port, "/v1/chat/completions", STORY)[1])
     finally:
         p.terminate()
         p.wait(timeout=60)
+    assert text == plain["choices"][0]["message"]["content"], (text, plain)
+
+    rc, (status, lines), _ = sigterm_during(
+        ctx, 0, lambda port: stream_chat(port, dict(STORY, max_tokens=2000)))
+    assert rc == 0, f"exit {rc}"
+    assert status == 200 and lines[-1] == "[DONE]", lines[-3:]
+    assert json.loads(lines[-2])["error"]["message"] == "the server is shutting down", lines[-3:]
 
 
 @case
