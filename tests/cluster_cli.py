@@ -11,6 +11,7 @@ the answer cases and a smaller cut of it for the fault cases; a worker runs with
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -357,6 +358,36 @@ def hostile_jobs_fail_and_the_worker_goes_on(c):
     assert all(a["status"] == "ok" and a["worker"] == "w1" for a in json.loads(out)["agents"])
     pending = c.redis_cmd("XPENDING", stream, "workers")
     assert pending.startswith(b"*4\r\n:0\r\n"), pending
+
+
+@case
+def a_bad_result_entry_fails_its_agent_not_the_run(c):
+    """A result entry with a 'fetch_ms' that is not a number and a 'result'
+    that is not an agent's: that agent fails naming the entry's worker, the
+    others answer (the coordinator aborted the whole run: internal: stod).
+    A fake heartbeat lets the run start before any worker, so the entry is
+    in the stream before a real result can be."""
+    c.use_small_pipeline()
+    c.start_redis()
+    c.redis_cmd("SET", "swarmkv:worker:" + model_sha256(c.model) + ":fake", "1", "EX", "60")
+    run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+
+    def run_id():
+        m = re.search(rb"swarmkv:run:(\w+):spec", c.redis_cmd("KEYS", "swarmkv:run:*:spec"))
+        return m.group(1).decode() if m else None
+    wait_for("the run's spec in Redis", lambda: run_id() is not None, 60)
+    c.redis_cmd("XADD", f"swarmkv:run:{run_id()}:results", "*", "agent", "patents", "worker",
+                "rogue", "job", "x", "fetch_bytes", "1", "fetch_ms", "y", "snapshot_unavailable",
+                "0", "result", "{}")
+    c.start_worker("w1")
+    rc, out, err = c.finish_run(run, 300)
+    assert "internal" not in err, err
+    assert "has fetch_ms 'y', not milliseconds; counted as 0" in err, err
+    by = agents_by_name(json.loads(out))
+    assert by["patents"]["status"] == "failed" and by["patents"]["worker"] == "rogue", by
+    assert "the result from worker 'rogue' does not parse" in by["patents"]["error"]["message"]
+    assert all(by[a]["status"] == "ok" for a in ("summary", "obligations", "risks")), by
+    assert rc == 1, (rc, err)
 
 
 @case

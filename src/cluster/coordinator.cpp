@@ -2,6 +2,8 @@
 // the bus (from Redis, the local store or a prefill), enqueues agents as
 // their dependencies finish, and keeps the first result of each agent.
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -36,6 +38,21 @@ std::vector<std::string> live_workers(redis::Client& redis, const std::string& f
       names.push_back(k.str.substr(prefix.size()));
   } while (cursor != "0");
   return names;
+}
+
+// The milliseconds a worker wrote into a result entry's field `name`; 0,
+// with a warning, for anything else: a timing is not worth the run.
+double entry_ms(const StreamEntry& e, const char* name) {
+  const auto it = e.fields.find(name);
+  const std::string text = it == e.fields.end() ? std::string() : it->second;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < 0) {
+    log_warn("coordinator: result entry {} has {} '{}', not milliseconds; counted as 0", e.id, name,
+             text.substr(0, 40));
+    return 0;
+  }
+  return v;
 }
 
 // How long the run goes on without a live worker before it fails.
@@ -253,7 +270,7 @@ PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<c
       a.timings_ms.done_at = run.ms();
       if (f["fetch_bytes"] != "0" && fetched_jobs.insert(f["job"]).second) {
         ++transfer.fetches;
-        transfer.fetch_ms = std::max(transfer.fetch_ms, std::stod(f["fetch_ms"]));
+        transfer.fetch_ms = std::max(transfer.fetch_ms, entry_ms(e, "fetch_ms"));
       }
       // A worker that could not get the snapshot from the bus (damaged
       // twice, or gone): publish it again, once per run, replacing the
