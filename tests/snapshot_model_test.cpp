@@ -287,6 +287,57 @@ TEST_P(SnapshotModelTest, AHugeArchitectureNameInThePayloadIsRefusedBeforeAlloca
   }
 }
 
+// A snapshot whose cells were moved one position on (checksums recomputed):
+// llama.cpp restores them as they are, and the agents answered from a
+// document at the wrong positions. Refused after the restore, naming the
+// file, on both forks.
+TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread restores here: release and ASan run it";
+#endif
+  if (GetParam().name != std::string("smollm2"))
+    GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
+  fs::create_directories(dir_);
+  PipelineSpec spec = licence_spec(1000, 4);
+  const std::string good = (dir_ / "good.swkv").string();
+  prefill_document(spec, model_, RunOptions{}, good);
+  const SnapshotHeader h = read_snapshot_header(good);
+  std::vector<uint8_t> payload = read_snapshot_payload(good, h);
+  // "llama" (4 + 5 bytes), n_stream, cell_count, then per cell: pos (i32),
+  // n_seq_id (u32) = 1, seq id (i32) = 0.
+  const auto u32 = [&](size_t at) {
+    return uint32_t{payload[at]} | uint32_t{payload[at + 1]} << 8 |
+           uint32_t{payload[at + 2]} << 16 | uint32_t{payload[at + 3]} << 24;
+  };
+  const uint32_t cells = u32(13);
+  ASSERT_EQ(cells, h.meta.tokens.size());
+  for (uint32_t i = 0; i < cells; ++i) {
+    const size_t at = 17 + 12 * size_t{i};
+    ASSERT_EQ(u32(at), i);
+    ASSERT_EQ(u32(at + 4), 1u);
+    payload[at] = static_cast<uint8_t>(payload[at] + 1);
+    if (payload[at] == 0) ++payload[at + 1];  // the carry (positions < 65535 here)
+  }
+  const std::string moved = (dir_ / "moved.swkv").string();
+  write_snapshot(moved, h.meta, payload);
+  const std::string expected = fmt::format(
+      "corruption: snapshot '{}': after its restore sequence 0 holds positions 1..{}, "
+      "where its {} tokens are at 0..{}",
+      moved, cells, cells, cells - 1);
+  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
+    SCOPED_TRACE(to_string(fork));
+    spec.fork = fork;
+    RunOptions o;
+    o.snapshot.file = moved;
+    const PipelineResult r = run_pipeline(spec, model_, o);
+    EXPECT_FALSE(r.ok());
+    const std::string error = r.document_error    ? r.document_error->to_string()
+                              : r.agents[0].error ? r.agents[0].error->to_string()
+                                                  : std::string("ok");
+    EXPECT_EQ(error, expected);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, SnapshotModelTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 

@@ -29,6 +29,8 @@ class HostFork final : public ContextPerBranchFork {
     buffers_.acquire(state.bytes.size());
     result.branch_buffer_ms = b.ms();
     snapshot_ = std::move(state.bytes);
+    prefix_tokens_ = prefix.size();
+    snapshot_path_ = state.use.path;
     result.document_prefills = state.use.prefilled_tokens > 0 ? 1 : 0;
     result.prefill_ms = state.prefill_ms;
     result.export_ms = state.export_ms;
@@ -49,6 +51,7 @@ class HostFork final : public ContextPerBranchFork {
     const auto r0 = Clock::now();
     t.fork = ms_between(f0, r0);
     ctx.state_set(branch.bytes());  // exact bytes or Error(kState), memory left empty
+    check_restored_prefix(ctx, prefix_tokens_, snapshot_path_);
     t.restore = ms_between(r0, Clock::now());
     return 0;
   }
@@ -57,6 +60,8 @@ class HostFork final : public ContextPerBranchFork {
 
   HostBufferPool buffers_;         // thread-safe
   std::vector<uint8_t> snapshot_;  // written by the document node before any branch reads it
+  size_t prefix_tokens_ = 0;       // likewise
+  std::string snapshot_path_;      // likewise: where snapshot_ came from ("" prefilled)
 };
 
 }  // namespace

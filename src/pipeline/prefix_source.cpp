@@ -152,6 +152,7 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
     // export skips the freed cells and a restore puts the rest at 0.., with
     // the head after them, as a prefill of those tokens leaves them.
     ctx.state_set(payload);
+    check_restored_prefix(ctx, snapshot_tokens, use.path);
     ctx.seq_rm(0, static_cast<Pos>(reuse), -1);
     std::vector<uint8_t> trimmed(ctx.state_size());
     trimmed.resize(ctx.state_get(trimmed));
@@ -193,6 +194,24 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
     }
   }
   return out;
+}
+
+void check_restored_prefix(const Context& ctx, size_t n_tokens, const std::string& path) {
+  const Pos lo = ctx.seq_pos_min(0);
+  const Pos hi = ctx.seq_pos_max(0);
+  // A sliding-window model's cache may have let the oldest cells go.
+  const bool window = ctx.kv_layout().n_swa > 0;
+  if ((lo == 0 || (window && lo > 0 && lo <= hi)) && hi >= 0 &&
+      static_cast<size_t>(hi) + 1 == n_tokens) {
+    return;
+  }
+  const std::string what = path.empty() ? "the prefix state" : fmt::format("snapshot '{}'", path);
+  throw Error(
+      ErrorCode::kCorruption,
+      fmt::format("{}: after its restore sequence 0 holds {}, where its {} tokens are at "
+                  "0..{}",
+                  what, hi < 0 ? std::string("nothing") : fmt::format("positions {}..{}", lo, hi),
+                  n_tokens, static_cast<int64_t>(n_tokens) - 1));
 }
 
 }  // namespace swarmkv::detail

@@ -49,6 +49,14 @@ SnapshotMeta prefix_meta(const Model& model, const PipelineSpec& spec,
 size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_tokens,
                        const KvLayout& layout);
 
+// After a prefix state was restored into `ctx`: sequence 0 holds positions
+// 0 .. n_tokens - 1 (on a sliding-window model, the last of them up to
+// n_tokens - 1). Otherwise Error(kCorruption) naming the snapshot file
+// `path` ("": a state this process made): its checksums held, so its writer
+// wrote cells in no sequence or at other positions, which llama.cpp takes
+// as they are (an answer as if there were no document, or a decode error).
+void check_restored_prefix(const Context& ctx, size_t n_tokens, const std::string& path);
+
 // Obtains the state of `prefix` as options.snapshot says (see SnapshotOptions).
 // Throws: for a named file what its reading throws (kNotFound, kCorruption,
 // kIncompatible), kIncompatible when it shares no reusable tokens with the

@@ -82,8 +82,10 @@ class SharedFork final : public ForkStrategy {
                                                : options.n_batch;
     auto ctx = std::make_unique<Context>(in.model, options);
     const Stopwatch r;
-    if (!streaming)
+    if (!streaming) {
       ctx->state_set(state.bytes);  // the prefix on sequence 0, each cell at its index
+      check_restored_prefix(*ctx, prefix.size(), state.use.path);
+    }
     result.restore_ms = r.ms();
     result.prefill_ms = state.prefill_ms;
     result.export_ms = state.export_ms;
