@@ -4,6 +4,7 @@
 // refused precisely, and in the automatic store still end in a good run.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,31 @@ class SnapshotModelTest : public ::testing::TestWithParam<TestModel> {
           << what << ", " << a.agents[i].name << ":\n  " << a.agents[i].answer << "\n  "
           << b.agents[i].answer;
     }
+  }
+
+  // A snapshot of `spec`'s document made here, its payload then edited by
+  // `edit` and its checksums recomputed: a hostile writer's file.
+  std::string hostile_snapshot(const PipelineSpec& spec, const std::string& name,
+                               const std::function<void(std::vector<uint8_t>& payload,
+                                                        const SnapshotHeader& h)>& edit) const {
+    fs::create_directories(dir_);
+    const std::string good = (dir_ / "good.swkv").string();
+    prefill_document(spec, model_, RunOptions{}, good);
+    const SnapshotHeader h = read_snapshot_header(good);
+    std::vector<uint8_t> payload = read_snapshot_payload(good, h);
+    edit(payload, h);
+    const std::string path = (dir_ / name).string();
+    write_snapshot(path, h.meta, payload);
+    return path;
+  }
+
+  // The error a failed run reports first: the document's, else an agent's.
+  static std::string first_error(const PipelineResult& r) {
+    if (r.document_error) return r.document_error->to_string();
+    for (const AgentResult& a : r.agents) {
+      if (a.error) return a.error->to_string();
+    }
+    return "ok";
   }
 
   std::shared_ptr<const Model> model_;
@@ -255,17 +281,13 @@ TEST_P(SnapshotModelTest, AHugeArchitectureNameInThePayloadIsRefusedBeforeAlloca
 #endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "model-independent; smollm2 runs it";
-  fs::create_directories(dir_);
   PipelineSpec spec = licence_spec(1000, 4);
-  const std::string good = (dir_ / "good.swkv").string();
-  prefill_document(spec, model_, RunOptions{}, good);
-  const SnapshotHeader h = read_snapshot_header(good);
-  std::vector<uint8_t> payload = read_snapshot_payload(good, h);
-  ASSERT_EQ(payload[0], 5);  // "llama"
-  payload[0] = payload[1] = payload[2] = 0xff;
-  payload[3] = 0x7f;
-  const std::string hostile = (dir_ / "hostile.swkv").string();
-  write_snapshot(hostile, h.meta, payload);
+  const std::string hostile =
+      hostile_snapshot(spec, "hostile.swkv", [](std::vector<uint8_t>& payload, auto&) {
+        ASSERT_EQ(payload[0], 5);  // "llama"
+        payload[0] = payload[1] = payload[2] = 0xff;
+        payload[3] = 0x7f;
+      });
   for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
     SCOPED_TRACE(to_string(fork));
     spec.fork = fork;
@@ -276,9 +298,7 @@ TEST_P(SnapshotModelTest, AHugeArchitectureNameInThePayloadIsRefusedBeforeAlloca
     const PipelineResult r = run_pipeline(spec, model_, o);
     const long grew_kib = peak_rss_kib() - before;
     EXPECT_FALSE(r.ok());
-    const std::string error = r.document_error    ? r.document_error->to_string()
-                              : r.agents[0].error ? r.agents[0].error->to_string()
-                                                  : std::string("ok");
+    const std::string error = first_error(r);
     EXPECT_NE(error.find("the state does not begin with this model's architecture name 'llama' "
                          "(it gives a name of 2147483647 bytes)"),
               std::string::npos)
@@ -297,29 +317,26 @@ TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
 #endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
-  fs::create_directories(dir_);
   PipelineSpec spec = licence_spec(1000, 4);
-  const std::string good = (dir_ / "good.swkv").string();
-  prefill_document(spec, model_, RunOptions{}, good);
-  const SnapshotHeader h = read_snapshot_header(good);
-  std::vector<uint8_t> payload = read_snapshot_payload(good, h);
-  // "llama" (4 + 5 bytes), n_stream, cell_count, then per cell: pos (i32),
-  // n_seq_id (u32) = 1, seq id (i32) = 0.
-  const auto u32 = [&](size_t at) {
-    return uint32_t{payload[at]} | uint32_t{payload[at + 1]} << 8 |
-           uint32_t{payload[at + 2]} << 16 | uint32_t{payload[at + 3]} << 24;
-  };
-  const uint32_t cells = u32(13);
-  ASSERT_EQ(cells, h.meta.tokens.size());
-  for (uint32_t i = 0; i < cells; ++i) {
-    const size_t at = 17 + 12 * size_t{i};
-    ASSERT_EQ(u32(at), i);
-    ASSERT_EQ(u32(at + 4), 1u);
-    payload[at] = static_cast<uint8_t>(payload[at] + 1);
-    if (payload[at] == 0) ++payload[at + 1];  // the carry (positions < 65535 here)
-  }
-  const std::string moved = (dir_ / "moved.swkv").string();
-  write_snapshot(moved, h.meta, payload);
+  uint32_t cells = 0;
+  const std::string moved = hostile_snapshot(
+      spec, "moved.swkv", [&cells](std::vector<uint8_t>& payload, const SnapshotHeader& h) {
+        // "llama" (4 + 5 bytes), n_stream, cell_count, then per cell: pos
+        // (i32), n_seq_id (u32) = 1, seq id (i32) = 0.
+        const auto u32 = [&](size_t at) {
+          return uint32_t{payload[at]} | uint32_t{payload[at + 1]} << 8 |
+                 uint32_t{payload[at + 2]} << 16 | uint32_t{payload[at + 3]} << 24;
+        };
+        cells = u32(13);
+        ASSERT_EQ(cells, h.meta.tokens.size());
+        for (uint32_t i = 0; i < cells; ++i) {
+          const size_t at = 17 + 12 * size_t{i};
+          ASSERT_EQ(u32(at), i);
+          ASSERT_EQ(u32(at + 4), 1u);
+          payload[at] = static_cast<uint8_t>(payload[at] + 1);
+          if (payload[at] == 0) ++payload[at + 1];  // the carry (positions < 65535 here)
+        }
+      });
   const std::string expected = fmt::format(
       "corruption: snapshot '{}': after its restore sequence 0 holds positions 1..{}, "
       "where its {} tokens are at 0..{}",
@@ -331,10 +348,7 @@ TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
     o.snapshot.file = moved;
     const PipelineResult r = run_pipeline(spec, model_, o);
     EXPECT_FALSE(r.ok());
-    const std::string error = r.document_error    ? r.document_error->to_string()
-                              : r.agents[0].error ? r.agents[0].error->to_string()
-                                                  : std::string("ok");
-    EXPECT_EQ(error, expected);
+    EXPECT_EQ(first_error(r), expected);
   }
 }
 
