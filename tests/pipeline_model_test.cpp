@@ -879,6 +879,102 @@ TEST_F(PipelineModelTest, ACallbackThatThrowsFailsTheAgentItReportsOn) {
   }
 }
 
+// An AgentExecutor (the cluster's coordinator) only runs what it is handed:
+// the runner keeps the DAG, the events and the document's snapshot. This
+// one answers from a script: agent0 fails, agent2 answers.
+class ScriptedExecutor final : public AgentExecutor {
+ public:
+  void check(const PipelineSpec& spec) const override {
+    if (spec.agents.size() > 3) throw Error(ErrorCode::kInvalidArgument, "at most 3 agents");
+  }
+  std::optional<ErrorValue> start(const Document& document, PipelineResult&) override {
+    key = document.snapshot_key;
+    if (document_error) return document_error;
+    snapshot_bytes = document.snapshot().size();
+    again_same = document.snapshot().data() == document.snapshot().data();
+    return std::nullopt;
+  }
+  void submit(const std::vector<size_t>& agents) override {
+    submitted.push_back(agents);
+    pending.insert(pending.end(), agents.begin(), agents.end());
+  }
+  std::vector<std::pair<size_t, AgentResult>> collect() override {
+    std::vector<std::pair<size_t, AgentResult>> out;
+    for (const size_t i : pending) {
+      AgentResult a;
+      a.name = "agent" + std::to_string(i);
+      a.status = i == 0 ? NodeStatus::kFailed : NodeStatus::kOk;
+      if (i == 0) a.error = ErrorValue{ErrorCode::kIo, "worker lost"};
+      a.answer = "answer " + std::to_string(i);
+      a.worker = "w1";
+      out.emplace_back(i, std::move(a));
+    }
+    pending.clear();
+    return out;
+  }
+  void finish(PipelineResult&) override { ++finished; }
+
+  std::optional<ErrorValue> document_error;
+  std::string key;
+  size_t snapshot_bytes = 0;
+  bool again_same = false;
+  std::vector<std::vector<size_t>> submitted;
+  std::vector<size_t> pending;
+  int finished = 0;
+};
+
+TEST_F(PipelineModelTest, AnExecutorRunsOnlyWhatItIsHandedAndTheRunnerKeepsTheDag) {
+  const PipelineSpec spec = events_spec(license_spec(), ForkMode::kHost);
+  {
+    ScriptedExecutor executor;
+    EventLog log;
+    const PipelineResult r =
+        run_pipeline(spec, model_, log.options(GuardPolicy::kConcurrent), executor);
+    EXPECT_EQ(executor.submitted, (std::vector<std::vector<size_t>>{{0, 2}}))
+        << "agent1 depends on the failed agent0: never handed over";
+    EXPECT_EQ(executor.finished, 1);
+    EXPECT_FALSE(executor.key.empty());
+    EXPECT_GT(executor.snapshot_bytes, 0u);
+    EXPECT_TRUE(executor.again_same) << "the snapshot is made once and kept";
+    ASSERT_TRUE(r.snapshot.has_value());
+    EXPECT_EQ(r.snapshot->source, SnapshotSource::kPrefill);
+    EXPECT_EQ(r.document_prefills, 1);
+    EXPECT_EQ(r.guard, GuardPolicy::kConcurrent);
+    EXPECT_EQ(r.document_status, NodeStatus::kOk);
+    EXPECT_EQ(r.agents[0].status, NodeStatus::kFailed);
+    EXPECT_EQ(r.agents[0].error, (ErrorValue{ErrorCode::kIo, "worker lost"}));
+    EXPECT_EQ(r.agents[1].status, NodeStatus::kDependencyFailed);
+    ASSERT_TRUE(r.agents[1].error.has_value());
+    EXPECT_EQ(r.agents[1].error->message, "dependency 'agent0' failed: io: worker lost");
+    EXPECT_EQ(r.agents[2].status, NodeStatus::kOk);
+    EXPECT_EQ(r.agents[2].answer, "answer 2");
+    EXPECT_EQ(r.agents[2].worker, "w1");
+    EXPECT_EQ(log.started, (std::map<size_t, int>{{0, 1}, {2, 1}}));
+    EXPECT_EQ(log.done, (std::map<size_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  }
+  {  // the document fails: no agent is handed over, each fails with its cause
+    ScriptedExecutor executor;
+    executor.document_error = ErrorValue{ErrorCode::kCorruption, "bus copy damaged"};
+    const PipelineResult r = run_pipeline(spec, model_, {}, executor);
+    EXPECT_TRUE(executor.submitted.empty());
+    EXPECT_EQ(r.document_status, NodeStatus::kFailed);
+    for (const AgentResult& a : r.agents) EXPECT_EQ(a.status, NodeStatus::kDependencyFailed);
+  }
+  {  // what the executor refuses is refused before anything is prepared
+    ScriptedExecutor executor;
+    PipelineSpec four = spec;
+    four.agents.push_back(four.agents[0]);
+    four.agents.back().name = "agent3";
+    try {
+      run_pipeline(four, model_, {}, executor);
+      FAIL() << "the executor's refusal was not raised";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.value(), (ErrorValue{ErrorCode::kInvalidArgument, "at most 3 agents"}));
+    }
+    EXPECT_TRUE(executor.key.empty());
+  }
+}
+
 // The shared fork runs every agent from the calling thread: 64 agents add no
 // thread beyond ggml's own workers (a thread per agent would make it 67).
 TEST_F(PipelineModelTest, SixtyFourSharedAgentsRunOnAFixedNumberOfThreads) {

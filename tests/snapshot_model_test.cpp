@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "pipeline/prefix_source.h"
+#include "prefix/prefix_source.h"
 #include "swarmkv/error.h"
 #include "swarmkv/measure.h"
 #include "swarmkv/paths.h"

@@ -131,7 +131,8 @@ struct CoordinatorOptions {
   int agents_per_job = 0;
 };
 
-// Runs `spec` on the workers holding `model`: the snapshot from Redis, the
+// Runs `spec` on the workers holding `model`: run_pipeline with the
+// coordinator as its AgentExecutor. The snapshot from Redis, else the
 // local store or a prefill (then published), agents enqueued as their
 // dependencies finish, one result kept per agent. The result is a local
 // run's plus AgentResult::worker and PipelineResult::transfer. Throws

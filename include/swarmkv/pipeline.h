@@ -12,13 +12,16 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
+#include "swarmkv/measure.h"
 #include "swarmkv/snapshot.h"
 
 namespace swarmkv {
@@ -93,6 +96,9 @@ std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt);
 // `prompt` with each placeholder replaced by answers.at(name), in one pass.
 std::string render_prompt(std::string_view prompt,
                           const std::map<std::string, std::string>& answers);
+// Whether an agent's branch is known only when it starts: placeholders
+// (other agents' answers) or fork_from (its parent's conversation).
+bool renders_at_start(const AgentSpec& agent);
 
 // Everything a run needs. Defaults match the CLI's.
 struct PipelineSpec {
@@ -241,7 +247,8 @@ struct RunOptions {
   // threads at once. What it throws for kStarted or kToken fails that agent
   // with the thrown error (its dependents then fail too): a caller cancels
   // a run that way. What it throws for kDone is logged and dropped.
-  // run_pipeline only (run_distributed's workers report no events).
+  // With an AgentExecutor, kStarted comes when an agent is handed to it and
+  // no kToken comes (run_distributed's workers report no tokens).
   std::function<void(const AgentEvent&)> on_agent_event;
 };
 
@@ -514,5 +521,53 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
 PipelineResult run_pipeline(const PipelineSpec& spec, const PreparedPipeline& prepared,
                             const std::shared_ptr<const Model>& model,
                             const RunOptions& options = {});
+
+// Runs agents outside this process (cluster::run_distributed's coordinator
+// is one). run_pipeline with an executor prepares the pipeline, fills the
+// result's header, keeps the DAG (what is ready, each node's status and
+// error, the events) and offers the document's snapshot; the executor only
+// runs the agents it is handed and reports their results.
+class AgentExecutor {
+ public:
+  virtual ~AgentExecutor() = default;
+
+  // What the runner offers the executor about the document (DAG node 0).
+  struct Document {
+    // snapshot_key of the prefix state the agents fork from; "" when the
+    // fork mode keeps none (fork_traits(...).prefix_state false).
+    std::string snapshot_key;
+    // The snapshot file's bytes (encode_snapshot) of that state, obtained
+    // as RunOptions::snapshot says (store, file or prefill) on the first
+    // call and kept for later ones; records the prefill and the snapshot's
+    // use in the result. Throws what obtaining it throws. Empty when
+    // snapshot_key is.
+    std::function<std::span<const uint8_t>()> snapshot;
+    Clock::time_point started;  // the run's start, for AgentTimings::done_at
+  };
+
+  // Refuses what this executor cannot run, before anything is prepared:
+  // throws Error(kInvalidArgument).
+  virtual void check(const PipelineSpec& spec) const = 0;
+  // Once, before any agent: makes the document available to the agents and
+  // writes the result's header fields it owns. Returns the document's
+  // error (every agent then fails with kDependencyFailed), nullopt when it
+  // is available. Throws Error when the run cannot go on at all.
+  virtual std::optional<ErrorValue> start(const Document& document, PipelineResult& result) = 0;
+  // Hands over agents (indexes into spec.agents) whose dependencies succeeded.
+  virtual void submit(const std::vector<size_t>& agents) = 0;
+  // Waits a bounded time (about a second) and returns the results of
+  // agents that finished since the last call, each agent once. Throws
+  // Error when the run cannot go on (a timeout, no one to run the agents).
+  virtual std::vector<std::pair<size_t, AgentResult>> collect() = 0;
+  // After the last agent's result: releases what start and submit made.
+  virtual void finish(PipelineResult& result) = 0;
+};
+
+// run_pipeline with `executor` running the agents: no local context is
+// made (check_memory is not called) but for the document's snapshot, when
+// the executor asks for it. Throws what prepare_pipeline and the executor
+// throw.
+PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                            const RunOptions& options, AgentExecutor& executor);
 
 }  // namespace swarmkv

@@ -1,6 +1,7 @@
-// `swarmkv run --redis`: the coordinator. Puts the document's snapshot on
-// the bus (from Redis, the local store or a prefill), enqueues agents as
-// their dependencies finish, and keeps the first result of each agent.
+// `swarmkv run --redis`: the coordinator, an AgentExecutor under
+// run_pipeline. Puts the document's snapshot on the bus (from Redis, or
+// what the runner obtains from the local store or a prefill), enqueues the
+// agents the runner hands it, and keeps the first result of each agent.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -12,9 +13,6 @@
 #include <unistd.h>
 
 #include "cluster/keys.h"
-#include "pipeline/dag.h"
-#include "pipeline/fork_strategy.h"
-#include "pipeline/prefix_source.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -69,259 +67,261 @@ std::string join(const std::vector<std::string>& names) {
   return out;
 }
 
-}  // namespace
+class Coordinator final : public AgentExecutor {
+ public:
+  Coordinator(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+              const redis::Url& url, const CoordinatorOptions& options)
+      : spec_(spec),
+        url_(url),
+        options_(options),
+        fp_(model_fingerprint(model->path())),
+        model_file_(std::filesystem::path(model->path()).filename().string()),
+        run_id_(random_id()),
+        stream_(keys::jobs(fp_)),
+        results_key_(keys::run_results(run_id_)),
+        answered_(spec.agents.size(), false),
+        retried_(spec.agents.size(), false) {}
 
-PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
-                               const redis::Url& url, const CoordinatorOptions& options) {
-  if (!model) throw Error(ErrorCode::kInvalidArgument, "run_distributed needs a model");
-  const Stopwatch run;
-  if (spec.exact) {  // workers load their models without batch-invariant kernels
-    throw Error(ErrorCode::kInvalidArgument,
-                "exact does not run on a cluster yet; run this pipeline without --redis");
-  }
-  const PreparedPipeline prepared = prepare_pipeline(spec, *model);
-  for (const AgentSpec& a : spec.agents) {
-    if (detail::renders_at_start(a)) {  // its branch needs other agents' answers
+  void check(const PipelineSpec& spec) const override {
+    if (spec.exact) {  // workers load their models without batch-invariant kernels
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("agent '{}': placeholders ({{{{name}}}}) and fork_from do not run on "
-                              "a cluster yet; run this pipeline without --redis",
-                              a.name));
+                  "exact does not run on a cluster yet; run this pipeline without --redis");
     }
-  }
-  redis::Client redis(url);
-  const std::string fp = model_fingerprint(model->path());
-  const std::string model_file = std::filesystem::path(model->path()).filename().string();
-  const auto require_workers = [&](std::string_view when) {
-    std::vector<std::string> live = live_workers(redis, fp);
-    if (live.empty()) {
-      throw Error(ErrorCode::kNotFound,
-                  fmt::format("no live swarmkv worker holds model {} (sha256 {}) at {}{}; start "
-                              "one with: swarmkv worker --redis URL --model {}",
-                              model_file, fp.substr(0, 12), url.address(), when, model_file));
-    }
-    return live;
-  };
-  std::vector<std::string> live = require_workers("");
-
-  PipelineResult result;
-  result.fork = spec.fork;
-  result.exact = spec.exact;
-  if (fork_traits(spec.fork).branch_workers) result.guard = options.run.guard;
-  result.engine = engine_options(spec);
-  result.engine.n_threads = 0;  // the workers' own
-  result.engine.n_threads_batch = 0;
-  result.prefix_tokens = prepared.budget.prefix_tokens;
-  result.n_ctx = prepared.budget.n_ctx;
-  result.n_seq_max = prepared.budget.n_seq_max;
-  result.prepare_ms = run.ms();
-  result.agents.resize(spec.agents.size());
-  for (size_t i = 0; i < spec.agents.size(); ++i) {
-    result.agents[i].name = spec.agents[i].name;
-    result.agents[i].prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
-  }
-  TransferFigures transfer;
-
-  // The document's snapshot on the bus: found there, else made here
-  // (local store or prefill) and published.
-  std::string key;
-  std::vector<uint8_t> file;  // kept to publish again if Redis loses it
-  std::optional<ErrorValue> document_error;
-  const auto put_snapshot_on_bus = [&](Publish mode) {
-    if (std::optional<Manifest> m =
-            mode == Publish::kReplace ? std::nullopt : find_snapshot(redis, key)) {
-      touch_snapshot(redis, *m, options.bus.ttl_s);
-      transfer.bytes = m->bytes;
-      return;
-    }
-    if (file.empty()) {
-      detail::PrefixState made =
-          detail::obtain_prefix_state(spec, prepared.prefix, options.run, model);
-      file = encode_snapshot(detail::prefix_meta(*model, spec, prepared.prefix), made.bytes);
-      result.prefill_ms = made.prefill_ms;
-      result.export_ms = made.export_ms;
-      result.document_prefills = made.use.prefilled_tokens > 0 ? 1 : 0;
-      result.snapshot = std::move(made.use);
-    }
-    const PublishReport p = publish_snapshot(redis, key, file, options.bus, mode);
-    transfer.bytes = p.bytes;
-    transfer.publish_ms += p.ms;
-    log_info("coordinator: published snapshot {} ({:.1f} MiB, {} chunks) in {:.0f} ms", key,
-             p.bytes / 1048576.0, p.chunks, p.ms);
-  };
-  if (fork_traits(spec.fork).prefix_state) {
-    key = snapshot_key(detail::prefix_binding(*model, spec), prepared.prefix);
-    SnapshotUse use;
-    use.source = SnapshotSource::kRedis;
-    use.key = key;
-    use.reused_tokens = result.prefix_tokens;
-    result.snapshot = use;
-    try {
-      put_snapshot_on_bus(Publish::kIfAbsent);
-      result.snapshot->bytes = transfer.bytes;
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::kIo && e.message().rfind(url.address(), 0) == 0) throw;
-      document_error = e.value();
+    for (const AgentSpec& a : spec.agents) {
+      if (renders_at_start(a)) {  // its branch needs other agents' answers
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("agent '{}': placeholders ({{{{name}}}}) and fork_from do not run "
+                                "on a cluster yet; run this pipeline without --redis",
+                                a.name));
+      }
     }
   }
 
-  const std::string run_id = random_id();
-  const std::string stream = keys::jobs(fp);
-  const std::string results_key = keys::run_results(run_id);
-  const auto put_run = [&] {
-    redis.command({"SET", keys::run_spec(run_id), spec_to_json(spec, options.run.guard).dump(),
-                   "EX", std::to_string(keys::kRunTtlS)});
-    ensure_job_group(redis, stream);
-  };
-  put_run();
-
-  detail::ReadySet dag = detail::ready_set(spec);
-  dag.pop();
-  if (document_error) {
-    dag.fail(0, *document_error);
-  } else {
-    dag.succeed(0);
+  std::optional<ErrorValue> start(const Document& document, PipelineResult& result) override {
+    document_ = document;
+    redis_.emplace(url_);  // after check(): a refused pipeline never connects
+    live_ = require_workers("");
+    result.engine.n_threads = 0;  // the workers' own
+    result.engine.n_threads_batch = 0;
+    std::optional<ErrorValue> document_error;
+    if (!document_.snapshot_key.empty()) {
+      SnapshotUse use;
+      use.source = SnapshotSource::kRedis;
+      use.key = document_.snapshot_key;
+      use.reused_tokens = result.prefix_tokens;
+      result.snapshot = use;
+      try {
+        put_snapshot_on_bus(Publish::kIfAbsent);
+        result.snapshot->bytes = transfer_.bytes;
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kIo && e.message().rfind(url_.address(), 0) == 0) throw;
+        document_error = e.value();
+      }
+    }
+    document_failed_ = document_error.has_value();
+    put_run();
+    reconnects_ = redis_->reconnects();
+    return document_error;
   }
 
-  std::vector<bool> answered(spec.agents.size(), false);
-  std::set<size_t> in_flight;  // agents enqueued and not answered
-  std::set<std::string> fetched_jobs;
-  const auto enqueue = [&](const std::vector<size_t>& agents) {
-    if (agents.empty()) return;
-    const size_t per_job = options.agents_per_job > 0
-                               ? static_cast<size_t>(options.agents_per_job)
-                               : (agents.size() + std::max<size_t>(live.size(), 1) - 1) /
-                                     std::max<size_t>(live.size(), 1);
-    for (size_t at = 0; at < agents.size(); at += per_job) {
-      nlohmann::json list = nlohmann::json::array();
-      for (size_t k = at; k < std::min(at + per_job, agents.size()); ++k)
-        list.push_back(spec.agents[agents[k]].name);
-      const redis::Reply id = redis.command({"XADD", stream, "MAXLEN", "~", "10000", "*", "run",
-                                             run_id, "snapshot", key, "agents", list.dump()});
-      log_info("coordinator: job {}: {}", id.str, list.dump());
-    }
-  };
+  void submit(const std::vector<size_t>& agents) override {
+    in_flight_.insert(agents.begin(), agents.end());
+    enqueue(agents);
+  }
 
-  std::string last_id = "0-0";
-  uint64_t reconnects = redis.reconnects();
-  Stopwatch since_check;
-  Stopwatch since_seen;  // a live worker was seen
-  std::vector<bool> retried(spec.agents.size(), false);
-  bool republished = false;
-  uint64_t duplicates = 0;
-  while (!dag.finished()) {
-    std::vector<size_t> ready;
-    while (const std::optional<size_t> node = dag.pop()) {
-      ready.push_back(*node - 1);
-      in_flight.insert(*node - 1);
-    }
-    enqueue(ready);
-    if (dag.finished()) break;
-    if (run.ms() > options.timeout_s * 1000) {
+  std::vector<std::pair<size_t, AgentResult>> collect() override {
+    if (ms_between(document_.started, Clock::now()) > options_.timeout_s * 1000) {
       std::vector<std::string> open;
-      for (const size_t i : in_flight) open.push_back(spec.agents[i].name);
+      for (const size_t i : in_flight_) open.push_back(spec_.agents[i].name);
       throw Error(ErrorCode::kIo,
                   fmt::format("timed out after {:.0f} s with {} agent(s) unanswered ({}); the "
                               "workers at {} did not answer in time",
-                              options.timeout_s, open.size(), join(open), url.address()));
+                              options_.timeout_s, open.size(), join(open), url_.address()));
     }
-    const redis::Reply r =
-        redis.command({"XREAD", "COUNT", "100", "BLOCK", "1000", "STREAMS", results_key, last_id});
-    if (redis.reconnects() != reconnects) {
-      reconnects = redis.reconnects();
-      if (redis.command({"EXISTS", keys::run_spec(run_id)}).integer == 0) {
+    std::vector<std::pair<size_t, AgentResult>> done;
+    const redis::Reply r = redis_->command(
+        {"XREAD", "COUNT", "100", "BLOCK", "1000", "STREAMS", results_key_, last_id_});
+    if (redis_->reconnects() != reconnects_) {
+      reconnects_ = redis_->reconnects();
+      if (redis_->command({"EXISTS", keys::run_spec(run_id_)}).integer == 0) {
         // Redis restarted without its data: everything this run put there is
         // gone. Put it back and enqueue the unanswered agents again.
         log_warn(
             "coordinator: {} lost this run's state (restarted?); publishing the snapshot "
             "and enqueueing {} agent(s) again",
-            url.address(), in_flight.size());
-        if (fork_traits(spec.fork).prefix_state && !document_error)
+            url_.address(), in_flight_.size());
+        if (!document_.snapshot_key.empty() && !document_failed_)
           put_snapshot_on_bus(Publish::kIfAbsent);
         put_run();
-        last_id = "0-0";
-        enqueue(std::vector<size_t>(in_flight.begin(), in_flight.end()));
-        continue;
+        last_id_ = "0-0";
+        enqueue(std::vector<size_t>(in_flight_.begin(), in_flight_.end()));
+        return done;
       }
     }
     std::vector<StreamEntry> entries;
     if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
       entries = stream_entries(r.elements[0].elements[1]);
     for (StreamEntry& e : entries) {
-      last_id = e.id;
-      std::map<std::string, std::string>& f = e.fields;
-      const std::optional<size_t> index = spec.agent_index(f["agent"]);
-      if (!index) continue;
-      const size_t i = *index;
-      if (answered[i] || in_flight.count(i) == 0) {
-        ++duplicates;
-        continue;
-      }
-      AgentResult a;
-      try {
-        a = agent_from_json(nlohmann::json::parse(f["result"]));
-      } catch (const std::exception& bad) {
-        a.name = spec.agents[i].name;
-        a.status = NodeStatus::kFailed;
-        a.error = ErrorValue{
-            ErrorCode::kCorruption,
-            fmt::format("the result from worker '{}' does not parse: {}", f["worker"], bad.what())};
-      }
-      a.worker = f["worker"];
-      a.timings_ms.done_at = run.ms();
-      if (f["fetch_bytes"] != "0" && fetched_jobs.insert(f["job"]).second) {
-        ++transfer.fetches;
-        transfer.fetch_ms = std::max(transfer.fetch_ms, entry_ms(e, "fetch_ms"));
-      }
-      // A worker that could not get the snapshot from the bus (damaged
-      // twice, or gone): publish it again, once per run, replacing the
-      // bus's copy, and give the agent one more try.
-      if (a.error && !retried[i] && f["snapshot_unavailable"] == "1") {
-        retried[i] = true;
-        if (!republished) {
-          republished = true;
-          log_warn("coordinator: {}; publishing the snapshot again", a.error->message);
-          put_snapshot_on_bus(Publish::kReplace);
-        }
-        enqueue({i});
-        continue;
-      }
-      answered[i] = true;
-      in_flight.erase(i);
-      const bool ok = a.status == NodeStatus::kOk;
-      std::optional<ErrorValue> error = a.error;
-      result.agents[i] = std::move(a);
-      if (ok) {
-        dag.succeed(i + 1);
-      } else {
-        dag.fail(i + 1, error.value_or(ErrorValue{ErrorCode::kInternal, "failed"}));
-      }
+      last_id_ = e.id;
+      if (std::optional<std::pair<size_t, AgentResult>> answer = take(e))
+        done.push_back(std::move(*answer));
     }
-    if (since_check.ms() > 1000 && !in_flight.empty()) {
-      since_check.restart();
-      // A worker's key is missing for a moment after a Redis restart: only
-      // a longer absence fails the run.
-      if (std::vector<std::string> now = live_workers(redis, fp); !now.empty()) {
-        live = std::move(now);
-        since_seen.restart();
-      } else if (since_seen.ms() > kNoWorkerGraceS * 1000) {
-        require_workers(fmt::format(" (for {} s, with {} agent(s) unanswered)", kNoWorkerGraceS,
-                                    in_flight.size()));
-      }
-    }
+    check_live_workers();
+    return done;
   }
-  if (duplicates > 0)
-    log_info("coordinator: {} duplicate result(s) ignored (jobs run twice)", duplicates);
-  redis.try_command({"DEL", keys::run_spec(run_id), results_key});
 
-  result.document_status = dag.status(0);
-  result.document_error = dag.error(0);
-  for (size_t i = 0; i < result.agents.size(); ++i) {
-    result.agents[i].status = dag.status(i + 1);
-    result.agents[i].error = dag.error(i + 1);
+  void finish(PipelineResult& result) override {
+    if (duplicates_ > 0)
+      log_info("coordinator: {} duplicate result(s) ignored (jobs run twice)", duplicates_);
+    redis_->try_command({"DEL", keys::run_spec(run_id_), results_key_});
+    if (!document_.snapshot_key.empty()) result.transfer = transfer_;
   }
-  if (fork_traits(spec.fork).prefix_state) result.transfer = transfer;
-  result.total_ms = run.ms();
-  return result;
+
+ private:
+  std::vector<std::string> require_workers(std::string_view when) {
+    std::vector<std::string> live = live_workers(*redis_, fp_);
+    if (live.empty()) {
+      throw Error(ErrorCode::kNotFound,
+                  fmt::format("no live swarmkv worker holds model {} (sha256 {}) at {}{}; start "
+                              "one with: swarmkv worker --redis URL --model {}",
+                              model_file_, fp_.substr(0, 12), url_.address(), when, model_file_));
+    }
+    return live;
+  }
+
+  // The document's snapshot on the bus: found there, else what the runner
+  // obtains (local store or prefill), published.
+  void put_snapshot_on_bus(Publish mode) {
+    const std::string& key = document_.snapshot_key;
+    if (std::optional<Manifest> m =
+            mode == Publish::kReplace ? std::nullopt : find_snapshot(*redis_, key)) {
+      touch_snapshot(*redis_, *m, options_.bus.ttl_s);
+      transfer_.bytes = m->bytes;
+      return;
+    }
+    const PublishReport p =
+        publish_snapshot(*redis_, key, document_.snapshot(), options_.bus, mode);
+    transfer_.bytes = p.bytes;
+    transfer_.publish_ms += p.ms;
+    log_info("coordinator: published snapshot {} ({:.1f} MiB, {} chunks) in {:.0f} ms", key,
+             p.bytes / 1048576.0, p.chunks, p.ms);
+  }
+
+  void put_run() {
+    redis_->command({"SET", keys::run_spec(run_id_), spec_to_json(spec_, options_.run.guard).dump(),
+                     "EX", std::to_string(keys::kRunTtlS)});
+    ensure_job_group(*redis_, stream_);
+  }
+
+  void enqueue(const std::vector<size_t>& agents) {
+    if (agents.empty()) return;
+    const size_t workers = std::max<size_t>(live_.size(), 1);
+    const size_t per_job = options_.agents_per_job > 0
+                               ? static_cast<size_t>(options_.agents_per_job)
+                               : (agents.size() + workers - 1) / workers;
+    for (size_t at = 0; at < agents.size(); at += per_job) {
+      nlohmann::json list = nlohmann::json::array();
+      for (size_t k = at; k < std::min(at + per_job, agents.size()); ++k)
+        list.push_back(spec_.agents[agents[k]].name);
+      const redis::Reply id =
+          redis_->command({"XADD", stream_, "MAXLEN", "~", "10000", "*", "run", run_id_, "snapshot",
+                           document_.snapshot_key, "agents", list.dump()});
+      log_info("coordinator: job {}: {}", id.str, list.dump());
+    }
+  }
+
+  // The answer a result entry carries, the first time its agent answers;
+  // nullopt for a duplicate, an unknown agent, or an agent sent once more
+  // (its snapshot was unavailable: published again, once per run).
+  std::optional<std::pair<size_t, AgentResult>> take(StreamEntry& e) {
+    std::map<std::string, std::string>& f = e.fields;
+    const std::optional<size_t> index = spec_.agent_index(f["agent"]);
+    if (!index) return std::nullopt;
+    const size_t i = *index;
+    if (answered_[i] || in_flight_.count(i) == 0) {
+      ++duplicates_;
+      return std::nullopt;
+    }
+    AgentResult a;
+    try {
+      a = agent_from_json(nlohmann::json::parse(f["result"]));
+    } catch (const std::exception& bad) {
+      a.name = spec_.agents[i].name;
+      a.status = NodeStatus::kFailed;
+      a.error = ErrorValue{
+          ErrorCode::kCorruption,
+          fmt::format("the result from worker '{}' does not parse: {}", f["worker"], bad.what())};
+    }
+    a.worker = f["worker"];
+    a.timings_ms.done_at = ms_between(document_.started, Clock::now());
+    if (f["fetch_bytes"] != "0" && fetched_jobs_.insert(f["job"]).second) {
+      ++transfer_.fetches;
+      transfer_.fetch_ms = std::max(transfer_.fetch_ms, entry_ms(e, "fetch_ms"));
+    }
+    // A worker that could not get the snapshot from the bus (damaged
+    // twice, or gone): publish it again, once per run, replacing the bus's
+    // copy, and give the agent one more try.
+    if (a.error && !retried_[i] && f["snapshot_unavailable"] == "1") {
+      retried_[i] = true;
+      if (!republished_) {
+        republished_ = true;
+        log_warn("coordinator: {}; publishing the snapshot again", a.error->message);
+        put_snapshot_on_bus(Publish::kReplace);
+      }
+      enqueue({i});
+      return std::nullopt;
+    }
+    answered_[i] = true;
+    in_flight_.erase(i);
+    return std::pair{i, std::move(a)};
+  }
+
+  // A worker's key is missing for a moment after a Redis restart: only a
+  // longer absence fails the run.
+  void check_live_workers() {
+    if (since_check_.ms() <= 1000 || in_flight_.empty()) return;
+    since_check_.restart();
+    if (std::vector<std::string> now = live_workers(*redis_, fp_); !now.empty()) {
+      live_ = std::move(now);
+      since_seen_.restart();
+    } else if (since_seen_.ms() > kNoWorkerGraceS * 1000) {
+      require_workers(fmt::format(" (for {} s, with {} agent(s) unanswered)", kNoWorkerGraceS,
+                                  in_flight_.size()));
+    }
+  }
+
+  const PipelineSpec& spec_;
+  const redis::Url& url_;
+  const CoordinatorOptions& options_;
+  std::optional<redis::Client> redis_;
+  const std::string fp_;
+  const std::string model_file_;
+  const std::string run_id_;
+  const std::string stream_;
+  const std::string results_key_;
+  Document document_;
+  bool document_failed_ = false;
+  std::vector<std::string> live_;
+  TransferFigures transfer_;
+  std::vector<bool> answered_;
+  std::vector<bool> retried_;
+  std::set<size_t> in_flight_;  // agents enqueued and not answered
+  std::set<std::string> fetched_jobs_;
+  std::string last_id_ = "0-0";
+  uint64_t reconnects_ = 0;
+  Stopwatch since_check_;
+  Stopwatch since_seen_;  // a live worker was seen
+  bool republished_ = false;
+  uint64_t duplicates_ = 0;
+};
+
+}  // namespace
+
+PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                               const redis::Url& url, const CoordinatorOptions& options) {
+  if (!model) throw Error(ErrorCode::kInvalidArgument, "run_distributed needs a model");
+  Coordinator coordinator(spec, model, url, options);
+  return run_pipeline(spec, model, options.run, coordinator);
 }
 
 }  // namespace swarmkv::cluster

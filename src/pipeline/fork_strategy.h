@@ -1,13 +1,15 @@
 // Fork strategies: how agents obtain the document's KV state and run.
 //
 // The runner (pipeline.cpp) prepares the pipeline, builds the DAG's ready
-// set, picks the strategy for spec.fork once, and hands it everything; it
-// never looks at the mode again. A new source of the prefix (a file, a
-// store, a remote worker, a parent agent) is a new strategy class.
+// set, picks the strategy for spec.fork once (or the executor's, when the
+// caller gives an AgentExecutor), and hands it everything; it never looks at
+// the mode again. A new source of the prefix (a file, a store, a remote
+// worker, a parent agent) is a new strategy class.
 //
 //   shared_fork.cpp     one unified-KV context; fork = seq_cp; batched decode
 //   host_fork.cpp       prefill once, snapshot to host RAM, restore per branch
 //   recompute_fork.cpp  every agent re-prefills the document (the reference)
+//   executor_fork.cpp   an AgentExecutor runs the agents (the cluster)
 #pragma once
 
 #include <memory>
@@ -88,10 +90,6 @@ ReadySet ready_set(const PipelineSpec& spec);
 std::vector<Token> tokenize_branch(const Model& model, const PreparedPipeline& prepared,
                                    std::string_view prompt);
 
-// Whether an agent's branch is known only when it starts: placeholders or
-// fork_from (prepared.branches holds no tokens for it).
-bool renders_at_start(const AgentSpec& agent);
-
 // Agent `agent`'s branch tokens, from the document's end, when it starts:
 // prepared.branches[agent], or its prompt rendered with the answers in
 // result.agents (the agents its placeholders name have finished: they are
@@ -125,13 +123,17 @@ PipelineBudget budget_one_shared_context(int32_t prefix_tokens,
 std::unique_ptr<ForkStrategy> make_shared_fork();
 std::unique_ptr<ForkStrategy> make_host_fork(GuardPolicy guard);
 std::unique_ptr<ForkStrategy> make_recompute_fork(GuardPolicy guard);
+// Agents run by `executor` under `fork`'s layout (run_pipeline with an executor).
+std::unique_ptr<ForkStrategy> make_executor_fork(AgentExecutor& executor, ForkMode fork);
 
 }  // namespace swarmkv::detail
 
 namespace swarmkv::detail {
 // run_pipeline with deliberate faults (tests only); `prepared`, when given,
 // is prepare_pipeline(spec, *model) made by the caller.
+// `executor`, when given, runs the agents (make_executor_fork).
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                             const RunOptions& options, const RunFaults& faults,
-                            const PreparedPipeline* prepared = nullptr);
+                            const PreparedPipeline* prepared = nullptr,
+                            AgentExecutor* executor = nullptr);
 }  // namespace swarmkv::detail

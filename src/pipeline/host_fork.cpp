@@ -9,7 +9,7 @@
 
 #include "pipeline/context_per_branch.h"
 #include "pipeline/host_buffer_pool.h"
-#include "pipeline/prefix_source.h"
+#include "prefix/prefix_source.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::detail {

@@ -11,7 +11,7 @@
 
 #include "pipeline/dag.h"
 #include "pipeline/fork_strategy.h"
-#include "pipeline/prefix_source.h"
+#include "prefix/prefix_source.h"
 #include "swarmkv/chat.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -392,6 +392,10 @@ std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt) {
   return out;
 }
 
+bool renders_at_start(const AgentSpec& agent) {
+  return !agent.fork_from.empty() || !prompt_placeholders(agent.prompt).empty();
+}
+
 std::string render_prompt(std::string_view prompt,
                           const std::map<std::string, std::string>& answers) {
   std::string out;
@@ -526,7 +530,7 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) 
     std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
     if (a.needs.any()) tokens.insert(tokens.begin(), out.doc_close.begin(), out.doc_close.end());
     own.push_back(static_cast<int64_t>(tokens.size()) + answers);
-    out.branches.push_back(detail::renders_at_start(a) ? std::vector<Token>{} : std::move(tokens));
+    out.branches.push_back(renders_at_start(a) ? std::vector<Token>{} : std::move(tokens));
     max_tokens.push_back(a.max_tokens);
   }
   // A child's branch holds its ancestors' prompts, answers and turn closes
@@ -678,6 +682,11 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const PreparedPipeline& pr
   return detail::run_pipeline(spec, model, options, detail::RunFaults{}, &prepared);
 }
 
+PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+                            const RunOptions& options, AgentExecutor& executor) {
+  return detail::run_pipeline(spec, model, options, detail::RunFaults{}, nullptr, &executor);
+}
+
 namespace detail {
 
 ReadySet ready_set(const PipelineSpec& spec) {
@@ -694,10 +703,6 @@ std::vector<Token> tokenize_branch(const Model& model, const PreparedPipeline& p
   const Model::TextPiece pieces[] = {{prompt, false}, {prepared.branch_tail, true}};
   return model.tokenize(std::span(pieces, prepared.branch_tail.empty() ? 1 : 2),
                         /*add_special=*/false);
-}
-
-bool renders_at_start(const AgentSpec& agent) {
-  return !agent.fork_from.empty() || !prompt_placeholders(agent.prompt).empty();
 }
 
 namespace {
@@ -778,12 +783,13 @@ std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResu
 
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                             const RunOptions& options, const RunFaults& faults,
-                            const PreparedPipeline* given) {
+                            const PreparedPipeline* given, AgentExecutor* executor) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_pipeline needs a model");
   const Stopwatch run;
+  if (executor) executor->check(spec);
   std::optional<PreparedPipeline> own;
   const PreparedPipeline& prepared = given ? *given : own.emplace(prepare_pipeline(spec, *model));
-  check_memory(spec, *model, prepared.budget, options.guard);
+  if (!executor) check_memory(spec, *model, prepared.budget, options.guard);
 
   PipelineResult result;
   result.fork = spec.fork;
@@ -826,7 +832,9 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
       model,
       faults.branch_pos0 >= 0 ? faults.branch_pos0 : static_cast<Pos>(prepared.prefix.size()),
       run.started()};
-  make_fork_strategy(spec.fork, options.guard)->run(in, dag, result);
+  (executor ? make_executor_fork(*executor, spec.fork)
+            : make_fork_strategy(spec.fork, options.guard))
+      ->run(in, dag, result);
   if (!dag.finished()) throw Error(ErrorCode::kInternal, "the fork strategy left agents unrun");
 
   result.document_status = dag.status(0);

@@ -17,7 +17,7 @@
 #include "kv/sequence_table.h"
 #include "pipeline/batch_planner.h"
 #include "pipeline/fork_strategy.h"
-#include "pipeline/prefix_source.h"
+#include "prefix/prefix_source.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::detail {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "pipeline/prefix_source.h"
+#include "prefix/prefix_source.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::server {

@@ -1,4 +1,4 @@
-#include "pipeline/prefix_source.h"
+#include "prefix/prefix_source.h"
 
 #include <algorithm>
 #include <filesystem>
