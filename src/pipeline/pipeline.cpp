@@ -707,19 +707,13 @@ std::vector<Token> tokenize_branch(const Model& model, const PreparedPipeline& p
 
 namespace {
 
-size_t agent_index(const PipelineResult& result, const std::string& name) {
-  return static_cast<size_t>(std::find_if(result.agents.begin(), result.agents.end(),
-                                          [&](const AgentResult& a) { return a.name == name; }) -
-                             result.agents.begin());
-}
-
 // A finished agent's branch as it decoded it: its ancestors' turns, then its
 // own rendered prompt.
 std::vector<Token> finished_branch(const RunInputs& in, size_t agent,
                                    const PipelineResult& result) {
   std::vector<Token> out;
   if (const std::string& parent = in.spec.agents[agent].fork_from; !parent.empty()) {
-    const size_t p = agent_index(result, parent);
+    const size_t p = *in.spec.agent_index(parent);  // validated: an agent's name
     out = finished_branch(in, p, result);
     const std::vector<Token>& answer = result.agents[p].tokens;
     out.insert(out.end(), answer.begin(), answer.end());
@@ -765,7 +759,7 @@ std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResu
   if (!renders_at_start(spec)) return in.prepared.branches[agent];
   std::map<std::string, std::string> answers;
   for (const PromptPlaceholder& h : prompt_placeholders(spec.prompt))
-    answers[h.name] = result.agents[agent_index(result, h.name)].answer;  // finished: upstream
+    answers[h.name] = result.agents[*in.spec.agent_index(h.name)].answer;  // finished: upstream
   AgentResult& out = result.agents[agent];
   out.prompt_rendered = render_prompt(spec.prompt, answers);
   std::vector<Token> tokens = finished_branch(in, agent, result);
