@@ -65,6 +65,39 @@ TEST(PathsTest, ExplicitPathWinsAndMustExist) {
   std::filesystem::remove_all(dir);
 }
 
+// `--model NAME` (the README's worker command, the coordinator's "start a
+// worker" hint) finds the file in the model cache from any directory; a
+// name found nowhere names both places; a path is never looked up.
+TEST(PathsTest, ABareModelNameIsLookedUpInTheModelCache) {
+  const auto cache = std::filesystem::temp_directory_path() / "swarmkv_paths_cache";
+  std::filesystem::create_directories(cache / "models");
+  std::ofstream(cache / "models" / "m.gguf") << "x";
+  ScopedEnv env("SWARMKV_CACHE", cache.c_str());
+  EXPECT_EQ(resolve_model_path("m.gguf"), (cache / "models" / "m.gguf").string());
+  {
+    ScopedEnv model("SWARMKV_MODEL", "m.gguf");
+    EXPECT_EQ(resolve_model_path(""), (cache / "models" / "m.gguf").string());
+  }
+  try {
+    resolve_model_path("other.gguf");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.value(),
+              (ErrorValue{ErrorCode::kNotFound,
+                          "model file (from --model) 'other.gguf' does not exist: looked for "
+                          "'other.gguf' in the current directory and in the model cache ('" +
+                              (cache / "models" / "other.gguf").string() + "')"}));
+  }
+  try {
+    resolve_model_path("./m.gguf");
+    FAIL() << "a path was looked up in the cache";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.value(), (ErrorValue{ErrorCode::kNotFound,
+                                     "model file (from --model) './m.gguf' does not exist"}));
+  }
+  std::filesystem::remove_all(cache);
+}
+
 TEST(PathsTest, EnvironmentModelIsUsedAndCheckedWhenNoExplicitPath) {
   ScopedEnv model("SWARMKV_MODEL", "/does/not/exist.gguf");
   try {

@@ -16,8 +16,12 @@ inline constexpr std::string_view kDefaultModelFile = "SmolLM2-135M-Instruct.F16
 std::string cache_dir();
 
 // The model to use: `explicit_path` when non-empty, else $SWARMKV_MODEL when
-// set, else <cache_dir()>/models/<kDefaultModelFile>. Throws Error(kNotFound)
-// naming every place it looked and how to fetch the default model.
+// set, else <cache_dir()>/models/<kDefaultModelFile>. A given name that is
+// no file here and holds no '/' is looked up in <cache_dir()>/models/
+// (`--model SmolLM2-135M-Instruct.F16.gguf` works from any directory).
+// Throws Error(kNotFound) naming every place it looked (and how to fetch the
+// default model), what require_regular_file throws for a file that is not
+// a regular one.
 std::string resolve_model_path(std::string_view explicit_path);
 
 // Throws Error(kNotFound) "<what> '<path>' does not exist", or

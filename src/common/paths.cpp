@@ -27,16 +27,35 @@ std::string cache_dir() {
   return env_or_empty("HOME") + "/.cache/swarmkv";
 }
 
-std::string resolve_model_path(std::string_view explicit_path) {
+namespace {
+
+// `given` as a path when it names one (or holds a '/'), else the file of
+// that name in <cache_dir()>/models/.
+std::string find_model(const std::string& given, std::string_view origin) {
+  const std::string what = fmt::format("model file (from {})", origin);
   std::error_code ec;
-  if (!explicit_path.empty()) {
-    require_regular_file(std::string(explicit_path), "model file (from --model)");
-    return std::string(explicit_path);
+  if (given.find('/') != std::string::npos || std::filesystem::exists(given, ec)) {
+    require_regular_file(given, what);
+    return given;
   }
-  if (std::string env = env_or_empty("SWARMKV_MODEL"); !env.empty()) {
-    require_regular_file(env, "model file (from $SWARMKV_MODEL)");
-    return env;
+  const std::string cached = fmt::format("{}/models/{}", cache_dir(), given);
+  if (!std::filesystem::exists(cached, ec)) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{} '{}' does not exist: looked for '{}' in the current directory "
+                            "and in the model cache ('{}')",
+                            what, given, given, cached));
   }
+  require_regular_file(cached, what);
+  return cached;
+}
+
+}  // namespace
+
+std::string resolve_model_path(std::string_view explicit_path) {
+  if (!explicit_path.empty()) return find_model(std::string(explicit_path), "--model");
+  if (std::string env = env_or_empty("SWARMKV_MODEL"); !env.empty())
+    return find_model(env, "$SWARMKV_MODEL");
+  std::error_code ec;
   std::string fallback = fmt::format("{}/models/{}", cache_dir(), kDefaultModelFile);
   if (!std::filesystem::is_regular_file(fallback, ec)) {
     throw Error(
