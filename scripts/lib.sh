@@ -32,7 +32,7 @@ pip_download() {
 SWARMKV_APT_PACKAGES=(
   g++ cmake ninja-build pkg-config python3 python3-pip unzip patch clang-format
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-  libyaml-cpp-dev libcpp-httplib-dev libxxhash-dev libssl-dev python3-matplotlib
+  libyaml-cpp-dev libcpp-httplib-dev libxxhash-dev libssl-dev python3-matplotlib python3-prometheus-client
   libhiredis-dev redis-server ccache
 )
 

@@ -293,6 +293,16 @@ def unknown_subcommand_is_named(ctx):
 
 
 @case
+def version_names_the_build(ctx):
+    rc, out, err = ctx.run("--version")
+    assert rc == 0, (rc, err)
+    lines = out.strip().split("\n")
+    assert re.fullmatch(r"swarmkv \d+\.\d+\.\d+", lines[0]), out
+    assert re.fullmatch(r"llama\.cpp [0-9a-f]{7,40} \(our patches [0-9a-f]+\)", lines[1]), out
+    assert re.fullmatch(r"backends: (\w+)(, \w+)*", lines[2]) and "CPU" in lines[2], out
+
+
+@case
 def exit_codes_follow_the_convention(ctx):
     rc, out, _ = ctx.run("--help")
     assert rc == 0 and "Exit status: 0 success; 1 the run failed" in out and "130 interrupted" in out, out
@@ -444,6 +454,61 @@ def serve_drains_on_sigterm(ctx):
     assert rc == 0, f"exit {rc}"
     assert status == 200, status
     assert json.loads(text)["usage"]["completion_tokens"] == 64, text
+
+
+PROMETHEUS_PARSE = """
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = []
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        out.append([family.name, family.type, s.name, s.labels, s.value])
+print(json.dumps(out))
+"""
+
+
+def prometheus_samples(text):
+    """/metrics as prometheus_client's parser reads it (Debian's python3-prometheus-client:
+    /usr/bin/python3 when the tests' interpreter lacks it)."""
+    for python in (sys.executable, "/usr/bin/python3"):
+        p = subprocess.run([python, "-c", PROMETHEUS_PARSE], input=text, capture_output=True,
+                           text=True, timeout=60)
+        if "No module named 'prometheus_client'" not in p.stderr:
+            assert p.returncode == 0, f"prometheus_client refused the exposition:\n{p.stderr}\n{text}"
+            return json.loads(p.stdout)
+    raise AssertionError("prometheus_client is not installed (scripts/lib.sh installs it)")
+
+
+# A request to /a%22b%5C put its raw path into a label: the exposition no
+# longer parsed, and every unknown path added a series. Routes are labelled
+# by their template now ("other" for none), every label value escaped; the
+# build is a metric; each request is one info line in the log.
+@case
+def metrics_parse_whatever_paths_clients_ask_for(ctx):
+    p, port = serve_process(ctx)  # serve logs at info by default
+    try:
+        for path in ("/a%22b%5C", "/x%0Ay", "/v1/nope", "/health"):
+            http_status(port, path)
+        status, _ = http(port, "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert status == 200
+        samples = prometheus_samples(http(port, "/metrics")[1])
+    finally:
+        p.terminate()
+        log = p.communicate(timeout=60)[1]
+    responses = {(s[3]["route"], s[3]["status"]): s[4] for s in samples
+                 if s[2] == "swarmkv_http_responses_total"}
+    assert responses == {("other", "404"): 3.0, ("/health", "200"): 1.0,
+                         ("/v1/chat/completions", "200"): 1.0}, responses
+    build = [s for s in samples if s[2] == "swarmkv_build_info"]
+    assert len(build) == 1 and build[0][4] == 1.0 and build[0][1] == "gauge", build
+    assert re.fullmatch(r"\d+\.\d+\.\d+", build[0][3]["version"]), build
+    assert re.fullmatch(r"[0-9a-f]{7,40}", build[0][3]["llama_commit"]), build
+    names = {s[0] for s in samples}
+    assert "swarmkv_kv_cells_capacity" in names and "swarmkv_kv_cells_total" not in names, names
+    assert re.search(r"http GET other 404 \d+\.\d ms", log), log
+    assert re.search(r"http POST /v1/chat/completions 200 \d+\.\d ms prompt_tokens \d+ "
+                     r"cached_tokens \d+ completion_tokens 2\b", log), log
 
 
 # A stream in flight at SIGTERM runs to its end within --drain, while the

@@ -352,6 +352,42 @@ TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
   }
 }
 
+// A snapshot whose K/V values are NaN (checksums recomputed): the agents
+// answered nothing (0 tokens, status ok). Now each agent fails at its first
+// token with kCorruption, on both forks. The payload ends with the last
+// layer's V cells (llama.cpp writes the KV cache last), F16 here.
+TEST_P(SnapshotModelTest, NonFiniteKvValuesFailTheAgentsInsteadOfAnEmptyAnswer) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread restores here: release and ASan run it";
+#endif
+  if (GetParam().name != std::string("smollm2"))
+    GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
+  PipelineSpec spec = licence_spec(1000, 4);
+  const std::string poisoned =
+      hostile_snapshot(spec, "nan.swkv", [](std::vector<uint8_t>& payload, auto&) {
+        ASSERT_GT(payload.size(), 65536u);
+        for (size_t at = payload.size() - 65536; at + 1 < payload.size(); at += 2) {
+          payload[at] = 0x00;  // F16 NaN, 0x7e00, little-endian
+          payload[at + 1] = 0x7e;
+        }
+      });
+  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
+    SCOPED_TRACE(to_string(fork));
+    spec.fork = fork;
+    RunOptions o;
+    o.snapshot.file = poisoned;
+    const PipelineResult r = run_pipeline(spec, model_, o);
+    EXPECT_EQ(r.document_status, NodeStatus::kOk);
+    for (const AgentResult& a : r.agents) {
+      EXPECT_EQ(a.status, NodeStatus::kFailed) << a.name << ": " << a.answer;
+      ASSERT_TRUE(a.error.has_value()) << a.name;
+      EXPECT_EQ(a.error->code, ErrorCode::kCorruption) << *a.error;
+      EXPECT_NE(a.error->message.find("non-finite logit"), std::string::npos) << *a.error;
+      EXPECT_TRUE(a.tokens.empty()) << a.name;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, SnapshotModelTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 

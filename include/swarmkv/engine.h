@@ -420,7 +420,8 @@ class Sampler {
   ~Sampler();
 
   // Samples from output row `i` of ctx's last decode and records the token
-  // in the sampler's history.
+  // in the sampler's history. Throws Error(kInvalidArgument) for a row
+  // without logits, Error(kCorruption) for a row with a NaN or +Inf logit.
   Token sample(Context& ctx, int32_t i = -1);
   // Forgets the history and reseeds.
   void reset();
@@ -490,6 +491,16 @@ uint32_t max_parallel_sequences() noexcept;
 
 // The llama.cpp build SwarmKV runs on ("<build number> (<commit>)").
 std::string engine_build_info();
+
+// What this binary is built from (`swarmkv --version`, the server's
+// swarmkv_build_info metric).
+struct BuildInfo {
+  std::string version;                // SwarmKV's
+  std::string llama_commit;           // the pinned llama.cpp commit
+  std::string llama_patches;          // the hash of our patches to it (scripts/patches/)
+  std::vector<std::string> backends;  // ggml backends compiled in or loaded, e.g. "CPU"
+};
+BuildInfo build_info();
 
 // One ggml type among a model file's weights.
 struct WeightType {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -29,6 +30,9 @@
 #endif
 #ifndef SWARMKV_LLAMA_COMMIT
 #define SWARMKV_LLAMA_COMMIT "unknown"
+#endif
+#ifndef SWARMKV_VERSION
+#define SWARMKV_VERSION "unknown"
 #endif
 
 namespace swarmkv {
@@ -859,8 +863,20 @@ Sampler::Sampler(const Model& model, const SamplingOptions& options) {
 Sampler::~Sampler() = default;
 
 Token Sampler::sample(Context& ctx, int32_t i) {
-  // Validates the row first, so a bad index is an Error, not a crash inside llama.cpp.
-  (void)ctx.logits(i);
+  // Validates the row first, so a bad index is an Error, not a crash inside
+  // llama.cpp, and a NaN or +Inf logit (K/V cells or weights that hold
+  // non-finite values) an Error, not an arbitrary token or an empty answer.
+  const std::span<const float> row = ctx.logits(i);
+  const auto bad = std::find_if(row.begin(), row.end(), [](float v) {
+    return std::isnan(v) || v == std::numeric_limits<float>::infinity();
+  });
+  if (bad != row.end()) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("output row {} has a non-finite logit ({} for token {}): the KV "
+                            "cells or the weights hold NaN or infinite values (a damaged "
+                            "snapshot or model file)",
+                            i, *bad, bad - row.begin()));
+  }
   // llama_sampler_sample also accepts the token into the chain's history.
   return llama_sampler_sample(chain_.get(), detail::EngineAccess::context(ctx), i);
 }
@@ -884,6 +900,17 @@ uint32_t engine_state_version() noexcept {
 std::string engine_build_info() {
   ensure_backend();
   return fmt::format("llama.cpp {} | {}", SWARMKV_LLAMA_COMMIT, llama_print_system_info());
+}
+
+BuildInfo build_info() {
+  ensure_backend();
+  BuildInfo b{.version = SWARMKV_VERSION,
+              .llama_commit = SWARMKV_LLAMA_COMMIT,
+              .llama_patches = SWARMKV_LLAMA_PATCHES,
+              .backends = {}};
+  for (size_t i = 0; i < ggml_backend_reg_count(); ++i)
+    b.backends.emplace_back(ggml_backend_reg_name(ggml_backend_reg_get(i)));
+  return b;
 }
 
 namespace {

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -26,6 +28,7 @@
 #include "swarmkv/chat.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
+#include "swarmkv/measure.h"
 
 namespace swarmkv {
 namespace {
@@ -40,6 +43,46 @@ constexpr double kFailedRequestsReturn = 5;
 std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
+
+// The end of every event stream.
+constexpr std::string_view kStreamDone = "data: [DONE]\n\n";
+
+// The routes a metric names: a request's own path would make one series
+// per path a client invents (and carry its bytes into the exposition).
+constexpr std::array<std::string_view, 5> kRoutes = {"/health", "/v1/models", "/metrics",
+                                                     "/v1/chat/completions", "/v1/pipelines"};
+std::string_view route_of(const std::string& path) {
+  for (const std::string_view r : kRoutes) {
+    if (path == r) return r;
+  }
+  return "other";
+}
+
+// A Prometheus label value: backslash, double quote and line feed escaped.
+std::string label_value(std::string_view v) {
+  std::string out;
+  for (const char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// One request as its handler thread sees it, for the access log line: the
+// pre-routing handler starts it, a completion adds its token counts, the
+// logger writes and ends it (httplib runs all three, and a stream's
+// writer, on the request's thread).
+struct RequestTrace {
+  std::optional<Clock::time_point> start;
+  std::optional<server::Usage> usage;
+};
+thread_local RequestTrace trace;
 
 // A Prometheus histogram with fixed buckets, in seconds. Thread-safe.
 class Histogram {
@@ -107,9 +150,21 @@ struct Server::Impl {
   Histogram ttft;
   Histogram duration;
 
-  void count(const std::string& route, int status) {
-    std::lock_guard lock(metrics_mutex);
-    ++responses[{route, status}];
+  void count(const httplib::Request& req, int status) {
+    const std::string_view route = route_of(req.path);
+    {
+      std::lock_guard lock(metrics_mutex);
+      ++responses[{std::string(route), status}];
+    }
+    const double ms = trace.start ? ms_between(*trace.start, Clock::now()) : 0;
+    std::string tokens;
+    if (trace.usage) {
+      tokens = fmt::format(" prompt_tokens {} cached_tokens {} completion_tokens {}",
+                           trace.usage->prompt_tokens, trace.usage->cached_tokens,
+                           trace.usage->completion_tokens);
+    }
+    log_info("http {} {} {} {:.1f} ms{}", req.method, route, status, ms, tokens);
+    trace = {};
   }
 
   // `as` overrides the ErrorCode's mapping for the HTTP layer's own
@@ -156,14 +211,23 @@ struct Server::Impl {
       out +=
           fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
     };
+    const BuildInfo build = build_info();
+    out += fmt::format(
+        "# HELP swarmkv_build_info The build serving: SwarmKV's version, the llama.cpp commit "
+        "and the hash of our patches to it.\n"
+        "# TYPE swarmkv_build_info gauge\n"
+        "swarmkv_build_info{{version=\"{}\",llama_commit=\"{}\",llama_patches=\"{}\"}} 1\n",
+        label_value(build.version), label_value(build.llama_commit),
+        label_value(build.llama_patches));
     {
       std::lock_guard lock(metrics_mutex);
       out +=
-          "# HELP swarmkv_http_responses_total HTTP responses by route and status.\n"
+          "# HELP swarmkv_http_responses_total HTTP responses by route (other: no such route) "
+          "and status.\n"
           "# TYPE swarmkv_http_responses_total counter\n";
       for (const auto& [key, n] : responses) {
         out += fmt::format("swarmkv_http_responses_total{{route=\"{}\",status=\"{}\"}} {}\n",
-                           key.first, key.second, n);
+                           label_value(key.first), key.second, n);
       }
     }
     metric("swarmkv_requests_total", "counter", "Completion requests admitted to the engine.",
@@ -193,7 +257,8 @@ struct Server::Impl {
     metric("swarmkv_cached_sequences", "gauge", "Finished sequences kept for prefix reuse.",
            s.cached_sequences);
     metric("swarmkv_kv_cells_used", "gauge", "KV cells held by any sequence.", s.kv_cells_used);
-    metric("swarmkv_kv_cells_total", "gauge", "KV cells of the shared context.", s.kv_cells_total);
+    metric("swarmkv_kv_cells_capacity", "gauge", "KV cells of the shared context.",
+           s.kv_cells_total);
     metric("swarmkv_queue_length", "gauge", "Requests waiting for room in the engine.", s.queued);
     metric("swarmkv_requests_in_flight", "gauge",
            "HTTP completion and pipeline requests being answered.", in_flight.load());
@@ -353,6 +418,7 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
         reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
       } else if (e->kind == Event::Kind::kFinished) {
         res.set_content(dump(response_json(id, texts, reasons, e->usage)), "application/json");
+        trace.usage = e->usage;
         duration.observe(since());
         return;
       } else {
@@ -428,17 +494,16 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
               last["usage"] = usage_json(e->usage);
               ok = send(last);
             }
-            const std::string done = "data: [DONE]\n\n";
-            ok = ok && sink.write(done.data(), done.size());
+            ok = ok && sink.write(kStreamDone.data(), kStreamDone.size());
+            trace.usage = e->usage;
             st->finished = true;
             duration.observe(since());
             if (ok) sink.done();
             break;
           }
           case Event::Kind::kFailed: {
-            const std::string done = "data: [DONE]\n\n";
             ok = send(server::error_body(e->error, server::http_error(e->error.code))) &&
-                 sink.write(done.data(), done.size());
+                 sink.write(kStreamDone.data(), kStreamDone.size());
             st->finished = true;
             if (ok) sink.done();
             break;
@@ -570,6 +635,7 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.http.set_payload_max_length(o.max_body_bytes);
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
+    trace = {.start = Clock::now(), .usage = std::nullopt};
     if (req.path == "/health" || s.authorised(req))
       return httplib::Server::HandlerResponse::Unhandled;
     s.send_error(res,
@@ -599,7 +665,7 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
         }
       });
   s.http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) {
-    s.count(req.path, res.status);
+    s.count(req, res.status);
   });
   s.http.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
     res.set_content(dump({{"status", s.draining.load() ? "draining" : "ok"}}), "application/json");

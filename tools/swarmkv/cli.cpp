@@ -378,6 +378,13 @@ int run(int argc, char** argv) {
       "input files, budget or memory); 130 interrupted.",
       "swarmkv"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] {
+    const swarmkv::BuildInfo b = swarmkv::build_info();
+    std::string backends;
+    for (const std::string& name : b.backends) backends += (backends.empty() ? "" : ", ") + name;
+    return fmt::format("swarmkv {}\nllama.cpp {} (our patches {})\nbackends: {}", b.version,
+                       b.llama_commit, b.llama_patches, backends);
+  });
   std::string log_level = "";
   app.add_option("--log-level", log_level, "debug, info, warn (default), error or off");
 
