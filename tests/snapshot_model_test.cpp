@@ -104,6 +104,19 @@ class SnapshotModelTest : public ::testing::TestWithParam<TestModel> {
     return path;
   }
 
+  // `check` of `spec` run from the snapshot file `file` under each fork
+  // that restores one.
+  void for_each_restoring_fork(PipelineSpec spec, const std::string& file,
+                               const std::function<void(const PipelineResult&)>& check) const {
+    for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
+      SCOPED_TRACE(to_string(fork));
+      spec.fork = fork;
+      RunOptions o;
+      o.snapshot.file = file;
+      check(run_pipeline(spec, model_, o));
+    }
+  }
+
   // The error a failed run reports first: the document's, else an agent's.
   static std::string first_error(const PipelineResult& r) {
     if (r.document_error) return r.document_error->to_string();
@@ -341,15 +354,10 @@ TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
       "corruption: snapshot '{}': after its restore sequence 0 holds positions 1..{}, "
       "where its {} tokens are at 0..{}",
       moved, cells, cells, cells - 1);
-  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
-    SCOPED_TRACE(to_string(fork));
-    spec.fork = fork;
-    RunOptions o;
-    o.snapshot.file = moved;
-    const PipelineResult r = run_pipeline(spec, model_, o);
+  for_each_restoring_fork(spec, moved, [&](const PipelineResult& r) {
     EXPECT_FALSE(r.ok());
     EXPECT_EQ(first_error(r), expected);
-  }
+  });
 }
 
 // A snapshot whose K/V values are NaN (checksums recomputed): the agents
@@ -371,12 +379,7 @@ TEST_P(SnapshotModelTest, NonFiniteKvValuesFailTheAgentsInsteadOfAnEmptyAnswer) 
           payload[at + 1] = 0x7e;
         }
       });
-  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
-    SCOPED_TRACE(to_string(fork));
-    spec.fork = fork;
-    RunOptions o;
-    o.snapshot.file = poisoned;
-    const PipelineResult r = run_pipeline(spec, model_, o);
+  for_each_restoring_fork(spec, poisoned, [](const PipelineResult& r) {
     EXPECT_EQ(r.document_status, NodeStatus::kOk);
     for (const AgentResult& a : r.agents) {
       EXPECT_EQ(a.status, NodeStatus::kFailed) << a.name << ": " << a.answer;
@@ -385,7 +388,7 @@ TEST_P(SnapshotModelTest, NonFiniteKvValuesFailTheAgentsInsteadOfAnEmptyAnswer) 
       EXPECT_NE(a.error->message.find("non-finite logit"), std::string::npos) << *a.error;
       EXPECT_TRUE(a.tokens.empty()) << a.name;
     }
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SnapshotModelTest, SWARMKV_FORK_TEST_MODELS,
