@@ -818,8 +818,37 @@ TEST_F(ServerTest, AKeyIsNeededOnEveryRouteButHealth) {
   EXPECT_EQ(right->Post("/v1/chat/completions", body.dump(), "application/json")->status, 200);
   const json models = json::parse(right->Get("/v1/models")->body);
   EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 2u);
   EXPECT_EQ(models["data"][0]["id"], "SmolLM2-135M-Instruct.F16.gguf");
   EXPECT_EQ(models["data"][0]["object"], "model");
+  EXPECT_EQ(models["data"][1]["id"], "swarmkv");
+}
+
+// A request names a listed model or none; any other name was answered
+// silently by this one while /v1/models listed another (OpenAI: 404
+// model_not_found).
+TEST_F(ServerTest, AnUnlistedModelNameIsModelNotFound) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  const json body = chat_body("", "Hi", 2);
+  EXPECT_EQ(c->Post("/v1/chat/completions", body.dump(), "application/json")->status, 200);
+  for (const char* name : {"SmolLM2-135M-Instruct.F16.gguf", "swarmkv"}) {
+    json named = body;
+    named["model"] = name;
+    EXPECT_EQ(c->Post("/v1/chat/completions", named.dump(), "application/json")->status, 200)
+        << name;
+  }
+  json other = body;
+  other["model"] = "gpt-4o";
+  const auto res = c->Post("/v1/chat/completions", other.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "model_not_found");
+  EXPECT_EQ(e["type"], "invalid_request_error");
+  EXPECT_EQ(e["message"],
+            "model 'gpt-4o' is not served here: this server serves "
+            "'SmolLM2-135M-Instruct.F16.gguf' (also called 'swarmkv'); GET /v1/models lists them");
 }
 
 TEST_F(ServerTest, EachBadRequestGetsItsStatusAndOpenAIsErrorShape) {

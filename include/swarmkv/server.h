@@ -22,20 +22,24 @@
 namespace swarmkv {
 
 struct ServerOptions {
-  std::string host = "127.0.0.1";         // loopback unless told otherwise
-  int port = 8080;                        // 0: any free port (Server::port() tells which)
-  std::string api_key;                    // non-empty: every route but /health needs "Bearer <key>"
-  std::string model_name;                 // the id /v1/models lists; empty: the model file's name
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  int port = 8080;                 // 0: any free port (Server::port() tells which)
+  std::string api_key;             // non-empty: every route but /health needs "Bearer <key>"
+  // The id /v1/models lists (with the alias "swarmkv") and a request may
+  // name; empty: the model file's name.
+  std::string model_name;
   ContextOptions context{.n_ctx = 8192};  // the one context all requests share
   int32_t max_live = 16;                  // completions decoding at once
   int32_t max_cached = 16;                // finished sequences kept for prefix reuse
   int32_t max_concurrent = 64;            // requests in flight; more get 429 with Retry-After
   size_t max_body_bytes = 8u << 20;       // larger bodies get 413
   int32_t max_messages = 256;
-  int32_t max_tokens = 4096;          // the most max_tokens a request may ask for
-  int32_t default_max_tokens = 1024;  // when a request gives none (capped by the context)
-  int32_t max_n = 8;                  // completions per request
-  double drain_s = 30;                // stop(): seconds in-flight requests may still take
+  int32_t max_tokens = 4096;  // the most max_tokens a request may ask for
+  // When a request gives none (capped by the context): a few seconds of a
+  // small model's decoding, not minutes.
+  int32_t default_max_tokens = 256;
+  int32_t max_n = 8;    // completions per request
+  double drain_s = 30;  // stop(): seconds in-flight requests may still take
   // POST /v1/pipelines: runs at once (each with contexts of its own beside
   // the shared one; more get 429; 0: no such route), agents per pipeline,
   // and the KV cells a pipeline's context may have.

@@ -26,7 +26,8 @@ struct RequestLimits {
 };
 
 struct ChatRequest {
-  std::string model;  // echoed back; any value is accepted (one model per server)
+  std::string model;  // "" when not given; the server answers 404 model_not_found to a name it does
+                      // not list
   std::vector<ChatMessage> messages;
   int32_t max_tokens = 0;  // 0: not given (the server's default applies)
   SamplingOptions sampling;

@@ -44,6 +44,10 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The name every server answers to besides its model id (README's examples
+// use it), listed by /v1/models.
+constexpr std::string_view kModelAlias = "swarmkv";
+
 // The end of every event stream.
 constexpr std::string_view kStreamDone = "data: [DONE]\n\n";
 
@@ -134,6 +138,11 @@ struct Server::Impl {
   server::RequestLimits limits;
   server::PipelineLimits pipeline_limits;
   std::string model_id;
+
+  // A request may name the model as /v1/models lists it, or not at all.
+  bool serves(const std::string& name) const {
+    return name.empty() || name == model_id || name == kModelAlias;
+  }
   std::unique_ptr<server::CompletionEngine> engine;
   std::unique_ptr<server::PipelineRunner> pipelines;
   httplib::Server http;
@@ -384,6 +393,15 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
   server::ChatRequest chat;
   try {
     chat = server::parse_chat_request(body, limits);
+    if (!serves(chat.model)) {
+      send_error(res,
+                 {ErrorCode::kNotFound,
+                  fmt::format("model '{}' is not served here: this server serves '{}' (also "
+                              "called '{}'); GET /v1/models lists them",
+                              chat.model, model_id, kModelAlias)},
+                 {{404, "invalid_request_error", "model_not_found"}});
+      return;
+    }
     server::CompletionRequest c;
     c.prompt = chat_tokens(*model, chat.messages);
     c.sampling = chat.sampling;
@@ -672,12 +690,12 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
     if (s.draining.load()) res.status = 503;
   });
   s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
-    res.set_content(dump({{"object", "list"},
-                          {"data", json::array({{{"id", s.model_id},
-                                                 {"object", "model"},
-                                                 {"created", 0},
-                                                 {"owned_by", "swarmkv"}}})}}),
-                    "application/json");
+    const auto entry = [](std::string_view id) {
+      return json{{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "swarmkv"}};
+    };
+    json data = json::array({entry(s.model_id)});
+    if (s.model_id != kModelAlias) data.push_back(entry(kModelAlias));
+    res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
   });
   s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
     res.set_content(s.metrics(), "text/plain; version=0.0.4");

@@ -17,7 +17,7 @@ results = [None] * a.agents
 start = threading.Barrier(a.agents + 1)
 
 def agent(i):
-    body = json.dumps({"model": "bench", "temperature": 0, "max_tokens": a.max_tokens,
+    body = json.dumps({"model": "swarmkv", "temperature": 0, "max_tokens": a.max_tokens,
                        "stream": True, "stream_options": {"include_usage": True},
                        "messages": [{"role": "user", "content":
                                      f"{doc}\n\nAgent {i}: summarise the text above in one line."}]})
