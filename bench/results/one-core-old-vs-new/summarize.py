@@ -112,19 +112,24 @@ except ImportError:
     print("matplotlib missing: no plot", file=sys.stderr)
     sys.exit(0)
 timed = [r for r in rows if r["trials"] > 1]
-fig, ax = plt.subplots(figsize=(9, 3.8))
+fig, ax = plt.subplots(figsize=(10, 4.2))
 for i, r in enumerate(timed):
     ratios = [n / med(r["old_trials"]) for n in r["new_trials"]]
-    ax.bar(i, r["new_over_old"], color="#4c72b0", width=0.6)
-    ax.scatter([i] * len(ratios), ratios, color="black", s=10, zorder=3)
-    ax.text(i, r["new_over_old"] + 0.01, f"{r['new_over_old']:.3f}", ha="center", va="bottom", fontsize=8)
+    ax.scatter([i] * len(ratios), ratios, color="black", s=12, zorder=3,
+               label="one new trial / old median" if i == 0 else None)
+    ax.hlines(r["new_over_old"], i - 0.25, i + 0.25, color="#4c72b0", lw=3, zorder=2,
+              label="new median / old median" if i == 0 else None)
+    ax.text(i + 0.28, r["new_over_old"], f"{r['new_over_old']:.3f}", va="center", fontsize=8)
 ax.axhline(1.0, color="grey", lw=1, ls="--")
 ax.axhspan(0.95, 1.05, color="grey", alpha=0.12, label="within 5 %")
-ax.set_xticks(range(len(timed)), [r["what"].replace(": ", "\n") for r in timed], fontsize=7)
-ax.set_ylabel("new / old (median; dots: each new trial / old median)")
-ax.set_ylim(0.8, 1.2)
-ax.legend(fontsize=8, loc="upper right")
-ax.set_title(f"Old (3260f4d) vs new, {trials} alternated trials, below 1 = new faster", fontsize=9)
+labels = [r["what"].replace(": ", "\n").replace(", fixed", ",\nfixed") + f"\n({r['trials']} trials)"
+          for r in timed]
+ax.set_xticks(range(len(timed)), labels, fontsize=7)
+ax.set_xlim(-0.6, len(timed) - 0.2)
+ax.set_ylabel("new / old")
+ax.set_ylim(0.8, 1.25)
+ax.legend(fontsize=8, loc="upper left")
+ax.set_title("Old (3260f4d) vs new, alternated trials; below 1 = new faster", fontsize=9)
 fig.tight_layout()
 os.makedirs(os.path.join(out, "plots"), exist_ok=True)
 fig.savefig(os.path.join(out, "plots", "old_vs_new.png"), dpi=110)
