@@ -228,9 +228,10 @@ def host_answers_equal_local(c):
 
 @case
 def needs_on_workers_equal_local(c):
-    """Watermarks travel with the job: under --fork host an agent with `needs`
-    answers from the cut document on a worker as it does locally, token for
-    token, with the same prompt_tokens (the doc-closing markup counts)."""
+    """Watermarks travel with the job: under --fork host and shared (exact, the
+    default) an agent with `needs` answers from the cut document on a worker
+    as it does locally and as --fork none does, token for token, with the
+    same prompt_tokens (the doc-closing markup counts)."""
     with open(os.path.join(c.source, "examples", "documents", "apache-2.0.txt")) as f:
         document = f.read()[:3000]
     doc = os.path.join(c.tmp, "document.txt")
@@ -246,14 +247,21 @@ def needs_on_workers_equal_local(c):
                 "  - {name: whole, prompt: \"Who is the Licensor?\"}\n")
     c.start_redis()
     c.start_worker("w1")
-    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
-    assert rc == 0, err
-    remote = agents_by_name(json.loads(out))
-    local = agents_by_name(c.local("host"))
-    expect_equal_answers({"agents": list(remote.values())}, {"agents": list(local.values())})
-    for name in local:
-        assert remote[name]["prompt_tokens"] == local[name]["prompt_tokens"], (
-            name, remote[name]["prompt_tokens"], local[name]["prompt_tokens"])
+    reference = agents_by_name(c.local("none"))
+    for fork in ("host", "shared"):
+        rc, out, err = c.run("--redis", c.url(), "--fork", fork, "--json", "--timeout", "300")
+        assert rc == 0, err
+        remote_run = json.loads(out)
+        assert remote_run["exact"] is True, remote_run
+        remote = agents_by_name(remote_run)
+        local = agents_by_name(c.local(fork))
+        # Exact mode (the default): the worker's answers equal the local
+        # run's and the re-prefill's, token for token.
+        for other in (local, reference):
+            expect_equal_answers({"agents": list(remote.values())}, {"agents": list(other.values())})
+        for name in local:
+            assert remote[name]["prompt_tokens"] == local[name]["prompt_tokens"], (
+                name, remote[name]["prompt_tokens"], local[name]["prompt_tokens"])
     # The cut is real: a watermarked agent's branch opens with the markup that
     # closes the document, which the whole-document agent reads in its prefix.
     assert local["head"]["prompt_tokens"] > local["whole"]["prompt_tokens"], local
@@ -262,8 +270,8 @@ def needs_on_workers_equal_local(c):
 
 @case
 def shared_on_workers_matches_the_reference(c):
-    """--fork shared on the workers: every agent ok; on this model and pipeline
-    every answer equals --fork none's (the bound shared documents)."""
+    """--fork shared on the workers: every agent ok and, exact by default, every
+    answer equals --fork none's token for token."""
     c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1")
@@ -369,7 +377,7 @@ def a_bad_result_entry_fails_its_agent_not_the_run(c):
     in the stream before a real result can be."""
     c.use_small_pipeline()
     c.start_redis()
-    c.redis_cmd("SET", "swarmkv:worker:" + model_sha256(c.model) + ":fake", "1", "EX", "60")
+    c.redis_cmd("SET", c.redis_cmd_key("worker") + ":fake", "1", "EX", "60")
     run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
 
     def run_id():
@@ -406,8 +414,7 @@ def redis_down_at_start_fails_fast(c):
 
 @case
 def chained_agents_are_refused_before_connecting(c):
-    """Placeholders and fork_from need other agents' answers, which workers do not have yet;
-    exact mode needs workers that load their models for it."""
+    """Placeholders and fork_from need other agents' answers, which workers do not have yet."""
     doc = os.path.join(c.source, "examples", "documents", "apache-2.0.txt")
     for key, agent in (("placeholder", 'prompt: "{{a}} -- why?", depends_on: [a]'),
                        ("fork_from", "prompt: Why so, fork_from: a")):
@@ -421,29 +428,49 @@ def chained_agents_are_refused_before_connecting(c):
         assert p.returncode == 2, (key, p.returncode, err)
         assert ("swarmkv: error: invalid_argument: agent 'b': placeholders ({{name}}) and "
                 "fork_from do not run on a cluster yet; run this pipeline without --redis") in err, err
-    # Exact mode needs workers whose models load without repacking: not yet.
-    path = os.path.join(c.tmp, "exact.yaml")
-    with open(path, "w") as f:
-        f.write(f"exact: true\ndocument: {{file: {doc}}}\nagents:\n  - {{name: a, prompt: What is it}}\n")
-    p = subprocess.run([c.cli, "run", path, "--model", c.model, "--redis", c.url()],
-                       env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-    err = p.stderr.decode()
-    assert p.returncode == 2, ("exact", p.returncode, err)
-    assert ("swarmkv: error: invalid_argument: exact does not run on a cluster yet; run this "
-            "pipeline without --redis") in err, err
 
 
 @case
 def no_live_worker_fails_fast(c):
+    """No worker at all, then only a --no-exact one for an exact run: jobs go
+    to workers loaded with the run's kernels, so the run fails fast naming
+    which worker it needs, and the --no-exact run takes that worker."""
     c.start_redis()
     t0 = time.monotonic()
     rc, out, err = c.run("--redis", c.url(), timeout=30)
     assert time.monotonic() - t0 < 5
     assert rc == 2, (rc, err)
     model_file = os.path.basename(c.model)
-    assert (f"swarmkv: error: not_found: no live swarmkv worker holds model {model_file} (sha256 "
-            in err and f") at {c.url()}; start one with: swarmkv worker --redis URL --model "
-            f"{model_file}" in err), err
+    assert (f"swarmkv: error: not_found: no live exact swarmkv worker holds model {model_file} "
+            f"(sha256 " in err and f") at {c.url()}; start one with: swarmkv worker --redis URL "
+            f"--model {model_file}\n" in err), err
+    c.start_worker("stock", "--no-exact")
+    assert "--no-exact runs" in c.log("stock"), c.log("stock")
+    rc, out, err = c.run("--redis", c.url(), timeout=30)
+    assert rc == 2, (rc, err)
+    assert "no live exact swarmkv worker holds model" in err, err
+    stop_worker(c, "stock")
+
+
+@case
+def jobs_go_to_workers_of_their_kernels(c):
+    """An exact worker and a --no-exact one on one model: each run's jobs go
+    to the worker loaded with its kernels only."""
+    c.use_small_pipeline()
+    c.start_redis()
+    c.start_worker("stock", "--no-exact")
+    c.start_worker("exact")
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--no-exact", "--json", "--timeout",
+                         "300")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["exact"] is False and {a["worker"] for a in result["agents"]} == {"stock"}, out
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["exact"] is True and {a["worker"] for a in result["agents"]} == {"exact"}, out
+    stop_worker(c, "stock")
+    stop_worker(c, "exact")
 
 
 @case
@@ -532,7 +559,8 @@ def main():
     name, cli, source, model, redis_server = sys.argv[1:6]
     with tempfile.TemporaryDirectory(prefix="swarmkv-cluster-") as tmp:
         c = Cluster(cli, source, model, redis_server, tmp)
-        c.redis_cmd_key = lambda kind: "swarmkv:" + kind + ":" + model_sha256(model)
+        # The keys of exact runs (the default) on this model: keys::pool.
+        c.redis_cmd_key = lambda kind: "swarmkv:" + kind + ":" + model_sha256(model) + ":exact"
         try:
             CASES[name](c)
         except BaseException:

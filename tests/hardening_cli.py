@@ -156,7 +156,7 @@ def many_agents_are_refused_by_memory(ctx):
     p = ctx.write("p.yaml", "document: {file: %s/examples/documents/apache-2.0.txt}\n"
                  "agents:\n%s" % (ctx.source, agents))
     rc, _, err = ctx.run("run", p, "--model", ctx.model, "--snapshot-cache", "off",
-                         address_space=1800 << 20, timeout=120)
+                         address_space=1200 << 20, timeout=120)
     expect(rc, err, 2, "budget: not enough memory: fork shared needs about")
     assert "the address-space limit (ulimit -v)" in err, err
     assert "GGML_ASSERT" not in err, err
@@ -562,9 +562,12 @@ def serve_names_a_busy_port(ctx):
 @case
 def engine_settings_are_checked_before_the_model_loads(ctx):
     p = ctx.write("p.yaml", "document: {text: x}\n" + GOOD_AGENTS)
-    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--flash-attn", "off", "--kv-type", "q8_0")
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--no-exact", "--flash-attn", "off",
+                         "--kv-type", "q8_0")
     expect(rc, err, 2, "kv_type q8_0 needs flash attention: at this llama.cpp a quantised V cache works only "
                        "with flash_attn on")
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--flash-attn", "off")
+    expect(rc, err, 2, "--flash-attn off: exact mode (the default) runs on flash attention; add --no-exact")
     rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--n-ubatch", "1024")
     expect(rc, err, 2, "n_ubatch must be 0 (automatic) or divide n_batch 512 (got 1024)")
     rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--n-ubatch", "100")
@@ -575,7 +578,7 @@ def engine_settings_are_checked_before_the_model_loads(ctx):
                            "--n-ubatch", "128")
     assert rc == 0 and "is valid: 1 agents" in out, f"exit {rc}: {out} {err}"
     doc = ctx.write("doc.txt", "A document.")
-    rc, _, err = ctx.run("prefill", doc, "--model", "/nonexistent.gguf", "--flash-attn", "off", "--kv-type",
+    rc, _, err = ctx.run("prefill", doc, "--model", "/nonexistent.gguf", "--no-exact", "--flash-attn", "off", "--kv-type",
                          "q8_0")
     expect(rc, err, 2, "kv_type q8_0 needs flash attention")
 

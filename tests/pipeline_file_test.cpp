@@ -233,7 +233,8 @@ TEST_F(PipelineFileTest, MistakesAreNamed) {
                                       ": pipeline.n_ubatch must be in 0..256, got 512 (line 2)");
   const std::string q8_without_fa = write(
       "q8nofa.yaml",
-      "flash_attn: false\nkv_type: q8_0\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n");
+      "exact: false\nflash_attn: false\nkv_type: q8_0\ndocument: {text: x}\nagents: [{name: a, "
+      "prompt: q}]\n");
   EXPECT_EQ(error_of(q8_without_fa),
             "invalid_argument: " + q8_without_fa +
                 ": kv_type q8_0 needs flash attention: at this llama.cpp a quantised V cache works "

@@ -21,6 +21,7 @@
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
+#include "swarmkv/result_json.h"
 #include "test_models.h"
 
 namespace swarmkv {
@@ -104,19 +105,6 @@ constexpr size_t kChainChars = 2500;
 #else
 constexpr size_t kChainChars = 6000;
 #endif
-
-// A shared answer equals the recompute to its end, or up to a step where
-// the recompute itself is a near-tie (best and second-best logits closer
-// than `tie_margin`): a fork or position bug diverges at confident steps.
-void expect_equal_up_to_near_tie(const std::vector<Token>& shared, const Reference& ref,
-                                 float tie_margin, const std::string& name) {
-  if (shared == ref.tokens) return;
-  size_t d = 0;
-  while (d < shared.size() && d < ref.tokens.size() && shared[d] == ref.tokens[d]) ++d;
-  ASSERT_LT(d, ref.margins.size()) << name;
-  EXPECT_LT(ref.margins[d], tie_margin)
-      << name << " (shared) diverged at token " << d << " where the recompute was confident";
-}
 
 class PipelineModelTest : public ::testing::Test {
  protected:
@@ -213,24 +201,26 @@ TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheReadmePipeline) {
   expect_host_equals_recompute(spec, GetParam().instruct ? 16 : 48);
 }
 
-// The engine settings a pipeline can choose keep the core promise: with
-// flash attention on and off, and with a q8_0 KV cache, host == none token
-// for token; a q8_0 cache holds 34/64 of f16's bytes (a q8_0 block is 32
-// values in 34 bytes), and the snapshot binds to the settings.
+// The engine settings a pipeline can choose keep the core promise: without
+// exact mode and flash attention, and exact (flash attention on) with an
+// f16 and a q8_0 KV cache, host == none token for token; a q8_0 cache holds 34/64 of f16's bytes (a
+// q8_0 block is 32 values in 34 bytes), and the snapshot binds to the settings.
 TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeUnderEveryEngineSetting) {
 #ifdef SWARMKV_SANITIZED
   GTEST_SKIP() << "numerics only: the release preset runs it";
 #endif
   struct Setting {
+    bool exact;
     bool flash_attn;
     KvType kv;
   };
   std::map<std::string, size_t> snapshot_bytes;
-  for (const Setting s :
-       {Setting{false, KvType::kF16}, Setting{true, KvType::kF16}, Setting{true, KvType::kQ8_0}}) {
+  for (const Setting s : {Setting{false, false, KvType::kF16}, Setting{true, true, KvType::kF16},
+                          Setting{true, true, KvType::kQ8_0}}) {
     PipelineSpec spec = document_spec("apache-2.0.txt", 3000, 24,
                                       {"What does the licence allow? Explain at length.",
                                        "List every condition on redistribution, one per line."});
+    spec.exact = s.exact;  // exact turns flash attention on
     spec.flash_attn = s.flash_attn;
     spec.kv_type = s.kv;
     const std::string name =
@@ -313,9 +303,19 @@ TEST_P(ForkEquivalenceTest, SharedForkWithOneAgentEqualsRecomputeExactly) {
       << "the last sampled token is never decoded";
 }
 
-// With several agents the shared fork is not bit-exact: other branches'
-// cells sit between the document and a branch's own, which changes the
-// rounding (EngineModelForkTest.UnifiedBatchedLogitsStayWithinBound measures
+// --no-exact: llama.cpp's stock kernels (weights repacked, its own
+// attention kernels), under which the shared fork holds up to near-ties only.
+class InexactForkTest : public ForkEquivalenceTest {
+ protected:
+  void SetUp() override {
+    model_ = test::load_test_model(GetParam(), ModelOptions{.batch_invariant = false});
+    if (!model_) GTEST_SKIP() << GetParam().env << " is not set";
+  }
+};
+
+// Without exact mode, with several agents the shared fork is not bit-exact:
+// other branches' cells sit between the document and a branch's own, which
+// changes the rounding (EngineModelForkTest.UnifiedBatchedLogitsStayWithinBound measures
 // it per model: TestModel::shared_logit_bound). The measured, explained bound
 // this test enforces: a shared answer equals the recompute token for token
 // up to its end, or up to a step where the recompute itself is a near-tie
@@ -323,12 +323,13 @@ TEST_P(ForkEquivalenceTest, SharedForkWithOneAgentEqualsRecomputeExactly) {
 // fork bug changes logits by many units and diverges at confident steps.
 // Branches differ in prompt length and max_tokens; one stops at max_tokens
 // early, one at a stop string, while the others continue.
-TEST_P(ForkEquivalenceTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
+TEST_P(InexactForkTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
 #ifdef SWARMKV_SANITIZED_THREAD
   GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
 #endif
   const float tie_margin = 2 * GetParam().shared_logit_bound;
   PipelineSpec spec = apache_spec(40);
+  spec.exact = false;
   spec.fork = ForkMode::kShared;
   spec.agents[1].max_tokens = 6;  // finishes early, frees its sequence
   spec.agents[2].stop = {"."};    // stops at the first sentence end
@@ -418,9 +419,9 @@ TEST_P(ForkEquivalenceTest, PlaceholderAgentEqualsRecomputeOfItsRenderedPrompt) 
 
 // Fork trees: a child continues its parent's conversation. Its branch is
 // exactly parent branch + parent answer tokens + the template's turn close +
-// its own prompt; host equals the full recompute (none) token for token, and
-// shared, which forks the child from the parent's cells, equals a recompute
-// of that token sequence up to measured near-ties.
+// its own prompt; host and shared (which forks the child from the parent's
+// cells) equal the full recompute (none) token for token, exact mode being
+// the default.
 TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation) {
 #ifdef SWARMKV_SANITIZED_THREAD
   GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
@@ -468,7 +469,6 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
   branch[1] = extend(branch[0], 0, 1);
   branch[2] = extend(branch[0], 0, 2);
   branch[3] = extend(branch[1], 1, 3);
-  const float tie_margin = 2 * GetParam().shared_logit_bound;
   for (size_t i = 0; i < 5; ++i) {
     const std::string& name = spec.agents[i].name;
     EXPECT_EQ(host.agents[i].prompt_tokens, static_cast<int32_t>(branch[i].size())) << name;
@@ -480,7 +480,9 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
     const Reference ref =
         recompute(model_, spec, prepared.prefix, branch[i], spec.agents[i], /*split=*/true);
     EXPECT_EQ(ref.tokens, none.agents[i].tokens) << name << ": none decodes exactly that";
-    expect_equal_up_to_near_tie(shared.agents[i].tokens, ref, tie_margin, name);
+    EXPECT_EQ(shared.agents[i].tokens, ref.tokens)
+        << name << " (exact mode, the default)\nshared:    " << shared.agents[i].answer
+        << "\nrecompute: " << model_->detokenize(ref.tokens);
   }
   EXPECT_GE(shared.agents[3].timings_ms.started_at, shared.agents[1].timings_ms.done_at);
 }
@@ -489,8 +491,8 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
 // after those document tokens (the same ids), then the markup that follows
 // the document and its prompt. Host equals the recompute (none) token for
 // token; shared streams the prefill, so the agent's first token comes
-// before the document's prefill ends, and it equals a recompute of that
-// token sequence up to measured near-ties.
+// before the document's prefill ends, and, exact mode being the default,
+// it equals a recompute of that token sequence token for token too.
 TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
 #ifdef SWARMKV_SANITIZED_THREAD
   GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
@@ -531,7 +533,6 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
       << "the agent that needs 256 tokens answers during the prefill";
   EXPECT_GE(shared.agents[2].timings_ms.started_at, shared.prefill_done_at_ms)
       << "the agent that reads it all waits for all of it";
-  const float tie_margin = 2 * GetParam().shared_logit_bound;
   for (size_t i = 0; i < 3; ++i) {
     const std::string& name = spec.agents[i].name;
     EXPECT_EQ(host.agents[i].tokens, none.agents[i].tokens)
@@ -542,7 +543,9 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
     const Reference ref =
         recompute(model_, spec, cut, prepared.branches[i], spec.agents[i], /*split=*/true);
     EXPECT_EQ(ref.tokens, none.agents[i].tokens) << name << ": none decodes exactly that";
-    expect_equal_up_to_near_tie(shared.agents[i].tokens, ref, tie_margin, name);
+    EXPECT_EQ(shared.agents[i].tokens, ref.tokens)
+        << name << " (exact mode, the default)\nshared:    " << shared.agents[i].answer
+        << "\nrecompute: " << model_->detokenize(ref.tokens);
   }
   std::vector<Token> want = prepared.doc_close;
   const std::vector<Token> own = detail::tokenize_branch(*model_, prepared, spec.agents[0].prompt);
@@ -552,6 +555,8 @@ TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ForkEquivalenceTest, SWARMKV_FORK_TEST_MODELS,
+                         test::test_model_name);
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, InexactForkTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 
 // Exact mode (PipelineSpec::exact): the shared fork's answers equal the
@@ -688,6 +693,51 @@ TEST_P(ExactForkTest, SharedEqualsHostWithMoreLiveBranchesThanOneMicroBatch) {
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ExactForkTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
+
+// Exact mode is the default (this build has our kernels, so nothing settles
+// it off), and every runner refuses an exact pipeline on a model an
+// embedding program loaded without the kernels instead of running it
+// inexact while it claims otherwise.
+TEST_F(PipelineModelTest, ExactIsTheDefaultAndRefusedOnAModelLoadedWithoutItsKernels) {
+  ASSERT_TRUE(exact_unavailable(ModelOptions{}).empty()) << "this build has our patches";
+  PipelineSpec spec = license_spec();
+  spec.document = spec.document.substr(0, 1200);
+  spec.agents.resize(1);
+  spec.agents[0].max_tokens = 2;
+  ASSERT_TRUE(spec.exact);
+  ASSERT_TRUE(model_->options().batch_invariant);
+  const PipelineResult r = run_pipeline(spec, model_);
+  ASSERT_TRUE(r.ok()) << describe(r.agents[0].error);
+  EXPECT_TRUE(r.exact);
+  EXPECT_TRUE(r.exact_unavailable.empty());
+  EXPECT_TRUE(r.engine.flash_attn);
+  EXPECT_TRUE(result_json(r)["exact_unavailable"].is_null());
+
+  const auto stock =
+      Model::load(std::getenv("SWARMKV_TEST_MODEL"), ModelOptions{.batch_invariant = false});
+  EXPECT_FALSE(stock->options().batch_invariant);
+  EXPECT_TRUE(stock->exact_unavailable().empty()) << "asked for none: nothing unavailable";
+  const std::string want =
+      "invalid_argument: exact needs the model loaded with batch-invariant kernels "
+      "(ModelOptions::batch_invariant, as model_options() gives): otherwise a matmul rounds a "
+      "token differently when other tokens share its decode call";
+  const auto error_of = [](const auto& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.value().to_string();
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of([&] { (void)prepare_pipeline(spec, *stock); }), want);
+  EXPECT_EQ(error_of([&] { (void)run_pipeline(spec, stock); }), want);
+  EXPECT_EQ(error_of([&] { (void)prefill_document(spec, stock, RunOptions{}); }), want);
+  spec.exact = false;
+  const PipelineResult inexact = run_pipeline(spec, stock);
+  ASSERT_TRUE(inexact.ok());
+  EXPECT_FALSE(inexact.exact);
+  EXPECT_TRUE(inexact.exact_unavailable.empty()) << "--no-exact was asked for, not refused";
+}
 
 // The canary: the same comparison must fail when branch positions restart at
 // 0 (the classic RoPE bug). llama.cpp at the pinned commit rejects the

@@ -298,8 +298,12 @@ void expect_equal_up_to_near_tie(const std::string& answer, const Reference& ref
       << " where it was confident:\n  served: " << answer << "\n  re-prefill: " << ref.text;
 }
 
+// A --no-exact server (llama.cpp's stock kernels, cells reused): the suites
+// below that test the protocol and the stock numerics; ServerExactTest
+// tests the default, exact mode.
 ServerOptions small_options() {
   ServerOptions o;
+  o.exact = false;
   o.context.n_ctx = 4096;
   o.context.n_batch = 512;
   o.context.n_ubatch = 512;
@@ -333,7 +337,7 @@ ServerOptions store_options(SnapshotCacheMode mode, const TempStore& store) {
 class ServerForkTest : public ::testing::TestWithParam<test::TestModel> {
  protected:
   void SetUp() override {
-    model_ = test::load_test_model(GetParam());
+    model_ = test::load_test_model(GetParam(), ModelOptions{.batch_invariant = false});
     if (!model_) GTEST_SKIP() << GetParam().env << " is not set";
   }
   std::shared_ptr<const Model> model_;
@@ -449,6 +453,7 @@ TEST_P(ServerForkTest, AStoredDocumentPrefixIsRestoredInsteadOfPrefilled) {
   const ServerOptions options = store_options(SnapshotCacheMode::kReadOnly, dir);
   const std::string doc = document(3000);
   const json pipeline = {{"document", {{"text", doc}}},
+                         {"exact", false},  // as the server (small_options)
                          {"n_batch", options.context.n_batch},
                          {"n_ubatch", options.context.n_ubatch},
                          {"agents", json::array({{{"name", "a"}, {"prompt", "unused"}}})}};
@@ -518,6 +523,7 @@ TEST_P(ServerForkTest, APostedPipelineAnswersAsTheSameRunInProcess) {
   const json pipeline = {
       {"name", "licence"},
       {"document", {{"text", doc}}},
+      {"exact", false},  // the server is --no-exact (small_options)
       {"defaults", {{"max_tokens", 24}}},
       {"agents",
        json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}},
@@ -711,15 +717,17 @@ TEST_P(ServerExactTest, TheCacheStartsOverWhenItsCellsRunOut) {
 
 // An exact server takes exact pipelines, and they answer as the same run in
 // process.
-TEST_P(ServerExactTest, APostedExactPipelineAnswersAsTheSameRunInProcess) {
+// A pipeline that does not say is exact (the default) on an exact server,
+// and answers as the same pipeline run in process by default.
+TEST_P(ServerExactTest, APostedPipelineIsExactByDefaultAndAnswersAsTheSameRunInProcess) {
   const json pipeline = {
       {"document", {{"text", document(800)}}},
-      {"exact", true},
       {"defaults", {{"max_tokens", 16}}},
       {"agents", json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}},
                               {{"name", "what"}, {"prompt", "What is a Contribution?"}}})}};
   const PipelineResult local = run_pipeline(parse_pipeline(pipeline.dump(), "test", ""), model_);
   ASSERT_TRUE(local.ok());
+  EXPECT_TRUE(local.exact);
   Running server(model_, exact_options(2048));
   auto c = server.client();
   const auto res = c->Post("/v1/pipelines?stream=false", pipeline.dump(), "application/json");
@@ -782,7 +790,7 @@ INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerExactTest, SWARMKV_FORK_TEST_M
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model_ = test::load_test_model(test::kSmolLM2);
+    model_ = test::load_test_model(test::kSmolLM2, ModelOptions{.batch_invariant = false});
     if (!model_) GTEST_SKIP() << "SWARMKV_TEST_MODEL is not set";
   }
   std::shared_ptr<const Model> model_;

@@ -186,6 +186,16 @@ TEST(PipelineRequestTest, APipelineFilesJsonIsReadAsOne) {
   EXPECT_EQ(spec.agents[1].stop, std::vector<std::string>{"\n"});
 }
 
+// A pipeline that does not say runs as the server does: exact on an exact
+// server, not on a --no-exact one (where exact: true is refused).
+TEST(PipelineRequestTest, APipelineIsExactWhenTheServerIsUnlessItSaysOtherwise) {
+  EXPECT_FALSE(parse_pipeline_request(kPipeline, PipelineLimits{.exact = false}).exact);
+  EXPECT_TRUE(parse_pipeline_request(kPipeline, PipelineLimits{.exact = true}).exact);
+  const std::string inexact =
+      R"({"exact": false, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})";
+  EXPECT_FALSE(parse_pipeline_request(inexact, PipelineLimits{.exact = true}).exact);
+}
+
 TEST(PipelineRequestTest, ARequestNamesNoModelAndNoFile) {
   EXPECT_EQ(pipeline_refusal(R"({"model": "/etc/passwd", "document": "x", "agents": []})"),
             "model: a pipeline request runs on the server's model and cannot name one; leave "
@@ -214,9 +224,9 @@ TEST(PipelineRequestTest, EachRefusalIsPrecise) {
             "body: agent 'a': placeholder {{c}} names unknown agent 'c'");
   EXPECT_EQ(pipeline_refusal(
                 R"({"exact": true, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})"),
-            "exact: this server loads its model without the batch-invariant kernels exact mode "
-            "needs; start it with `swarmkv serve --exact`, or run the pipeline with `swarmkv "
-            "run`");
+            "exact: this server runs without the batch-invariant kernels exact mode needs (started "
+            "with --no-exact, or a llama.cpp without them); send exact: false, or run the "
+            "pipeline with `swarmkv run`");
   PipelineLimits small;
   small.max_agents = 1;
   small.max_tokens = 8;

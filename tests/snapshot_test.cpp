@@ -410,6 +410,26 @@ TEST(SnapshotBindingTest, EveryMismatchNamesWhatTheSnapshotWasMadeForAndWhatThis
   b.layout.n_ubatch = 256;
   EXPECT_EQ(binding_error(b),
             "incompatible: snapshot 's.swkv' was made for n_ubatch 256, this run has 512");
+  b = test_binding();  // made by the batch-invariant attention kernel, restored into another
+  b.layout.attention_invariant = true;
+  EXPECT_EQ(binding_error(b),
+            "incompatible: snapshot 's.swkv' was made for attention_invariant true, this run has "
+            "false");
+}
+
+// The layout reads back as written, and a file from before a key reads it
+// as false: it cannot say its kernels were batch-invariant.
+TEST(SnapshotBindingTest, TheLayoutRoundTripsAndOlderFilesAreNotInvariant) {
+  KvLayout l = test_binding().layout;
+  l.batch_invariant = true;
+  l.attention_invariant = true;
+  EXPECT_EQ(kv_layout_from_json(kv_layout_json(l)), l);
+  nlohmann::json older = kv_layout_json(l);
+  older.erase("batch_invariant");
+  older.erase("attention_invariant");
+  const KvLayout read = kv_layout_from_json(older);
+  EXPECT_FALSE(read.batch_invariant);
+  EXPECT_FALSE(read.attention_invariant);
 }
 
 TEST(SnapshotKeyTest, KeyChangesWithAnyBoundFieldAndAnyToken) {
@@ -424,6 +444,9 @@ TEST(SnapshotKeyTest, KeyChangesWithAnyBoundFieldAndAnyToken) {
   EXPECT_NE(key, snapshot_key(m.binding, other));
   SnapshotBinding b = m.binding;
   b.layout.flash_attn = true;
+  EXPECT_NE(key, snapshot_key(b, m.tokens));
+  b = m.binding;
+  b.layout.attention_invariant = true;
   EXPECT_NE(key, snapshot_key(b, m.tokens));
   b = m.binding;
   b.engine += "x";

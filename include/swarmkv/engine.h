@@ -40,19 +40,28 @@ using SeqId = std::int32_t;  // llama_seq_id
 // Options for Model::load.
 struct ModelOptions {
   int32_t n_gpu_layers = 0;  // layers offloaded to a GPU build; 0 = CPU only, -1 = all
-  // Matmul kernels whose result for a row does not depend on how many rows
-  // share the call (exact mode; model_options in pipeline.h). By default
-  // llama.cpp picks the kernel by the number of rows — repacked quantised
-  // weights (its "extra buffer types"), ggml's tiled K-quant matmul from 8
-  // rows, llamafile's sgemm from 2 rows, ggml's vec_dot for one — and each
-  // rounds a row differently. On: no repacking and, process-wide,
-  // GGML_CPU_TILED_MM=0, GGML_CPU_SGEMM_SINGLE_ROW=1 and (unless set)
-  // GGML_CPU_FA_BATCH_INVARIANT=1 (our llama.cpp patches), which ggml reads
-  // once, at the first such kernel: Model::load with this on throws
-  // Error(kInvalidArgument) once any context of the process exists, unless
-  // the three variables were set already.
-  bool batch_invariant = false;
+  // Kernels whose result for a row does not depend on how many rows share
+  // the call (exact mode, the default; model_options in pipeline.h). By
+  // default llama.cpp picks the kernel by the number of rows — repacked
+  // quantised weights (its "extra buffer types"), ggml's tiled K-quant
+  // matmul from 8 rows, llamafile's sgemm from 2 rows, ggml's vec_dot for
+  // one — and each rounds a row differently. On: no repacking and,
+  // process-wide, GGML_CPU_TILED_MM=0, GGML_CPU_SGEMM_SINGLE_ROW=1 and
+  // (unless set) GGML_CPU_FA_BATCH_INVARIANT=1 (our llama.cpp patches),
+  // which ggml reads once, at the first such kernel: Model::load with this
+  // on throws Error(kInvalidArgument) once any context of the process
+  // exists, unless the three variables were set already. Where
+  // exact_unavailable() names a reason (a llama.cpp without our patches,
+  // layers on a GPU), Model::load loads the model without them instead
+  // (Model::options().batch_invariant false, Model::exact_unavailable()).
+  bool batch_invariant = true;
 };
+
+// Why a model loaded with `options` cannot have batch-invariant kernels
+// here, or empty when it can: the linked llama.cpp lacks our patches
+// (scripts/patches/; ggml_cpu_has_fa_batch_invariant is their mark), or
+// options.n_gpu_layers puts layers on a GPU (the kernels are CPU-only).
+std::string exact_unavailable(const ModelOptions& options);
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
@@ -87,7 +96,11 @@ class Model {
   ~Model();
 
   const std::string& path() const noexcept { return path_; }
+  // As loaded: batch_invariant is off when the request could not be met.
   const ModelOptions& options() const noexcept { return options_; }
+  // Why batch_invariant was asked for but is off (exact_unavailable), or
+  // empty.
+  const std::string& exact_unavailable() const noexcept { return exact_unavailable_; }
   std::string description() const;  // e.g. "llama ?B Q4_1"
   int32_t n_vocab() const noexcept;
   int32_t n_ctx_train() const noexcept;
@@ -143,6 +156,7 @@ class Model {
 
   std::string path_;
   ModelOptions options_;
+  std::string exact_unavailable_;
   std::unique_ptr<llama_model, detail::ModelDeleter> model_;
   // The control and unknown tokens' texts, longest first (tokenize(pieces)).
   // Set once by load(); immutable after.
@@ -190,6 +204,9 @@ struct KvLayout {
   int32_t n_swa = 0;             // sliding-window size in tokens; 0: no sliding-window layers
   uint32_t n_ubatch = 0;         // micro-batch size: decides how a prefill is chunked
   bool batch_invariant = false;  // ModelOptions::batch_invariant: other matmul kernels
+  // Flash attention ran on the batch-invariant kernel (flash_attn and
+  // attention_batch_invariant()): other bits than ggml's own kernels.
+  bool attention_invariant = false;
   bool operator==(const KvLayout&) const = default;
 };
 
@@ -201,8 +218,9 @@ KvLayout kv_layout(const Model& model, const ContextOptions& options);
 // sequences between its own and the thread count: true when the linked
 // ggml has our batch-invariant kernel
 // (scripts/patches/ggml-fa-batch-invariant.patch) and
-// GGML_CPU_FA_BATCH_INVARIANT is not 0 (Model::load with
-// ModelOptions::batch_invariant sets it to 1 where it is unset). Without it
+// GGML_CPU_FA_BATCH_INVARIANT is set and not 0, as the kernel reads it
+// (Model::load with ModelOptions::batch_invariant sets it to 1 where it is
+// unset). Without it
 // flash attention is batch-invariant only on 2 to 63 rows and on one thread.
 // Either way a row's result depends on the order of its own cells.
 bool attention_batch_invariant() noexcept;

@@ -128,13 +128,15 @@ struct PipelineSpec {
   // prefill's speed to a third to a half here.
   KvType kv_type = KvType::kF16;
   ForkMode fork = ForkMode::kShared;
-  // Batch-invariant decoding, experimental: every agent's answer equals,
+  // Batch-invariant decoding, on by default: every agent's answer equals,
   // token for token, what `fork: none` gives with the same settings, whatever
-  // the other agents do (README, "Exact mode"). Turns flash attention on and
-  // decodes one-token steps on one thread (engine_options), loads the model
-  // with batch-invariant kernels (model_options), and limits the branch
-  // phase (detail::branch_decoding).
-  bool exact = false;
+  // the other agents do (README, "Exact mode"). Turns flash attention on
+  // (engine_options), loads the model with batch-invariant kernels
+  // (model_options) and keeps finished branches' cells
+  // (detail::branch_decoding). Where the model could not be loaded so
+  // (Model::exact_unavailable: a llama.cpp without our patches, a GPU), the
+  // run is not exact and its result says why (PipelineResult).
+  bool exact = true;
   // kShared: the most branches decoded at once; 0 = as many as fit
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
   // first admitted agents finish sooner, at the cost of throughput.
@@ -166,8 +168,19 @@ ContextOptions engine_options(const PipelineSpec& spec);
 
 // How to load the model for `spec`: exact mode with batch-invariant kernels
 // (ModelOptions::batch_invariant). prepare_pipeline refuses an exact
-// pipeline on a model loaded otherwise.
+// pipeline on a model loaded otherwise, unless the model could not be
+// (Model::exact_unavailable): then the run is not exact (exact_settled).
 ModelOptions model_options(const PipelineSpec& spec);
+
+// `spec` as it runs on `model`: itself, or, when it asks for exact but
+// the model could not be loaded with batch-invariant kernels
+// (Model::exact_unavailable), a copy in `storage` with exact off. Throws
+// Error(kInvalidArgument) when it asks for exact on a model that could have
+// had them but was loaded without (ModelOptions::batch_invariant false).
+// Every runner (run_pipeline, prepare_pipeline, prefill_document, the
+// coordinator) settles its spec so.
+const PipelineSpec& exact_settled(const PipelineSpec& spec, const Model& model,
+                                  std::optional<PipelineSpec>& storage);
 
 // Loads a pipeline file (YAML, or JSON, which YAML reads too) and checks it
 // with validate_pipeline. Relative `document.file` and `model` paths are
@@ -335,7 +348,8 @@ struct TransferFigures {
 
 struct PipelineResult {
   ForkMode fork = ForkMode::kShared;
-  bool exact = false;                // PipelineSpec::exact
+  bool exact = false;                // PipelineSpec::exact, as the run really was
+  std::string exact_unavailable;     // why exact was asked for but is off, or empty
   std::optional<GuardPolicy> guard;  // the strategies with branch workers (kHost/kNone) only
   int32_t prefix_tokens = 0;         // the document with its template wrapping
   int32_t document_prefills =
@@ -474,8 +488,8 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
 // prompt, and Error(kBudget) "agent 'a' needs P positions: prefix_tokens D +
 // prompt_tokens Q + max_tokens M > n_ctx_train T, ..." when one sequence
 // would run past the context the model was trained on, and
-// Error(kInvalidArgument) for an exact pipeline on a model that repacks its
-// weights (model_options).
+// Error(kInvalidArgument) for an exact pipeline on a model loaded without
+// batch-invariant kernels that could have had them (exact_settled).
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model);
 
 // Refuses a run whose contexts and host buffers would not fit in the memory

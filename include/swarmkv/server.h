@@ -55,11 +55,13 @@ struct ServerOptions {
   SnapshotOptions snapshots;
   // Exact mode (README, "Exact mode"): every completion's answer equals a
   // re-prefill of its prompt bit for bit, however many share its batches,
-  // and posted pipelines may say exact: true. Needs the model loaded with
-  // ModelOptions::batch_invariant and our attention kernel; flash attention
-  // is on. The cache starts over when its cells are all handed out, once
-  // the live completions have finished (src/server/completion_engine.h).
-  bool exact = false;
+  // and posted pipelines are exact unless they say exact: false. Needs the
+  // model loaded with ModelOptions::batch_invariant and our attention
+  // kernel (the Server refuses otherwise; `swarmkv serve` turns exact off
+  // with a warning where they are missing); flash attention is on. The
+  // cache starts over when its cells are all handed out, once the live
+  // completions have finished (src/server/completion_engine.h).
+  bool exact = true;
 };
 
 // Thread-safe: stop() from any thread (not from a signal handler).

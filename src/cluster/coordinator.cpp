@@ -23,9 +23,9 @@
 namespace swarmkv::cluster {
 namespace {
 
-// Names of the workers whose heartbeat key for this model is alive.
-std::vector<std::string> live_workers(redis::Client& redis, const std::string& fp) {
-  const std::string prefix = keys::worker(fp, "");
+// Names of the workers whose heartbeat key for this pool is alive.
+std::vector<std::string> live_workers(redis::Client& redis, const std::string& pool) {
+  const std::string prefix = keys::worker(pool, "");
   std::vector<std::string> names;
   std::string cursor = "0";
   do {
@@ -75,18 +75,15 @@ class Coordinator final : public AgentExecutor {
         url_(url),
         options_(options),
         fp_(model_fingerprint(model->path())),
+        pool_(keys::pool(fp_, spec.exact)),
         model_file_(std::filesystem::path(model->path()).filename().string()),
         run_id_(random_id()),
-        stream_(keys::jobs(fp_)),
+        stream_(keys::jobs(pool_)),
         results_key_(keys::run_results(run_id_)),
         answered_(spec.agents.size(), false),
         retried_(spec.agents.size(), false) {}
 
   void check(const PipelineSpec& spec) const override {
-    if (spec.exact) {  // workers load their models without batch-invariant kernels
-      throw Error(ErrorCode::kInvalidArgument,
-                  "exact does not run on a cluster yet; run this pipeline without --redis");
-    }
     for (const AgentSpec& a : spec.agents) {
       if (renders_at_start(a)) {  // its branch needs other agents' answers
         throw Error(ErrorCode::kInvalidArgument,
@@ -179,12 +176,14 @@ class Coordinator final : public AgentExecutor {
 
  private:
   std::vector<std::string> require_workers(std::string_view when) {
-    std::vector<std::string> live = live_workers(*redis_, fp_);
+    std::vector<std::string> live = live_workers(*redis_, pool_);
     if (live.empty()) {
+      const bool exact = spec_.exact;
       throw Error(ErrorCode::kNotFound,
-                  fmt::format("no live swarmkv worker holds model {} (sha256 {}) at {}{}; start "
-                              "one with: swarmkv worker --redis URL --model {}",
-                              model_file_, fp_.substr(0, 12), url_.address(), when, model_file_));
+                  fmt::format("no live {} swarmkv worker holds model {} (sha256 {}) at {}{}; "
+                              "start one with: swarmkv worker --redis URL --model {}{}",
+                              exact ? "exact" : "--no-exact", model_file_, fp_.substr(0, 12),
+                              url_.address(), when, model_file_, exact ? "" : " --no-exact"));
     }
     return live;
   }
@@ -295,6 +294,7 @@ class Coordinator final : public AgentExecutor {
   const CoordinatorOptions& options_;
   std::optional<redis::Client> redis_;
   const std::string fp_;
+  const std::string pool_;  // keys::pool: the workers of this model and exactness
   const std::string model_file_;
   const std::string run_id_;
   const std::string stream_;
@@ -320,7 +320,8 @@ class Coordinator final : public AgentExecutor {
 PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                                const redis::Url& url, const CoordinatorOptions& options) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_distributed needs a model");
-  Coordinator coordinator(spec, model, url, options);
+  std::optional<PipelineSpec> storage;  // the workers run the spec as it runs here
+  Coordinator coordinator(exact_settled(spec, *model, storage), model, url, options);
   return run_pipeline(spec, model, options.run, coordinator);
 }
 

@@ -20,12 +20,18 @@ namespace keys {
 inline std::string snapshot(const std::string& key) {
   return "swarmkv:snap:" + key;
 }
-inline std::string jobs(const std::string& model_sha256) {
-  return "swarmkv:jobs:" + model_sha256;
+// The workers that can run a job: same model file, same kernels (a job of
+// an exact run goes to workers whose model has batch-invariant kernels
+// only, so that no worker has to refuse it and hand it on).
+inline std::string pool(const std::string& model_sha256, bool exact) {
+  return model_sha256 + (exact ? ":exact" : ":stock");
+}
+inline std::string jobs(const std::string& pool) {
+  return "swarmkv:jobs:" + pool;
 }
 inline constexpr const char* kWorkersGroup = "workers";
-inline std::string worker(const std::string& model_sha256, const std::string& name) {
-  return fmt::format("swarmkv:worker:{}:{}", model_sha256, name);
+inline std::string worker(const std::string& pool, const std::string& name) {
+  return fmt::format("swarmkv:worker:{}:{}", pool, name);
 }
 inline std::string run_spec(const std::string& run) {
   return "swarmkv:run:" + run + ":spec";

@@ -158,7 +158,9 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
   }
   const std::string name = options.name.empty() ? default_name() : options.name;
   const std::string fp = model_fingerprint(model->path());
-  const std::string stream = keys::jobs(fp);
+  const bool exact = model->options().batch_invariant;
+  const std::string pool = keys::pool(fp, exact);
+  const std::string stream = keys::jobs(pool);
   const std::string model_file = std::filesystem::path(model->path()).filename().string();
   redis::Client redis(url);
   create_group(redis, stream);
@@ -166,10 +168,11 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
                                {"model_file", model_file},
                                {"pid", ::getpid()},
                                {"started_unix", unix_now()}};
-  Heartbeat heartbeat(url, keys::worker(fp, name), stream, name, info.dump(), options.heartbeat_s);
+  Heartbeat heartbeat(url, keys::worker(pool, name), stream, name, info.dump(),
+                      options.heartbeat_s);
   SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
-  log_info("worker {}: serving model {} (sha256 {}) from {}", name, model_file, fp.substr(0, 12),
-           url.address());
+  log_info("worker {}: serving model {} (sha256 {}, {} runs) from {}", name, model_file,
+           fp.substr(0, 12), exact ? "exact" : "--no-exact", url.address());
 
   WorkerReport report;
   std::map<std::string, std::pair<PipelineSpec, GuardPolicy>> runs;  // the last few runs' specs

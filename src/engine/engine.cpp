@@ -204,17 +204,39 @@ void row_invariant_kernels() {
 }  // namespace
 
 bool attention_batch_invariant() noexcept {
-  return ggml_cpu_has_fa_batch_invariant != nullptr && ggml_cpu_has_fa_batch_invariant() == 1 &&
-         !env_is("GGML_CPU_FA_BATCH_INVARIANT", "0");
+  if (ggml_cpu_has_fa_batch_invariant == nullptr || ggml_cpu_has_fa_batch_invariant() != 1)
+    return false;
+  const char* v = std::getenv("GGML_CPU_FA_BATCH_INVARIANT");  // the kernel's own test
+  return v != nullptr && std::atoi(v) != 0;
+}
+
+std::string exact_unavailable(const ModelOptions& options) {
+  if (ggml_cpu_has_fa_batch_invariant == nullptr) {
+    return "this llama.cpp lacks SwarmKV's batch-invariant kernels (scripts/patches/), so a "
+           "token's logits would depend on the other tokens of its decode call";
+  }
+  ensure_backend();
+  if (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) {
+    return "layers are offloaded to a GPU, and the batch-invariant kernels are CPU-only";
+  }
+  return {};
 }
 
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOptions& options) {
   require_regular_file(path, "model file");
   ensure_backend();
+  ModelOptions loaded_options = options;
+  std::string unavailable;
+  if (options.batch_invariant) {
+    unavailable = swarmkv::exact_unavailable(options);
+    loaded_options.batch_invariant = unavailable.empty();
+    if (!unavailable.empty())
+      log_warn("exact mode is off: {}; answers may differ from a re-prefill's", unavailable);
+  }
   llama_model_params params = llama_model_default_params();
   params.n_gpu_layers = options.n_gpu_layers;
-  params.use_extra_bufts = !options.batch_invariant;
-  if (options.batch_invariant) row_invariant_kernels();
+  params.use_extra_bufts = !loaded_options.batch_invariant;
+  if (loaded_options.batch_invariant) row_invariant_kernels();
   g_llama_errors.clear();
   g_collect_errors = true;
   llama_model* raw = llama_model_load_from_file(path.c_str(), params);
@@ -230,7 +252,8 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOpt
                             std::filesystem::file_size(path, ec), reason));
   }
   // The constructor is private, so make_shared cannot reach it.
-  std::shared_ptr<Model> loaded(new Model(path, raw, options));
+  std::shared_ptr<Model> loaded(new Model(path, raw, loaded_options));
+  loaded->exact_unavailable_ = std::move(unavailable);
   // The tokens llama_tokenize splits out of text only with parse_special:
   // control and unknown. User-defined tokens (Gemma's whitespace runs) it
   // splits out of plain text too, so tokenize(pieces) leaves them to it.
@@ -503,6 +526,8 @@ Context::Context(std::shared_ptr<const Model> model, const ContextOptions& optio
   params.n_threads = threads;
   params.n_threads_batch = threads_batch;
   params.kv_unified = options.kv_unified;
+  // A GPU build would run a CPU-resident batch's big matmuls on the GPU.
+  params.op_offload = !model_->options().batch_invariant;
   params.flash_attn_type =
       options.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   params.type_k = ggml_kv_type(options.type_k);
@@ -639,6 +664,7 @@ KvLayout kv_layout(const Model& model_ref, const ContextOptions& options) {
   layout.n_swa = llama_model_n_swa(model);
   layout.n_ubatch = std::min(options.n_ubatch, options.n_batch);  // as the constructor clamps it
   layout.batch_invariant = model_ref.options().batch_invariant;
+  layout.attention_invariant = options.flash_attn && attention_batch_invariant();
   return layout;
 }
 

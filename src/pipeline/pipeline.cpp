@@ -328,12 +328,6 @@ void validate_pipeline(const PipelineSpec& spec) {
                   fmt::format("agent '{}': needs.until: '{}' is not in the document", a.name,
                               a.needs.until));
     }
-    if (a.needs.any() && spec.exact) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("agent '{}': needs does not combine with exact (a cut document is "
-                              "not proven token-identical to its re-prefill yet)",
-                              a.name));
-    }
     if (a.needs.any() && !a.fork_from.empty()) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent '{}': needs and fork_from do not combine (a child reads its "
@@ -486,6 +480,20 @@ ModelOptions model_options(const PipelineSpec& spec) {
   return o;
 }
 
+const PipelineSpec& exact_settled(const PipelineSpec& spec, const Model& model,
+                                  std::optional<PipelineSpec>& storage) {
+  if (!spec.exact || model.options().batch_invariant) return spec;
+  if (model.exact_unavailable().empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "exact needs the model loaded with batch-invariant kernels "
+                "(ModelOptions::batch_invariant, as model_options() gives): otherwise a matmul "
+                "rounds a token differently when other tokens share its decode call");
+  }
+  PipelineSpec& settled = storage.emplace(spec);
+  settled.exact = false;
+  return settled;
+}
+
 PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
                            const std::vector<int32_t>& prompt_tokens,
                            const std::vector<int32_t>& max_tokens, uint32_t n_ctx) {
@@ -498,13 +506,16 @@ std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model) 
   return model.tokenize(split_template(spec, model).head, /*add_special=*/true);
 }
 
-PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model) {
+PreparedPipeline prepare_pipeline(const PipelineSpec& given, const Model& model) {
+  std::optional<PipelineSpec> storage;
+  const PipelineSpec& spec = exact_settled(given, model, storage);
   validate_pipeline(spec);
-  if (spec.exact && !model.options().batch_invariant) {
+  if (spec.exact && spec.any_needs() && fork_traits(spec.fork).one_context &&
+      !attention_batch_invariant()) {
     throw Error(ErrorCode::kInvalidArgument,
-                "exact needs the model loaded with batch-invariant kernels "
-                "(ModelOptions::batch_invariant, as model_options() gives): otherwise a matmul "
-                "rounds a token differently when other tokens share its decode call");
+                "needs under exact mode and fork shared streams the document beside the agents' "
+                "steps, which is exact on the batch-invariant attention kernel only, and "
+                "GGML_CPU_FA_BATCH_INVARIANT=0 turns it off: unset it, or use fork host");
   }
   const TemplateSplit split = split_template(spec, model);
 
@@ -653,9 +664,11 @@ std::string_view to_string(SnapshotSource source) noexcept {
   return "unknown";
 }
 
-PrefillReport prefill_document(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+PrefillReport prefill_document(const PipelineSpec& given, const std::shared_ptr<const Model>& model,
                                const RunOptions& options, const std::string& out_path) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "prefill_document needs a model");
+  std::optional<PipelineSpec> storage;
+  const PipelineSpec& spec = exact_settled(given, *model, storage);
   const std::vector<Token> prefix = prepare_prefix(spec, *model);
   detail::PrefixState state = detail::obtain_prefix_state(spec, prefix, options, model);
   PrefillReport report;
@@ -775,10 +788,12 @@ std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResu
   return tokens;
 }
 
-PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
+PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<const Model>& model,
                             const RunOptions& options, const RunFaults& faults,
                             const PreparedPipeline* given, AgentExecutor* executor) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_pipeline needs a model");
+  std::optional<PipelineSpec> storage;
+  const PipelineSpec& spec = exact_settled(asked, *model, storage);
   const Stopwatch run;
   if (executor) executor->check(spec);
   std::optional<PreparedPipeline> own;
@@ -788,6 +803,7 @@ PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<cons
   PipelineResult result;
   result.fork = spec.fork;
   result.exact = spec.exact;
+  if (asked.exact && !spec.exact) result.exact_unavailable = model->exact_unavailable();
   result.engine = engine_options(spec);
   result.prefix_tokens = prepared.budget.prefix_tokens;
   result.n_ctx = prepared.budget.n_ctx;  // the strategy replaces it with llama.cpp's padded value

@@ -143,6 +143,8 @@ nlohmann::json result_json(const PipelineResult& r) {
   return {{"schema_version", kResultSchemaVersion},
           {"fork", std::string(to_string(r.fork))},
           {"exact", r.exact},
+          {"exact_unavailable", r.exact_unavailable.empty() ? nlohmann::json(nullptr)
+                                                            : nlohmann::json(r.exact_unavailable)},
           {"guard",
            r.guard ? nlohmann::json(std::string(to_string(*r.guard))) : nlohmann::json(nullptr)},
           {"ok", r.ok()},

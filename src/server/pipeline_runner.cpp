@@ -31,10 +31,12 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
   // JSON is YAML: the pipeline file's reader checks every key, type and
   // range, and the graph; its messages start with "body: ".
   PipelineSpec spec = parse_pipeline(std::string(body_text), "body", "");
+  if (!body.contains("exact")) spec.exact = limits.exact;  // the server's mode
   if (spec.exact && !limits.exact) {
     refuse("exact",
-           "this server loads its model without the batch-invariant kernels exact mode needs; "
-           "start it with `swarmkv serve --exact`, or run the pipeline with `swarmkv run`");
+           "this server runs without the batch-invariant kernels exact mode needs (started "
+           "with --no-exact, or a llama.cpp without them); send exact: false, or run the "
+           "pipeline with `swarmkv run`");
   }
   if (std::cmp_greater(spec.agents.size(), limits.max_agents)) {
     refuse("agents", fmt::format("{} agents, more than the {} this server runs in one pipeline",

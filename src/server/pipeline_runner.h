@@ -29,7 +29,7 @@ struct PipelineLimits {
   int32_t max_agents = 64;
   int32_t max_tokens = 4096;   // per agent
   uint32_t max_n_ctx = 32768;  // the KV cells its contexts may have (PipelineBudget::n_ctx)
-  bool exact = false;          // the server's model has batch-invariant kernels (serve --exact)
+  bool exact = false;          // the server is exact (ServerOptions::exact)
 };
 
 // Parses a /v1/pipelines body: the JSON of a pipeline file (parse_pipeline)

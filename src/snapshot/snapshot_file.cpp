@@ -83,7 +83,8 @@ nlohmann::json kv_layout_json(const KvLayout& l) {
           {"kv_unified", l.kv_unified},
           {"n_swa", l.n_swa},
           {"n_ubatch", l.n_ubatch},
-          {"batch_invariant", l.batch_invariant}};
+          {"batch_invariant", l.batch_invariant},
+          {"attention_invariant", l.attention_invariant}};
 }
 
 KvLayout kv_layout_from_json(const nlohmann::json& j) {
@@ -99,6 +100,7 @@ KvLayout kv_layout_from_json(const nlohmann::json& j) {
   l.n_swa = integer_field<int32_t>(j, "n_swa");
   l.n_ubatch = integer_field<uint32_t>(j, "n_ubatch");
   l.batch_invariant = j.value("batch_invariant", false);  // files from before the key: not
+  l.attention_invariant = j.value("attention_invariant", false);
   return l;
 }
 
@@ -617,6 +619,8 @@ void check_binding(const std::string& path, const SnapshotBinding& snapshot,
   if (a.n_ubatch != b.n_ubatch) refuse("n_ubatch", a.n_ubatch, b.n_ubatch);
   if (a.batch_invariant != b.batch_invariant)
     refuse("batch_invariant", a.batch_invariant, b.batch_invariant);
+  if (a.attention_invariant != b.attention_invariant)
+    refuse("attention_invariant", a.attention_invariant, b.attention_invariant);
 }
 
 std::string_view to_string(SnapshotCacheMode mode) noexcept {

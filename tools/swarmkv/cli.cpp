@@ -177,7 +177,10 @@ struct RunArgs {
 void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
                 const std::string& model_path, double load_ms) {
   std::cout << fmt::format("pipeline {} | model {} | fork {}{}", spec.name, model_path,
-                           swarmkv::to_string(r.fork), r.exact ? " (exact)" : "");
+                           swarmkv::to_string(r.fork),
+                           r.exact                       ? " (exact)"
+                           : r.exact_unavailable.empty() ? " (not exact: --no-exact)"
+                                                         : " (not exact: unavailable)");
   if (r.guard) std::cout << fmt::format(" | guard {}", swarmkv::to_string(*r.guard));
   std::cout << fmt::format(" | document {} tokens", r.prefix_tokens);
   std::cout << fmt::format(" | flash_attn {} kv {} n_ubatch {}", r.engine.flash_attn ? "on" : "off",
@@ -477,8 +480,8 @@ int run(int argc, char** argv) {
          "shared: one context with a unified KV cache; each agent is a sequence forked by\n"
          "        seq_cp (no bytes copied); all agents decoded together, one llama_decode per "
          "step;\n"
-         "        answers repeat run to run and equal --fork none's up to the first near-tie\n"
-         "        (--exact: token for token, README \"Exact mode\")\n"
+         "        answers equal --fork none's token for token (exact mode, the default;\n"
+         "        --no-exact: up to the first near-tie, README \"Exact mode\")\n"
          "host: prefill once, copy + restore a host snapshot into each agent's context;\n"
          "        answers bit-identical to --fork none's\n"
          "none: the reference, every agent re-prefills the whole document in its own context")

@@ -14,8 +14,10 @@ void EngineFlags::add_to(CLI::App* app) {
                   "threads for the prefill and batched steps (file key threads_batch; 0 = "
                   "--threads)");
   app->add_option("--flash-attn", flash_attn,
-                  "flash attention (file key flash_attn; default off: on makes the prefill "
-                  "1.2-1.4x faster and the agents' decoding 2.2-4x slower here, README)")
+                  "flash attention (file key flash_attn): on whenever exact mode is (the "
+                  "default), whatever the file says; with --no-exact default off (on makes the "
+                  "prefill 1.2-1.4x faster and the agents' decoding 2.2-4x slower here, README). "
+                  "off needs --no-exact")
       ->check(CLI::IsMember({"on", "off"}));
   app->add_option("--kv-type", kv_type,
                   "K and V cache type (file key kv_type; default f16). q8_0 halves the KV "
@@ -24,13 +26,13 @@ void EngineFlags::add_to(CLI::App* app) {
       ->check(CLI::IsMember({"f16", "q8_0"}));
   app->add_flag_function(
       "--exact,!--no-exact", [this](int64_t count) { exact = count > 0; },
-      "exact mode (file key exact; default off): batch-invariant decoding so that answers "
-      "equal --fork none --exact's, under every fork strategy: flash attention on through our "
-      "batch-invariant attention kernel, no cell reuse while agents run, batch-invariant "
-      "matmuls (our llama.cpp patches; without the attention one, micro-batches of at most 63 "
-      "rows and one-row steps on one thread, about 2x slower); the shared fork's branch phase "
-      "0.7-1.1x the default's here, host's 1.3-1.9x; not with needs, --redis or serve "
-      "(README, \"Exact mode\")");
+      "exact mode (file key exact; default on): batch-invariant decoding, so that every "
+      "answer equals --fork none's, a re-prefill's, token for token under every fork strategy "
+      "and with needs: flash attention through our batch-invariant kernel, no cell reused while "
+      "agents run, batch-invariant matmuls, no weight repacking (our llama.cpp patches; a "
+      "llama.cpp without them, or layers on a GPU, runs without, says why once and reports "
+      "exact false). --no-exact: llama.cpp's stock kernels, whose rounding depends on the "
+      "other tokens of a decode call (README, \"Exact mode\")");
 }
 
 void EngineFlags::apply(PipelineSpec& spec) const {
@@ -40,6 +42,11 @@ void EngineFlags::apply(PipelineSpec& spec) const {
   if (!flash_attn.empty()) spec.flash_attn = flash_attn == "on";
   if (!kv_type.empty()) spec.kv_type = parse_kv_type(kv_type);
   if (exact) spec.exact = *exact;
+  if (flash_attn == "off" && spec.exact) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--flash-attn off: exact mode (the default) runs on flash attention; add "
+                "--no-exact for llama.cpp's kernels without it");
+  }
 }
 
 }  // namespace swarmkv::cli

@@ -52,16 +52,21 @@ ServeCommand::ServeCommand(CLI::App& app) {
       ->check(CLI::Range(1u, 1u << 16));
   sub_->add_option("-t,--threads", options_.context.n_threads, "CPU threads (0 = all cores)")
       ->capture_default_str();
-  sub_->add_option("--flash-attn", flash_attn_, "flash attention: on or off")
+  sub_->add_option("--flash-attn", flash_attn_,
+                   "flash attention: on or off; exact mode (the default) needs it on")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  sub_->add_flag("--exact", options_.exact,
-                 "exact mode: every completion's answer equals a re-prefill of its prompt bit for "
-                 "bit, however many requests share its batches, and posted pipelines may say "
-                 "exact: true. Loads the model with batch-invariant kernels (no weight "
-                 "repacking) and turns flash attention on; when the KV cells are all handed out "
-                 "the cache starts over once the live completions have finished, cached prefixes "
-                 "included (README, \"Exact mode\")");
+  sub_->add_flag("--exact,!--no-exact", options_.exact,
+                 "exact mode (default on): every completion's answer equals a re-prefill of its "
+                 "prompt bit for bit, however many requests share its batches, and posted "
+                 "pipelines are exact unless they say exact: false. Loads the model with "
+                 "batch-invariant kernels (no weight repacking) and turns flash attention on; "
+                 "when the KV cells are all handed out the cache starts over once the live "
+                 "completions have finished, cached prefixes included. Without our llama.cpp "
+                 "patches (or with GGML_CPU_FA_BATCH_INVARIANT=0) the server says so and runs "
+                 "without. --no-exact: llama.cpp's stock kernels, cells reused (README, \"Exact "
+                 "mode\")")
+      ->capture_default_str();
   sub_->add_option("--max-live", options_.max_live,
                    "completions decoded at once (more wait in a queue)")
       ->capture_default_str()
@@ -119,24 +124,11 @@ int ServeCommand::run() {
     if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) options.api_key = key;
   }
   if (options.exact && sub_->count("--flash-attn") > 0 && flash_attn_ == "off") {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        "--exact needs flash attention (its batch-invariant kernel); drop --flash-attn off");
+    throw Error(ErrorCode::kInvalidArgument,
+                "--flash-attn off: exact mode (the default) runs on flash attention; add "
+                "--no-exact for llama.cpp's kernels without it");
   }
   options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
-  // The serving context's settings go through the derivation `run` uses
-  // (engine_options: micro-batch, threads, flash attention, KV type, exact),
-  // so that a prompt's stored prefix has the binding `run` gives it.
-  PipelineSpec engine;
-  engine.n_batch = options.context.n_batch;
-  engine.n_threads = options.context.n_threads;
-  engine.flash_attn = flash_attn_ == "on";
-  engine.exact = options.exact;
-  validate_engine_settings(engine);
-  const uint32_t n_ctx = options.context.n_ctx;
-  options.context = engine_options(engine);
-  options.context.n_ctx = n_ctx;
-  validate_context_options(options.context);
   // SIGTERM and SIGINT are taken by one thread (sigwait), blocked in all
   // others, which inherit this mask; a client gone mid-write is an error
   // return, not SIGPIPE.
@@ -150,6 +142,27 @@ int ServeCommand::run() {
   const std::string model_path = resolve_model_path(model_);
   if (std::getenv("SWARMKV_LOG_LEVEL") == nullptr) set_log_level(LogLevel::kInfo);
   auto model = Model::load(model_path, ModelOptions{.batch_invariant = options.exact});
+  if (options.exact && !attention_batch_invariant()) {
+    if (model->exact_unavailable().empty()) {  // Model::load said why otherwise
+      log_warn(
+          "serve: exact mode is off: GGML_CPU_FA_BATCH_INVARIANT=0 turns off the "
+          "batch-invariant attention kernel exact serving needs");
+    }
+    options.exact = false;
+  }
+  // The serving context's settings go through the derivation `run` uses
+  // (engine_options: micro-batch, threads, flash attention, KV type, exact),
+  // so that a prompt's stored prefix has the binding `run` gives it.
+  PipelineSpec engine;
+  engine.n_batch = options.context.n_batch;
+  engine.n_threads = options.context.n_threads;
+  engine.flash_attn = flash_attn_ == "on";
+  engine.exact = options.exact;
+  validate_engine_settings(engine);
+  const uint32_t n_ctx = options.context.n_ctx;
+  options.context = engine_options(engine);
+  options.context.n_ctx = n_ctx;
+  validate_context_options(options.context);
   Server server(model, options);
   std::cerr << fmt::format("swarmkv serve: http://{}:{}/v1 (model {})\n", options.host,
                            server.port(), model_path)

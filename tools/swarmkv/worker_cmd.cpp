@@ -33,6 +33,11 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
   sub_->add_option("-m,--model", model_,
                    "GGUF model (default: see above); the worker serves the jobs of runs on the "
                    "same model file (by its SHA-256)");
+  sub_->add_flag("--exact,!--no-exact", exact_,
+                 "load the model with batch-invariant kernels (default on) and take the jobs "
+                 "of exact runs; --no-exact: llama.cpp's stock kernels, the jobs of runs "
+                 "--no-exact (README, \"Exact mode\")")
+      ->capture_default_str();
   sub_->add_option("--name", options_.name, "worker name in logs and results (default host-pid)");
   sub_->add_option("--max-agents", options_.max_agents,
                    "most agents of one job run at once; a larger job runs in slices (0 = all)")
@@ -64,7 +69,7 @@ int WorkerCommand::run() {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   const std::string model_path = resolve_model_path(model_);
-  auto model = Model::load(model_path);
+  auto model = Model::load(model_path, ModelOptions{.batch_invariant = exact_});
   cluster::WorkerOptions options = options_;
   options.stop = &g_stop;
   const cluster::WorkerReport r = cluster::run_worker(url, model, options);

@@ -20,6 +20,7 @@ class WorkerCommand {
   std::string redis_;
   std::string model_;
   cluster::WorkerOptions options_;
+  bool exact_ = true;
 };
 
 }  // namespace swarmkv::cli
