@@ -566,8 +566,9 @@ def engine_settings_are_checked_before_the_model_loads(ctx):
                          "--kv-type", "q8_0")
     expect(rc, err, 2, "kv_type q8_0 needs flash attention: at this llama.cpp a quantised V cache works only "
                        "with flash_attn on")
-    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--flash-attn", "off")
-    expect(rc, err, 2, "--flash-attn off: exact mode (the default) runs on flash attention; add --no-exact")
+    for cmd in (["run", p], ["serve"]):
+        rc, _, err = ctx.run(*cmd, "--model", "/nonexistent.gguf", "--flash-attn", "off")
+        expect(rc, err, 2, "--flash-attn off: exact mode (the default) runs on flash attention; add --no-exact")
     rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--n-ubatch", "1024")
     expect(rc, err, 2, "n_ubatch must be 0 (automatic) or divide n_batch 512 (got 1024)")
     rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf", "--n-ubatch", "100")

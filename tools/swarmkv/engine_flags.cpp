@@ -42,7 +42,11 @@ void EngineFlags::apply(PipelineSpec& spec) const {
   if (!flash_attn.empty()) spec.flash_attn = flash_attn == "on";
   if (!kv_type.empty()) spec.kv_type = parse_kv_type(kv_type);
   if (exact) spec.exact = *exact;
-  if (flash_attn == "off" && spec.exact) {
+  require_flash_attn_for_exact(flash_attn, spec.exact);
+}
+
+void require_flash_attn_for_exact(std::string_view flash_attn, bool exact) {
+  if (flash_attn == "off" && exact) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--flash-attn off: exact mode (the default) runs on flash attention; add "
                 "--no-exact for llama.cpp's kernels without it");

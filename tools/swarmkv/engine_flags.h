@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -27,5 +28,9 @@ struct EngineFlags {
   // Sets the given flags in `spec`; validate_pipeline checks the result.
   void apply(PipelineSpec& spec) const;
 };
+
+// Throws Error(kInvalidArgument) for --flash-attn off while exact mode is
+// on: exact runs on flash attention (`run`, `prefill`, `bench`, `serve`).
+void require_flash_attn_for_exact(std::string_view flash_attn, bool exact);
 
 }  // namespace swarmkv::cli

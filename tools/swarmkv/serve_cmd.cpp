@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "engine_flags.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 #include "swarmkv/paths.h"
@@ -123,12 +124,14 @@ int ServeCommand::run() {
   if (options.api_key.empty()) {
     if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) options.api_key = key;
   }
-  if (options.exact && sub_->count("--flash-attn") > 0 && flash_attn_ == "off") {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--flash-attn off: exact mode (the default) runs on flash attention; add "
-                "--no-exact for llama.cpp's kernels without it");
-  }
+  if (sub_->count("--flash-attn") > 0) require_flash_attn_for_exact(flash_attn_, options.exact);
   options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
+  PipelineSpec engine;  // checked before the model loads
+  engine.n_batch = options.context.n_batch;
+  engine.n_threads = options.context.n_threads;
+  engine.flash_attn = flash_attn_ == "on";
+  engine.exact = options.exact;
+  validate_engine_settings(engine);
   // SIGTERM and SIGINT are taken by one thread (sigwait), blocked in all
   // others, which inherit this mask; a client gone mid-write is an error
   // return, not SIGPIPE.
@@ -152,20 +155,16 @@ int ServeCommand::run() {
   }
   // The serving context's settings go through the derivation `run` uses
   // (engine_options: micro-batch, threads, flash attention, KV type, exact),
-  // so that a prompt's stored prefix has the binding `run` gives it.
-  PipelineSpec engine;
-  engine.n_batch = options.context.n_batch;
-  engine.n_threads = options.context.n_threads;
-  engine.flash_attn = flash_attn_ == "on";
+  // so that a prompt's stored prefix has the binding `run` gives it; after
+  // the load, which settles exact and the attention kernel it reads.
   engine.exact = options.exact;
-  validate_engine_settings(engine);
   const uint32_t n_ctx = options.context.n_ctx;
   options.context = engine_options(engine);
   options.context.n_ctx = n_ctx;
   validate_context_options(options.context);
   Server server(model, options);
-  std::cerr << fmt::format("swarmkv serve: http://{}:{}/v1 (model {})\n", options.host,
-                           server.port(), model_path)
+  std::cerr << fmt::format("swarmkv serve: http://{}:{}/v1 (model {}, {})\n", options.host,
+                           server.port(), model_path, options.exact ? "exact" : "--no-exact")
             << std::flush;
 
   std::atomic<bool> done{false};
