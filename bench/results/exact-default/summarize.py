@@ -97,26 +97,31 @@ with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
                     p["exact_over_stock"], len(p["exact_tok_s"])])
 
 # ---------------------------------------------------------------- report
+def table(header, rows):
+    """A markdown table: the header's cells, a separator, one line per row of cells."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
 L = ["# Exact mode by default: the new default against `--no-exact`", "",
      "One binary, back to back; `--no-exact` is the former default (llama.cpp's stock kernels, flash "
      "attention off). SmolLM2-135M F16 unless said, 2 threads; medians of the trials listed.", "",
      "## Agents (document of %s tokens, 32 greedy tokens each)" % (summary["agents"][0]["prefix_tokens"]
-                                                                  if summary["agents"] else "?"), "",
-     "| fork | agents | trials | branch phase `--no-exact` s | exact s | exact / no-exact | end to end `--no-exact` s | exact s | exact / no-exact |",
-     "|---|---|---|---|---|---|---|---|---|"]
-for a in summary["agents"]:
-    L.append(f"| {a['fork']} | {a['agents']} | {a['trials']} | {med(a['stock_branch_ms']) / 1000:.2f} | "
-             f"{med(a['exact_branch_ms']) / 1000:.2f} | {a['branch_ratio']:.3f} | {med(a['stock_total_ms']) / 1000:.2f} | "
-             f"{med(a['exact_total_ms']) / 1000:.2f} | {a['total_ratio']:.3f} |")
+                                                                  if summary["agents"] else "?"), ""]
+L += table(["fork", "agents", "trials", "branch phase `--no-exact` s", "exact s", "exact / no-exact",
+            "end to end `--no-exact` s", "exact s", "exact / no-exact"],
+           [[a["fork"], a["agents"], a["trials"], f"{med(a['stock_branch_ms']) / 1000:.2f}",
+             f"{med(a['exact_branch_ms']) / 1000:.2f}", f"{a['branch_ratio']:.3f}",
+             f"{med(a['stock_total_ms']) / 1000:.2f}", f"{med(a['exact_total_ms']) / 1000:.2f}",
+             f"{a['total_ratio']:.3f}"] for a in summary["agents"]])
 if "speedup_50_exact" in summary:
     L += ["", f"50 agents against every agent re-prefilling (the 1-agent `none` run's end to end × 50, "
               f"measured in the same trials): exact {summary['speedup_50_exact']:.1f}×, "
               f"`--no-exact` {summary['speedup_50_stock']:.1f}×."]
-L += ["", "## Prefill of the README document (store off)", "",
-      "| weights | `--no-exact` tok/s | exact tok/s | exact / no-exact | trials |", "|---|---|---|---|---|"]
-for p in summary["prefill"]:
-    L.append(f"| {p['weights']} | {med(p['stock_tok_s']):.0f} | {med(p['exact_tok_s']):.0f} | "
-             f"{p['exact_over_stock']:.3f} | {len(p['exact_tok_s'])} |")
+L += ["", "## Prefill of the README document (store off)", ""]
+L += table(["weights", "`--no-exact` tok/s", "exact tok/s", "exact / no-exact", "trials"],
+           [[p["weights"], f"{med(p['stock_tok_s']):.0f}", f"{med(p['exact_tok_s']):.0f}",
+             f"{p['exact_over_stock']:.3f}", len(p["exact_tok_s"])] for p in summary["prefill"]])
 if "llama_bench_fa1_tok_s" in summary:
     f16 = [p for p in summary["prefill"] if p["weights"] == "F16"][0]
     fa1, fa0 = med(summary["llama_bench_fa1_tok_s"]), med(summary["llama_bench_fa0_tok_s"])
@@ -125,11 +130,10 @@ if "llama_bench_fa1_tok_s" in summary:
               f"GGML_CPU_FA_BATCH_INVARIANT) {fa1:.0f} tok/s, off {fa0:.0f} tok/s; SwarmKV exact "
               f"{med(f16['exact_tok_s']):.0f} tok/s = {med(f16['exact_tok_s']) / fa1:.3f}× llama-bench with "
               f"flash attention on."]
-L += ["", "## Answers under the default (exact)", "",
-      "| run | agents | exact (shared, host, none) | shared == none | host == none |", "|---|---|---|---|---|"]
-for r in summary["answers"]:
-    L.append(f"| {r['run']} | {r['agents']} | {r['exact']} | {r['shared_equal_none']}/{r['agents']} | "
-             f"{r['host_equal_none']}/{r['agents']} |")
+L += ["", "## Answers under the default (exact)", ""]
+L += table(["run", "agents", "exact (shared, host, none)", "shared == none", "host == none"],
+           [[r["run"], r["agents"], r["exact"], f"{r['shared_equal_none']}/{r['agents']}",
+             f"{r['host_equal_none']}/{r['agents']}"] for r in summary["answers"]])
 if summary["needs"]:
     n = summary["needs"]
     L += ["", "contract-review, shared, exact, with and without `needs` (one run each): whole-document "
