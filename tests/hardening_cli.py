@@ -287,6 +287,21 @@ def model_load_error_gives_llama_reason_once(ctx):
 
 
 @case
+def gpu_layers_on_a_cpu_build_warn_and_are_reported(ctx):
+    p = ctx.write("g.yaml", "document: {text: Clause 1. The lessee pays rent.}\n"
+                  "agents:\n  - {name: a, prompt: \"Who pays?\", max_tokens: 2}\n")
+    rc, out, err = ctx.run("run", p, "--model", ctx.model, "--snapshot-cache", "off", "--json",
+                           "--n-gpu-layers", "99")
+    assert rc == 0, (rc, err)
+    assert "n_gpu_layers 99: this llama.cpp has no GPU backend compiled in" in err, err
+    r = json.loads(out)
+    assert r["engine"]["n_gpu_layers"] == 99 and r["engine"]["offloaded_layers"] == 0, r["engine"]
+    assert r["exact"] is True and r["exact_unavailable"] is None, r
+    rc, _, err = ctx.run("run", p, "--model", ctx.model, "--ngl", "-2")
+    expect(rc, err, 2, "--n-gpu-layers: Value -2 not in range")
+
+
+@case
 def unknown_subcommand_is_named(ctx):
     rc, _, err = ctx.run("frobnicate")
     expect(rc, err, 2, "unknown command 'frobnicate' (commands: generate, run, bench")

@@ -100,7 +100,14 @@ TEST_F(PipelineFileTest, EngineSettingsAreRead) {
   const PipelineSpec spec = load_pipeline_file(
       write("engine.yaml",
             "n_batch: 256\nn_ubatch: 128\nthreads: 1\nthreads_batch: 1\nflash_attn: true\n"
-            "kv_type: q8_0\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n"));
+            "kv_type: q8_0\nn_gpu_layers: -1\ndocument: {text: x}\n"
+            "agents: [{name: a, prompt: q}]\n"));
+  EXPECT_EQ(spec.n_gpu_layers, -1);
+  EXPECT_NE(
+      error_of(write("gpu.yaml",
+                     "n_gpu_layers: -2\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n"))
+          .find("n_gpu_layers"),
+      std::string::npos);
   EXPECT_EQ(spec.n_batch, 256u);
   EXPECT_EQ(spec.n_ubatch, 128u);
   EXPECT_EQ(spec.n_threads, 1);

@@ -446,13 +446,16 @@ TEST(EngineSettingsTest, KvTypesHaveStableNames) {
   o.type_v = KvType::kQ8_0;
   PipelineResult r;
   r.engine = o;
+  r.n_gpu_layers = 99;
   const nlohmann::json j = result_json(r)["engine"];
   EXPECT_EQ(j, nlohmann::json({{"flash_attn", true},
                                {"kv_type", "f16"},
                                {"n_batch", 64},
                                {"n_ubatch", 32},
                                {"threads", 0},
-                               {"threads_batch", 1}}));
+                               {"threads_batch", 1},
+                               {"n_gpu_layers", 99},
+                               {"offloaded_layers", 0}}));
 }
 
 }  // namespace

@@ -294,10 +294,11 @@ TEST(ClusterWireTest, ASpecSurvivesTheTrip) {
     const PipelineSpec back =
         cluster::spec_from_json(cluster::spec_to_json(spec, GuardPolicy::kConcurrent), &guard);
     EXPECT_EQ(guard, GuardPolicy::kConcurrent);
-    // The model and the threads are the worker's own: they do not travel.
+    // The model, the threads and the GPU layers are the worker's own: they do not travel.
     PipelineSpec expected = spec;
     expected.model.clear();
     expected.n_threads = 0;
+    expected.n_gpu_layers = 0;
     expected.n_threads_batch = 0;
     EXPECT_EQ(back, expected) << pipeline_json(back).dump(1);
   }

@@ -206,6 +206,11 @@ TEST(PipelineRequestTest, ARequestNamesNoModelAndNoFile) {
       "document.file: a pipeline request cannot read the server's files; send the "
       "document as document.text");
   EXPECT_EQ(param_of("document.file: a pipeline request cannot"), "document.file");
+  EXPECT_EQ(
+      pipeline_refusal(
+          R"({"n_gpu_layers": 0, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})"),
+      "n_gpu_layers: a pipeline request runs on the server's model as it was loaded (serve "
+      "--n-gpu-layers); leave 'n_gpu_layers' out");
 }
 
 TEST(PipelineRequestTest, EachRefusalIsPrecise) {
@@ -218,7 +223,7 @@ TEST(PipelineRequestTest, EachRefusalIsPrecise) {
                                  "n_ctxx": 4})"),
             "body: unknown key 'n_ctxx' in the pipeline (line 2; allowed: agents, defaults, "
             "document, exact, flash_attn, fork, kv_type, max_live, model, n_batch, n_ctx, "
-            "n_ubatch, name, system, threads, threads_batch)");
+            "n_gpu_layers, n_ubatch, name, system, threads, threads_batch)");
   EXPECT_EQ(pipeline_refusal(R"({"document": "x", "agents": [{"name": "a", "prompt": "{{c}}"}]})",
                              {}, ErrorCode::kGraph),
             "body: agent 'a': placeholder {{c}} names unknown agent 'c'");

@@ -415,6 +415,11 @@ TEST(SnapshotBindingTest, EveryMismatchNamesWhatTheSnapshotWasMadeForAndWhatThis
   EXPECT_EQ(binding_error(b),
             "incompatible: snapshot 's.swkv' was made for attention_invariant true, this run has "
             "false");
+  b = test_binding();  // K/V computed on a GPU, restored on the CPU
+  b.layout.offloaded_layers = 30;
+  EXPECT_EQ(binding_error(b),
+            "incompatible: snapshot 's.swkv' was made for offloaded_layers (K/V computed on a "
+            "GPU) 30, this run has 0");
 }
 
 // The layout reads back as written, and a file from before a key reads it
@@ -430,6 +435,12 @@ TEST(SnapshotBindingTest, TheLayoutRoundTripsAndOlderFilesAreNotInvariant) {
   const KvLayout read = kv_layout_from_json(older);
   EXPECT_FALSE(read.batch_invariant);
   EXPECT_FALSE(read.attention_invariant);
+  // A CPU state's layout has no offloaded_layers key, so its store key is
+  // the one it had before GPU runs were bound.
+  EXPECT_FALSE(kv_layout_json(l).contains("offloaded_layers"));
+  l.offloaded_layers = 12;
+  EXPECT_EQ(kv_layout_json(l).at("offloaded_layers"), 12);
+  EXPECT_EQ(kv_layout_from_json(kv_layout_json(l)), l);
 }
 
 TEST(SnapshotKeyTest, KeyChangesWithAnyBoundFieldAndAnyToken) {
@@ -447,6 +458,9 @@ TEST(SnapshotKeyTest, KeyChangesWithAnyBoundFieldAndAnyToken) {
   EXPECT_NE(key, snapshot_key(b, m.tokens));
   b = m.binding;
   b.layout.attention_invariant = true;
+  EXPECT_NE(key, snapshot_key(b, m.tokens));
+  b = m.binding;
+  b.layout.offloaded_layers = 1;
   EXPECT_NE(key, snapshot_key(b, m.tokens));
   b = m.binding;
   b.engine += "x";

@@ -25,6 +25,7 @@ inline PipelineSpec spec_with_every_field_set() {
   spec.kv_type = KvType::kQ8_0;
   spec.fork = ForkMode::kHost;
   spec.max_live = 3;
+  spec.n_gpu_layers = 7;
   AgentSpec a;
   a.name = "a";
   a.prompt = "null";

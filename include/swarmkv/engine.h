@@ -39,7 +39,11 @@ using SeqId = std::int32_t;  // llama_seq_id
 
 // Options for Model::load.
 struct ModelOptions {
-  int32_t n_gpu_layers = 0;  // layers offloaded to a GPU build; 0 = CPU only, -1 = all
+  // Layers a GPU build of llama.cpp puts on the GPU, counted as llama.cpp
+  // does (the output layer is one of them: n_layer + 1 is all of them, as is
+  // -1); 0 = CPU only: no layer and no operation on a GPU. Without a GPU
+  // backend, Model::load says so once and runs every layer on the CPU.
+  int32_t n_gpu_layers = 0;
   // Kernels whose result for a row does not depend on how many rows share
   // the call (exact mode, the default; model_options in pipeline.h). By
   // default llama.cpp picks the kernel by the number of rows — repacked
@@ -101,6 +105,9 @@ class Model {
   // Why batch_invariant was asked for but is off (exact_unavailable), or
   // empty.
   const std::string& exact_unavailable() const noexcept { return exact_unavailable_; }
+  // The transformer layers whose weights and K/V a GPU holds: 0 without a
+  // GPU backend or with options().n_gpu_layers 0.
+  int32_t offloaded_layers() const noexcept { return offloaded_layers_; }
   std::string description() const;  // e.g. "llama ?B Q4_1"
   int32_t n_vocab() const noexcept;
   int32_t n_ctx_train() const noexcept;
@@ -157,6 +164,7 @@ class Model {
   std::string path_;
   ModelOptions options_;
   std::string exact_unavailable_;
+  int32_t offloaded_layers_ = 0;
   std::unique_ptr<llama_model, detail::ModelDeleter> model_;
   // The control and unknown tokens' texts, longest first (tokenize(pieces)).
   // Set once by load(); immutable after.
@@ -207,6 +215,10 @@ struct KvLayout {
   // Flash attention ran on the batch-invariant kernel (flash_attn and
   // attention_batch_invariant()): other bits than ggml's own kernels.
   bool attention_invariant = false;
+  // Layers whose K/V a GPU computed (Model::offloaded_layers): other
+  // rounding than the CPU's, so a state made on one device is not the
+  // state a prefill on the other makes.
+  int32_t offloaded_layers = 0;
   bool operator==(const KvLayout&) const = default;
 };
 

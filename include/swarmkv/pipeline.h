@@ -137,6 +137,10 @@ struct PipelineSpec {
   // (Model::exact_unavailable: a llama.cpp without our patches, a GPU), the
   // run is not exact and its result says why (PipelineResult).
   bool exact = true;
+  // Layers on a GPU build's GPU (ModelOptions::n_gpu_layers; 0 = CPU only,
+  // -1 = all). A run with any is not exact (the kernels are CPU-only), and
+  // its snapshots bind to it (KvLayout::offloaded_layers).
+  int32_t n_gpu_layers = 0;
   // kShared: the most branches decoded at once; 0 = as many as fit
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
   // first admitted agents finish sooner, at the cost of throughput.
@@ -370,6 +374,10 @@ struct PipelineResult {
   // The engine settings of the run's prefill context (engine_options), the
   // threads as the contexts really run them.
   ContextOptions engine;
+  // The model as loaded: the layers asked for a GPU and those it holds
+  // (Model::offloaded_layers; 0 without a GPU backend).
+  int32_t n_gpu_layers = 0;
+  int32_t offloaded_layers = 0;
 
   // Memory. KV bytes per cell are measured on the live engine (the state
   // bytes of a context holding only the prefix / its cells), not taken from a

@@ -45,8 +45,10 @@ nlohmann::json snapshot_json(const std::optional<SnapshotUse>& s);
 // {"contexts", "kv_cells_peak", "kv_bytes_per_cell", "kv_bytes_peak",
 //  "kv_bytes_allocated", "host_buffer_bytes"}.
 nlohmann::json memory_json(const PipelineResult& r);
-// {"flash_attn", "kv_type", "n_batch", "n_ubatch", "threads", "threads_batch"}.
-nlohmann::json engine_json(const ContextOptions& options);
+// {"flash_attn", "kv_type", "n_batch", "n_ubatch", "threads", "threads_batch",
+//  "n_gpu_layers" (asked), "offloaded_layers" (on a GPU: Model::offloaded_layers)}.
+nlohmann::json engine_json(const ContextOptions& options, int32_t n_gpu_layers,
+                           int32_t offloaded_layers);
 // {"agents", "queue_ms", "ttft_ms", "inter_token_ms", "completion_ms"}, each
 // of the last four {"p50", "p95", "p99"}.
 nlohmann::json latency_json(const LatencySummary& latency);

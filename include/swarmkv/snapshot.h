@@ -75,10 +75,12 @@ struct SnapshotReadTimes {
 // whose dumped bytes a snapshot key hashes; `snapshot info` and `run
 // --json` print the same object): {"architecture", "n_layer", "n_embd_k",
 // "n_embd_v", "type_k", "type_v", "flash_attn", "kv_unified", "n_swa",
-// "n_ubatch", "batch_invariant", "attention_invariant"}.
+// "n_ubatch", "batch_invariant", "attention_invariant"}, and
+// "offloaded_layers" where it is not 0.
 nlohmann::json kv_layout_json(const KvLayout& l);
 // The layout kv_layout_json wrote (a missing "batch_invariant" or
-// "attention_invariant" reads as false: the file cannot say); throws nlohmann::json::exception for
+// "attention_invariant" reads as false: the file cannot say; a missing
+// "offloaded_layers" as 0); throws nlohmann::json::exception for
 // a missing key or a wrong type, std::invalid_argument (naming the field and its value) for a
 // number that is not an integer its field's type holds.
 KvLayout kv_layout_from_json(const nlohmann::json& j);

@@ -100,6 +100,8 @@ class Coordinator final : public AgentExecutor {
     live_ = require_workers("");
     result.engine.n_threads = 0;  // the workers' own
     result.engine.n_threads_batch = 0;
+    result.n_gpu_layers = 0;
+    result.offloaded_layers = 0;
     std::optional<ErrorValue> document_error;
     if (!document_.snapshot_key.empty()) {
       SnapshotUse use;

@@ -21,8 +21,10 @@ std::vector<StreamEntry> stream_entries(const redis::Reply& list) {
 
 nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard) {
   nlohmann::json pipeline = pipeline_json(spec);
-  // The worker's own: its model file (the job stream is per model) and threads.
-  for (const char* local : {"model", "threads", "threads_batch"}) pipeline.erase(local);
+  // The worker's own: its model file (the job stream is per model), threads
+  // and GPU layers (worker --n-gpu-layers).
+  for (const char* local : {"model", "threads", "threads_batch", "n_gpu_layers"})
+    pipeline.erase(local);
   return {{"pipeline", std::move(pipeline)},
           {"document_source", spec.document_source},
           {"guard", std::string(to_string(guard))}};

@@ -224,7 +224,18 @@ std::string exact_unavailable(const ModelOptions& options) {
 
 std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOptions& options) {
   require_regular_file(path, "model file");
+  if (options.n_gpu_layers < -1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("n_gpu_layers {}: give 0 (CPU only), a layer count, or -1 (all)",
+                            options.n_gpu_layers));
+  }
   ensure_backend();
+  if (options.n_gpu_layers != 0 && !llama_supports_gpu_offload()) {
+    log_warn(
+        "n_gpu_layers {}: this llama.cpp has no GPU backend compiled in (build it with "
+        "SWARMKV_CUDA=1, scripts/build-llama.sh), so every layer runs on the CPU",
+        options.n_gpu_layers);
+  }
   ModelOptions loaded_options = options;
   std::string unavailable;
   if (options.batch_invariant) {
@@ -254,6 +265,13 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOpt
   // The constructor is private, so make_shared cannot reach it.
   std::shared_ptr<Model> loaded(new Model(path, raw, loaded_options));
   loaded->exact_unavailable_ = std::move(unavailable);
+  if (options.n_gpu_layers != 0 && llama_supports_gpu_offload()) {
+    // llama.cpp offloads the last n_gpu_layers - 1 transformer layers and the
+    // output layer (llama_model::load_tensors).
+    const int32_t n_layer = llama_model_n_layer(raw);
+    const int32_t asked = options.n_gpu_layers < 0 ? n_layer + 1 : options.n_gpu_layers;
+    loaded->offloaded_layers_ = std::clamp(asked - 1, 0, n_layer);
+  }
   // The tokens llama_tokenize splits out of text only with parse_special:
   // control and unknown. User-defined tokens (Gemma's whitespace runs) it
   // splits out of plain text too, so tokenize(pieces) leaves them to it.
@@ -526,8 +544,9 @@ Context::Context(std::shared_ptr<const Model> model, const ContextOptions& optio
   params.n_threads = threads;
   params.n_threads_batch = threads_batch;
   params.kv_unified = options.kv_unified;
-  // A GPU build would run a CPU-resident batch's big matmuls on the GPU.
-  params.op_offload = !model_->options().batch_invariant;
+  // A GPU build would run a CPU-resident batch's big matmuls on the GPU:
+  // not under exact mode (CPU kernels), nor when no layer was asked there.
+  params.op_offload = !model_->options().batch_invariant && model_->options().n_gpu_layers != 0;
   params.flash_attn_type =
       options.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   params.type_k = ggml_kv_type(options.type_k);
@@ -665,6 +684,7 @@ KvLayout kv_layout(const Model& model_ref, const ContextOptions& options) {
   layout.n_ubatch = std::min(options.n_ubatch, options.n_batch);  // as the constructor clamps it
   layout.batch_invariant = model_ref.options().batch_invariant;
   layout.attention_invariant = options.flash_attn && attention_batch_invariant();
+  layout.offloaded_layers = model_ref.offloaded_layers();
   return layout;
 }
 

@@ -477,6 +477,7 @@ ContextOptions engine_options(const PipelineSpec& spec) {
 ModelOptions model_options(const PipelineSpec& spec) {
   ModelOptions o;
   o.batch_invariant = spec.exact;
+  o.n_gpu_layers = spec.n_gpu_layers;
   return o;
 }
 
@@ -805,6 +806,8 @@ PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<con
   result.exact = spec.exact;
   if (asked.exact && !spec.exact) result.exact_unavailable = model->exact_unavailable();
   result.engine = engine_options(spec);
+  result.n_gpu_layers = model->options().n_gpu_layers;
+  result.offloaded_layers = model->offloaded_layers();
   result.prefix_tokens = prepared.budget.prefix_tokens;
   result.n_ctx = prepared.budget.n_ctx;  // the strategy replaces it with llama.cpp's padded value
   result.prepare_ms = run.ms();

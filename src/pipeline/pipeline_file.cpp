@@ -131,11 +131,11 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
                    const std::string& default_name) {
   const Reader r(origin);
   if (!root.IsMap()) r.bad("the top level must be a mapping");
-  r.check_keys(
-      root,
-      {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch", "flash_attn",
-       "kv_type", "fork", "exact", "max_live", "system", "document", "defaults", "agents"},
-      "the pipeline");
+  r.check_keys(root,
+               {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch",
+                "flash_attn", "kv_type", "fork", "exact", "n_gpu_layers", "max_live", "system",
+                "document", "defaults", "agents"},
+               "the pipeline");
 
   PipelineSpec spec;
   const std::string top = "pipeline";
@@ -151,6 +151,8 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
       r.integer(root, "threads_batch", spec.n_threads_batch, 0, hardware_threads(), top));
   spec.flash_attn = r.boolean(root, "flash_attn", spec.flash_attn, top);
   spec.exact = r.boolean(root, "exact", spec.exact, top);
+  spec.n_gpu_layers =
+      static_cast<int32_t>(r.integer(root, "n_gpu_layers", spec.n_gpu_layers, -1, 1 << 16, top));
   spec.max_live = static_cast<int32_t>(r.integer(root, "max_live", spec.max_live, 0, 1 << 16, top));
   if (root["kv_type"]) {
     try {
@@ -348,6 +350,7 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
                       {"kv_type", std::string(to_string(spec.kv_type))},
                       {"fork", std::string(to_string(spec.fork))},
                       {"exact", spec.exact},
+                      {"n_gpu_layers", spec.n_gpu_layers},
                       {"max_live", spec.max_live},
                       {"agents", std::move(agents)}};
   if (!spec.model.empty()) j["model"] = spec.model;

@@ -120,10 +120,12 @@ nlohmann::json memory_json(const PipelineResult& r) {
           {"host_buffer_bytes", r.host_buffer_bytes}};
 }
 
-nlohmann::json engine_json(const ContextOptions& o) {
-  return {{"flash_attn", o.flash_attn}, {"kv_type", std::string(to_string(o.type_k))},
-          {"n_batch", o.n_batch},       {"n_ubatch", o.n_ubatch},
-          {"threads", o.n_threads},     {"threads_batch", o.n_threads_batch}};
+nlohmann::json engine_json(const ContextOptions& o, int32_t n_gpu_layers,
+                           int32_t offloaded_layers) {
+  return {{"flash_attn", o.flash_attn},   {"kv_type", std::string(to_string(o.type_k))},
+          {"n_batch", o.n_batch},         {"n_ubatch", o.n_ubatch},
+          {"threads", o.n_threads},       {"threads_batch", o.n_threads_batch},
+          {"n_gpu_layers", n_gpu_layers}, {"offloaded_layers", offloaded_layers}};
 }
 
 nlohmann::json latency_json(const LatencySummary& l) {
@@ -148,7 +150,7 @@ nlohmann::json result_json(const PipelineResult& r) {
           {"guard",
            r.guard ? nlohmann::json(std::string(to_string(*r.guard))) : nlohmann::json(nullptr)},
           {"ok", r.ok()},
-          {"engine", engine_json(r.engine)},
+          {"engine", engine_json(r.engine, r.n_gpu_layers, r.offloaded_layers)},
           {"n_ctx", r.n_ctx},
           {"n_seq_max", r.n_seq_max},
           {"prefix_tokens", r.prefix_tokens},

@@ -22,6 +22,11 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
     refuse("model",
            "a pipeline request runs on the server's model and cannot name one; leave 'model' out");
   }
+  if (body.contains("n_gpu_layers")) {
+    refuse("n_gpu_layers",
+           "a pipeline request runs on the server's model as it was loaded (serve "
+           "--n-gpu-layers); leave 'n_gpu_layers' out");
+  }
   if (const auto doc = body.find("document");
       doc != body.end() && doc->is_object() && doc->contains("file")) {
     refuse("document.file",

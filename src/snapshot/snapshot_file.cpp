@@ -73,18 +73,22 @@ T integer_field(const nlohmann::json& j, const char* key) {
 }  // namespace
 
 nlohmann::json kv_layout_json(const KvLayout& l) {
-  return {{"architecture", l.architecture},
-          {"n_layer", l.n_layer},
-          {"n_embd_k", l.n_embd_k},
-          {"n_embd_v", l.n_embd_v},
-          {"type_k", l.type_k},
-          {"type_v", l.type_v},
-          {"flash_attn", l.flash_attn},
-          {"kv_unified", l.kv_unified},
-          {"n_swa", l.n_swa},
-          {"n_ubatch", l.n_ubatch},
-          {"batch_invariant", l.batch_invariant},
-          {"attention_invariant", l.attention_invariant}};
+  nlohmann::json j = {{"architecture", l.architecture},
+                      {"n_layer", l.n_layer},
+                      {"n_embd_k", l.n_embd_k},
+                      {"n_embd_v", l.n_embd_v},
+                      {"type_k", l.type_k},
+                      {"type_v", l.type_v},
+                      {"flash_attn", l.flash_attn},
+                      {"kv_unified", l.kv_unified},
+                      {"n_swa", l.n_swa},
+                      {"n_ubatch", l.n_ubatch},
+                      {"batch_invariant", l.batch_invariant},
+                      {"attention_invariant", l.attention_invariant}};
+  // Written only when a GPU took part: a CPU state's layout, and so its
+  // store key, stays what it was before the field existed.
+  if (l.offloaded_layers != 0) j["offloaded_layers"] = l.offloaded_layers;
+  return j;
 }
 
 KvLayout kv_layout_from_json(const nlohmann::json& j) {
@@ -101,6 +105,8 @@ KvLayout kv_layout_from_json(const nlohmann::json& j) {
   l.n_ubatch = integer_field<uint32_t>(j, "n_ubatch");
   l.batch_invariant = j.value("batch_invariant", false);  // files from before the key: not
   l.attention_invariant = j.value("attention_invariant", false);
+  if (j.contains("offloaded_layers"))
+    l.offloaded_layers = integer_field<int32_t>(j, "offloaded_layers");
   return l;
 }
 
@@ -621,6 +627,8 @@ void check_binding(const std::string& path, const SnapshotBinding& snapshot,
     refuse("batch_invariant", a.batch_invariant, b.batch_invariant);
   if (a.attention_invariant != b.attention_invariant)
     refuse("attention_invariant", a.attention_invariant, b.attention_invariant);
+  if (a.offloaded_layers != b.offloaded_layers)
+    refuse("offloaded_layers (K/V computed on a GPU)", a.offloaded_layers, b.offloaded_layers);
 }
 
 std::string_view to_string(SnapshotCacheMode mode) noexcept {

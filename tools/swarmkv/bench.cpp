@@ -322,7 +322,8 @@ int run_bench(const BenchArgs& requested) {
     spec.n_threads = args.threads;
     args.engine.apply(spec);
     validate_engine_settings(spec);
-    params["engine"] = engine_json(engine_options(spec));
+    params["engine"] =
+        engine_json(engine_options(spec), model->options().n_gpu_layers, model->offloaded_layers());
     spec.system_prompt.clear();
     for (int32_t i = 0; i < point.branches; ++i) {
       AgentSpec a;

@@ -464,7 +464,7 @@ int run(int argc, char** argv) {
       "Run a pipeline file: prefill the document once, fork every agent from its KV state, "
       "print each answer, a timing table and the KV memory used.\n"
       "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, n_ubatch, threads, "
-      "threads_batch, flash_attn, kv_type, fork, exact, max_live, system, document "
+      "threads_batch, flash_attn, kv_type, fork, exact, n_gpu_layers, max_live, system, document "
       "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
       "prompt, max_tokens, "
       "temperature, top_p, top_k, seed, repeat_penalty, repeat_last_n, frequency_penalty, "

@@ -33,6 +33,18 @@ void EngineFlags::add_to(CLI::App* app) {
       "llama.cpp without them, or layers on a GPU, runs without, says why once and reports "
       "exact false). --no-exact: llama.cpp's stock kernels, whose rounding depends on the "
       "other tokens of a decode call (README, \"Exact mode\")");
+  add_n_gpu_layers(app, n_gpu_layers);
+}
+
+CLI::Option* add_n_gpu_layers(CLI::App* app, std::optional<int32_t>& n_gpu_layers) {
+  return app
+      ->add_option("--n-gpu-layers,--ngl", n_gpu_layers,
+                   "layers on the GPU of a GPU build of llama.cpp (file key n_gpu_layers; "
+                   "default 0: CPU only; -1 or the layer count + 1: all, the output layer "
+                   "counted as llama.cpp does). Exact mode is CPU-only: a run with layers on a "
+                   "GPU is not exact and says so. A build without a GPU backend warns and runs "
+                   "on the CPU (SWARMKV_CUDA=1 builds one, docs/engine-settings.md)")
+      ->check(CLI::Range(-1, 1 << 16));
 }
 
 void EngineFlags::apply(PipelineSpec& spec) const {
@@ -42,6 +54,7 @@ void EngineFlags::apply(PipelineSpec& spec) const {
   if (!flash_attn.empty()) spec.flash_attn = flash_attn == "on";
   if (!kv_type.empty()) spec.kv_type = parse_kv_type(kv_type);
   if (exact) spec.exact = *exact;
+  if (n_gpu_layers) spec.n_gpu_layers = *n_gpu_layers;
   require_flash_attn_for_exact(flash_attn, spec.exact);
 }
 

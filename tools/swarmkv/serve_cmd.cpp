@@ -57,6 +57,7 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "flash attention: on or off; exact mode (the default) needs it on")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  add_n_gpu_layers(sub_, n_gpu_layers_);
   sub_->add_flag("--exact,!--no-exact", options_.exact,
                  "exact mode (default on): every completion's answer equals a re-prefill of its "
                  "prompt bit for bit, however many requests share its batches, and posted "
@@ -144,7 +145,8 @@ int ServeCommand::run() {
 
   const std::string model_path = resolve_model_path(model_);
   if (std::getenv("SWARMKV_LOG_LEVEL") == nullptr) set_log_level(LogLevel::kInfo);
-  auto model = Model::load(model_path, ModelOptions{.batch_invariant = options.exact});
+  auto model = Model::load(model_path, ModelOptions{.n_gpu_layers = n_gpu_layers_.value_or(0),
+                                                    .batch_invariant = options.exact});
   if (options.exact && !attention_batch_invariant()) {
     if (model->exact_unavailable().empty()) {  // Model::load said why otherwise
       log_warn(

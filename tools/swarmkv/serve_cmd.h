@@ -1,6 +1,8 @@
 // `swarmkv serve`: the OpenAI-compatible server (swarmkv/server.h).
 #pragma once
 
+#include <optional>
+
 #include <CLI/CLI.hpp>
 
 #include "swarmkv/server.h"
@@ -20,6 +22,7 @@ class ServeCommand {
   CLI::App* sub_ = nullptr;
   std::string model_;
   std::string flash_attn_ = "off";
+  std::optional<int32_t> n_gpu_layers_;
   std::string snapshot_cache_ = "on";
   ServerOptions options_;
 };

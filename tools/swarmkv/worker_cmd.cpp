@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "engine_flags.h"
 #include "swarmkv/log.h"
 #include "swarmkv/paths.h"
 
@@ -38,6 +39,7 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
                  "of exact runs; --no-exact: llama.cpp's stock kernels, the jobs of runs "
                  "--no-exact (README, \"Exact mode\")")
       ->capture_default_str();
+  add_n_gpu_layers(sub_, n_gpu_layers_);
   sub_->add_option("--name", options_.name, "worker name in logs and results (default host-pid)");
   sub_->add_option("--max-agents", options_.max_agents,
                    "most agents of one job run at once; a larger job runs in slices (0 = all)")
@@ -69,7 +71,8 @@ int WorkerCommand::run() {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   const std::string model_path = resolve_model_path(model_);
-  auto model = Model::load(model_path, ModelOptions{.batch_invariant = exact_});
+  auto model = Model::load(model_path, ModelOptions{.n_gpu_layers = n_gpu_layers_.value_or(0),
+                                                    .batch_invariant = exact_});
   cluster::WorkerOptions options = options_;
   options.stop = &g_stop;
   const cluster::WorkerReport r = cluster::run_worker(url, model, options);

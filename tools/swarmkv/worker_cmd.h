@@ -1,6 +1,8 @@
 // `swarmkv worker`: serve agent jobs from Redis (swarmkv/cluster.h).
 #pragma once
 
+#include <optional>
+
 #include <CLI/CLI.hpp>
 
 #include "swarmkv/cluster.h"
@@ -21,6 +23,7 @@ class WorkerCommand {
   std::string model_;
   cluster::WorkerOptions options_;
   bool exact_ = true;
+  std::optional<int32_t> n_gpu_layers_;
 };
 
 }  // namespace swarmkv::cli
