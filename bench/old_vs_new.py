@@ -16,10 +16,11 @@ import argparse, csv, json, os, statistics, subprocess, sys
 
 
 def plot_branch_phase(rows, out):
-    """branch_phase.png: old vs new per fork (trials as dots), and new / old in its own panel."""
+    """branch_phase.png: old vs new per fork (trials as dots), and new / old in its own panel (points)."""
     sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
     try:
         import plot_style as ps
+        from matplotlib.lines import Line2D
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
         return
@@ -30,22 +31,30 @@ def plot_branch_phase(rows, out):
                                 if r["branches"] == n and r["fork"] == fork and r["binary"] == b]
     trials = len({r["trial"] for r in rows})
     fig, axes = ps.figure(1, len(forks) + 1, width=4.0 * (len(forks) + 1), height_per_row=3.6)
+    every = [t for n in ns for fork in forks for b in ("old", "new") for t in phase(n, fork, b)]
+    bars = ps.bars_fit(every)  # one presentation and one scale for the forks' panels, so they compare too
+    draw = ps.grouped_bars if bars else ps.grouped_points
     drawn = []
     for ax, fork in zip(axes[0], forks):
-        drawn += ps.grouped_bars(ax, ns, ["old", "new"], lambda n, b: med(phase(n, fork, b)),
-                                 lambda n, b: phase(n, fork, b), labels=[f"{n} branches" for n in ns])
+        drawn += draw(ax, ns, ["old", "new"], lambda n, b: med(phase(n, fork, b)), lambda n, b: phase(n, fork, b),
+                      labels=[str(n) for n in ns])
+        ax.set_xlabel("branches")
         ax.set_ylabel("branch phase s")
-        ps.panel_title(ax, f"{fork} fork: branch phase (total − prefill; bar: median of {trials} trials)")
-    for ax in axes[0][:-1]:  # one scale for the forks' panels, so they compare too
-        ps.value_scale(ax, drawn)
+        ps.panel_title(ax, f"{fork} fork: branch phase (total − prefill; {'bar' if bars else 'large dot'}: "
+                           f"median of {trials} trials)")
+    for ax in axes[0][:-1]:
+        ps.value_scale(ax, drawn, bars=bars)
     ax = axes[0][-1]
-    drawn = ps.grouped_bars(ax, ns, forks, lambda n, fork: med(phase(n, fork, "new")) / med(phase(n, fork, "old")),
-                            labels=[f"{n} branches" for n in ns], value_fmt=lambda v: f"{v:.3f}", base=1.0)
-    ps.value_scale(ax, drawn, base=1.0)
+    drawn = ps.grouped_points(ax, ns, forks, lambda n, fork: med(phase(n, fork, "new")) / med(phase(n, fork, "old")),
+                              labels=[str(n) for n in ns], value_fmt=lambda v: f"{v:.3f}")
+    ps.value_scale(ax, drawn, bars=False, base=1.0)
     reference = ps.reference_line(ax, label="1 = as fast as old", legend=False)
+    ax.set_xlabel("branches")
     ax.set_ylabel("new / old")
     ps.panel_title(ax, "new / old branch phase, ratio of medians (below 1 = new faster)")
-    ps.arm_legend(ax, ["old", "new"] + forks, dots="one trial", extra=[reference])
+    ps.arm_legend(ax, ["old", "new"], dots="one trial", points=not bars,
+                  extra=[*(Line2D([], [], color=ps.colour(f), label=f"{f}: new / old", **ps.MEDIAN) for f in forks),
+                         reference])
     ps.title(fig, f"Old vs new binary, alternated back to back: document of {rows[0]['prefix_tokens']} tokens, "
                   "32 generated tokens per branch")
     ps.save(fig, os.path.join(out, "branch_phase.png"))

@@ -123,6 +123,11 @@ ticks = [r["sweep_value"] for r in results] if sweep else [point_name(r) for r i
 has_speedup = "none" in arms and bool(fork_arms)
 
 
+def marker(bars):
+    """What shows the median in a ps.grouped() panel."""
+    return "bar" if bars else "large dot"
+
+
 def median_ms(values):
     return statistics.median(values) if values else None
 
@@ -131,8 +136,8 @@ def summary(r, arm, key):
     return (r["arms"].get(arm) or {}).get(key)
 
 
-def save(fig, name):
-    ps.title(fig, workload())
+def save(fig, name, what=""):
+    ps.title(fig, workload() + (f"\n{what}" if what else ""))
     ps.save(fig, os.path.join(plots, name))
     made.append(name)
 
@@ -148,24 +153,23 @@ def plot_end_to_end():
         fig, axes = ps.figure(1, panels, width=3.2 * panels + 1.5, height_per_row=3.6)
         axes = list(axes[0])
     ax = axes[0]
-    drawn = ps.grouped_bars(ax, results, arms, lambda r, a: (summary(r, a, "median_end_to_end_ms") or 0) / 1000,
-                            lambda r, a: trials(r, a, "end_to_end_ms", 1000), labels=ticks)
-    ps.value_scale(ax, drawn)
+    bars = ps.grouped(ax, results, arms, lambda r, a: (summary(r, a, "median_end_to_end_ms") or 0) / 1000,
+                      lambda r, a: trials(r, a, "end_to_end_ms", 1000), labels=ticks)
     ax.set_ylabel("end-to-end s")
-    ps.panel_title(ax, f"End-to-end time per arm (bar: {median_of()}; dots: each trial)")
+    ps.panel_title(ax, f"End-to-end time per arm ({marker(bars)}: {median_of()}; dots: each trial)")
     reference = []
     if has_speedup:
         ax = axes[1]
-        drawn = ps.grouped_bars(ax, results, fork_arms, lambda r, a: (r["speedup"].get(a) or {}).get("end_to_end"),
-                                labels=ticks, value_fmt=lambda v: f"{v:.2f}×", base=1.0)
-        ps.value_scale(ax, drawn, suffix="×", base=1.0)
+        drawn = ps.grouped_points(ax, results, fork_arms, lambda r, a: (r["speedup"].get(a) or {}).get("end_to_end"),
+                                  labels=ticks, value_fmt=lambda v: f"{v:.2f}×")
+        ps.value_scale(ax, drawn, suffix="×", bars=False, base=1.0)
         reference = [ps.reference_line(ax, legend=len(results) > 1)]
         ax.set_ylabel("speed-up vs none")
         ps.panel_title(ax, "End-to-end speed-up vs none (median of none / median of the arm; above 1× = faster)")
     if len(results) > 1:
-        ps.arm_legend(axes[0], arms, dots="one trial", names=NAMES)
+        ps.arm_legend(axes[0], arms, dots="one trial", names=NAMES, points=not bars)
     else:
-        ps.arm_legend(axes[-1], arms, dots="one trial", extra=reference, names=NAMES)
+        ps.arm_legend(axes[-1], arms, dots="one trial", extra=reference, names=NAMES, points=not bars)
     for ax in axes:
         ax.set_xlabel(X_LABEL)
     save(fig, "end_to_end.png")
@@ -176,23 +180,24 @@ def plot_activation():
     n = largest["branches"]
     swept = len(results) > 1
     fig, axes = ps.figure(2 if swept else 1, 1, width=min(14.0, max(7.0, 3.5 + 0.16 * n * len(arms))))
+    all_bars = True
     if swept:
         ax = axes[0][0]
-        drawn = ps.grouped_bars(ax, results, arms, lambda r, a: summary(r, a, "median_branch2_activation_ms"),
-                                lambda r, a: trials(r, a, "branch2_activation_ms"), labels=ticks)
-        ps.value_scale(ax, drawn)
+        bars = ps.grouped(ax, results, arms, lambda r, a: summary(r, a, "median_branch2_activation_ms"),
+                          lambda r, a: trials(r, a, "branch2_activation_ms"), labels=ticks)
+        all_bars &= bars
         ax.set_xlabel(X_LABEL)
         ax.set_ylabel("ms")
-        ax.set_title(f"Branch-2 activation (branch 1 when alone) per arm (bar: {median_of()})")
+        ax.set_title(f"Branch-2 activation (branch 1 when alone) per arm ({marker(bars)}: {median_of()})")
     ax = axes[-1][0]
     column = lambda b: f"branch{b}_first_token_ms"  # noqa: E731
-    drawn = ps.grouped_bars(ax, list(range(1, n + 1)), arms, lambda b, a: median_ms(trials(largest, a, column(b))),
-                            lambda b, a: trials(largest, a, column(b)))
-    ps.value_scale(ax, drawn)
+    bars = ps.grouped(ax, list(range(1, n + 1)), arms, lambda b, a: median_ms(trials(largest, a, column(b))),
+                      lambda b, a: trials(largest, a, column(b)))
+    all_bars &= bars
     ax.set_xlabel("branch")
     ax.set_ylabel("ms")
-    ax.set_title(f"Every branch's activation at {point_name(largest)} (bar: {median_of()})")
-    ps.arm_legend(axes[0][0], arms, dots="one trial", names=NAMES)
+    ax.set_title(f"Every branch's activation at {point_name(largest)} ({marker(bars)}: {median_of()})")
+    ps.arm_legend(axes[0][0], arms, dots="one trial", names=NAMES, points=not all_bars)
     fig.text(0.0, 0.0, "Activation: from the start of the branch's own work to its first generated token.",
              fontsize=7.5, color="#555555", va="top")
     save(fig, "activation_per_branch.png")
@@ -216,13 +221,14 @@ def plot_breakdown():
     steps = [s for s in steps if any(v > 0 for a in arms for v in step_ms(a, s))]
     fig, axes = ps.figure(1, 1, width=max(7.0, 3.5 + 0.3 * len(steps) * len(arms)), height_per_row=3.6)
     ax = axes[0][0]
-    drawn = ps.grouped_bars(ax, steps, arms, lambda s, a: median_ms(step_ms(a, s)), lambda s, a: step_ms(a, s))
-    ps.value_scale(ax, drawn)
+    # The steps differ by up to 10^5: then points on a log axis (ps.grouped), as bars would hide the small ones.
+    bars = ps.grouped(ax, steps, arms, lambda s, a: median_ms(step_ms(a, s)), lambda s, a: step_ms(a, s))
     ax.set_ylabel("ms per branch")
     server_note = "; server arms' prompt: the document too, unless cached" if any(a.startswith("server-") for a in arms) else ""
-    ax.set_xlabel(f"step of a branch\n(no bar: the arm has no such step{server_note})")
-    ps.panel_title(ax, f"Where a branch's time goes at {point_name(largest)} (bar: median over branches and trials)")
-    ps.arm_legend(ax, arms, dots="one branch in one trial", names=NAMES)
+    ax.set_xlabel(f"step of a branch\n(no {marker(bars)}: the arm has no such step{server_note})")
+    ps.panel_title(ax, f"Where a branch's time goes at {point_name(largest)} ({marker(bars)}: median over branches "
+                       "and trials)")
+    ps.arm_legend(ax, arms, dots="one branch in one trial", names=NAMES, points=not bars)
     save(fig, "breakdown.png")
 
 

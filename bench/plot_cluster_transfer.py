@@ -100,24 +100,31 @@ if links or loop:
     fig, ax = ps.figure(2 if shaped else 1, 1, width=9, height_per_row=3.2)
     a = ax[0][0]
     arms = ["publish", "fetch"]
-    drawn = ps.grouped_bars(a, names, arms, lambda g, arm: by[g][1][f"{arm}_mb_s"],
-                            trials=lambda g, arm: trial_mb_s(by[g][1], f"{arm}_ms"), value_fmt=num)
+    median = lambda g, arm: by[g][1][f"{arm}_mb_s"]  # noqa: E731
+    every = lambda g, arm: trial_mb_s(by[g][1], f"{arm}_ms")  # noqa: E731
+    # The links are decades apart: points on a log axis then (bars need a linear axis from 0).
+    bars = ps.bars_fit([median(g, arm) for g in names for arm in arms] + [g[2] / 8e6 for g in groups if g[2]])
+    if bars:
+        drawn = ps.grouped_bars(a, names, arms, median, trials=every, value_fmt=num)
+    else:  # the values below their points: the nominal rate's line runs just above them
+        drawn = ps.grouped_points(a, names, arms, median, trials=every, value_fmt=num, label="below")
     nominal = None
     for i, g in enumerate(groups):
         if g[2]:
             nominal, = a.plot([i - 0.45, i + 0.45], [g[2] / 8e6] * 2, color="black", linestyle="--", linewidth=1.2,
-                              zorder=5)
+                              zorder=2)
             drawn.append(g[2] / 8e6)
-    ps.value_scale(a, drawn, pad=2.2)
+    ps.value_scale(a, drawn, bars=bars, pad=2.2)
     a.set_ylabel("MB/s (10^6 bytes/s)")
     snap = res.get("snapshot", {})
     slow = [x for x in shaped if x["rate_bits"] <= 10e6]
     n_main = max([x["trials"] for x in links if x not in slow] + ([len(loop["trials"])] if loop else []))
     ps.panel_title(a, f"Snapshot bus throughput: {snap.get('file_bytes', by[names[0]][1]['bytes']) / 1e6:.1f} MB "
-                      f"snapshot ({snap.get('doc_tokens', '?')} tokens), median of {n_main} trial(s)"
+                      f"snapshot ({snap.get('doc_tokens', '?')} tokens), {'bar' if bars else 'large dot'}: "
+                      f"median of {n_main} trial(s)"
                       + (f" ({', '.join(rate_label(x['rate']) for x in slow)}: {slow[0]['trials']})" if slow else ""))
     extra = [Line2D([], [], color="black", linestyle="--", linewidth=1.2, label="nominal link rate")] if nominal else []
-    ps.arm_legend(a, arms, dots="each trial", extra=extra)
+    ps.arm_legend(a, arms, dots="each trial", extra=extra, points=not bars)
     if shaped:
         b = ax[1][0]
         sn = [rate_label(x["rate"]) for x in shaped]
@@ -189,67 +196,76 @@ def log_x(ax, xs):
 
 
 if rows:
-    fig, ax = ps.figure(2, 1, width=9, height_per_row=3.4)
+    # The links' lines are named at their right ends (ps.end_labels): three of them run on top of each other,
+    # which a legend of colours cannot tell apart; the legend under those names says what the kinds of line are.
+    fig, ax = ps.figure(2, 1, width=9, height_per_row=3.6)
     a = ax[0][0]
     xs = [r["tokens"] for r in rows]
     a.plot(xs, [r["prefill_ms"] / 1000 for r in rows], color=ps.colour("prefill"), marker="o", linewidth=2.2,
-           zorder=4, label="prefill (measured, median)")
+           zorder=4)
     for r in rows:
         a.plot([r["tokens"]] * len(r["samples"]), [s / 1000 for s in r["samples"]], **ps.DOT)
     vals = [r["prefill_ms"] / 1000 for r in rows]
-    handles = [Line2D([], [], color=ps.colour("prefill"), marker="o", linewidth=2.2, label="prefill (measured)"),
-               Line2D([], [], label="each prefill trial", **ps.DOT)]
+    names = [(xs[-1], rows[-1]["prefill_ms"] / 1000, "prefill", ps.colour("prefill"))]
+    handles = [Line2D([], [], color=ps.colour("prefill"), marker="o", linewidth=2.2,
+                      label="prefill (measured, median)"),
+               Line2D([], [], label="each prefill trial", **ps.DOT),
+               Line2D([], [], color="#555555", linestyle="--", linewidth=1.4, marker=".",
+                      label="fetch over a link: bytes ÷ its measured fetch rate")]
+    stars = []
     for k, (rate, bps) in enumerate(link_rates):
         c = link_colour(k, rate)
         ys = [transfer_ms(r, bps) / 1000 for r in rows]
         vals += ys
         a.plot(xs, ys, color=c, linestyle="--", linewidth=1.4, marker=".")
-        handles.append(Line2D([], [], color=c, linestyle="--", linewidth=1.4,
-                              label=f"fetch over {rate_label(rate)} ({bps / 1e6:.3g} MB/s measured)"))
+        names.append((xs[-1], ys[-1], f"{rate_label(rate)} ({bps / 1e6:.3g} MB/s)", c))
         found = crossings[rate][0]
         if found is not None:
             y = found * rows[0]["bpt"] / bps  # the transfer line at the crossing, seconds
             a.plot([found], [y], marker="*", markersize=13, color=c, markeredgecolor="black", zorder=6)
-            a.annotate(f"≈{found:,.0f} tok", (found, y), xytext=(6, -12), textcoords="offset points", fontsize=7.5)
+            stars.append((found, y))
     loops = [(r["tokens"], r["loop_fetch_ms"] / 1000) for r in rows if r["loop_fetch_ms"]]
     if loops:
         a.plot([t for t, _ in loops], [v for _, v in loops], color="#333333", marker="x", linestyle=":",
                linewidth=1)
         vals += [v for _, v in loops]
+        names.append((loops[-1][0], loops[-1][1], "loopback (measured)", "#333333"))
         handles.append(Line2D([], [], color="#333333", marker="x", linestyle=":", label="fetch over loopback (measured)"))
     handles.append(Line2D([], [], marker="*", markersize=11, color="white", markeredgecolor="black",
                           linestyle="none", label="break-even"))
-    ps.value_scale(a, vals, pad=2.0)
+    ps.value_scale(a, vals, bars=False, pad=2.0)
     a.set_xlabel("document length (prefix tokens)")
     a.set_ylabel("seconds per machine")
     log_x(a, xs)
     a.grid(axis="x", color="#eeeeee")
-    a.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
+    for found, y in stars:  # below right of the star, where no line runs
+        a.annotate(f"≈{found:,.0f} tok", (found, y), xytext=(8, -14), textcoords="offset points", fontsize=7.5)
+    a.legend(handles=handles, loc="lower left", bbox_to_anchor=(1.01, 0.0), frameon=False, borderaxespad=0)
     ps.panel_title(a, "Fetch the snapshot or prefill the document? Fetch time = the snapshot file's bytes ÷ the "
                       "link's measured fetch throughput; prefill = `swarmkv prefill` on this CPU "
                       f"({params.get('threads', '?')} threads)")
+    ps.end_labels(a, names)
     b = ax[1][0]
     need = [r["bytes"] * 8 / (r["prefill_ms"] / 1000) / 1e6 for r in rows]  # Mbit/s
-    b.plot(xs, need, color=ps.colour("prefill"), marker="o", linewidth=2.2)
+    b.plot(xs, need, color=ps.colour("prefill"), marker="o", linewidth=2.2, zorder=4)
     for i, v in enumerate(need):
         b.annotate(f"{v:,.0f}", (xs[i], v), xytext=(0, 5), textcoords="offset points", ha="center", fontsize=7.5)
     hv = list(need)
-    hh = [Line2D([], [], color=ps.colour("prefill"), marker="o", linewidth=2.2,
-                 label="break-even rate = bytes ÷ prefill time")]
+    names = [(xs[-1], need[-1], "break-even rate = bytes ÷ prefill time", ps.colour("prefill"))]
     for k, (rate, bps) in enumerate(link_rates):
         c = link_colour(k, rate)
         b.axhline(bps * 8 / 1e6, color=c, linestyle="--", linewidth=1.2)
         hv.append(bps * 8 / 1e6)
-        hh.append(Line2D([], [], color=c, linestyle="--", linewidth=1.2,
-                         label=f"{rate_label(rate)}: {bps * 8 / 1e6:,.0f} Mbit/s delivered"))
-    ps.value_scale(b, hv, pad=2.0)
+        names.append((b.get_xlim()[1], bps * 8 / 1e6, f"{rate_label(rate)}: {bps * 8 / 1e6:,.0f} Mbit/s delivered", c))
+    ps.value_scale(b, hv, bars=False, pad=2.0)
     log_x(b, xs)
+    names = [(b.get_xlim()[1] if x != xs[-1] else x, y, t, c) for x, y, t, c in names]
     b.grid(axis="x", color="#eeeeee")
     b.set_xlabel("document length (prefix tokens)")
     b.set_ylabel("Mbit/s")
-    b.legend(handles=hh, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
     ps.panel_title(b, "The link rate above which fetching beats prefilling on this CPU (a link line above "
                       "the curve: fetch wins)")
+    ps.end_labels(b, names)
     save(fig, "breakeven.png")
 
 # ---------------------------------------------------------------- e2e
@@ -294,14 +310,13 @@ if arms:
     parts = ["prefill", "publish", "fetch"]
     get = {"prefill": lambda x: x["prefill_ms"], "publish": lambda x: (x["transfer"] or {}).get("publish_ms"),
            "fetch": lambda x: (x["transfer"] or {}).get("fetch_ms")}
-    drawn = ps.grouped_bars(b, names, parts, lambda g, p: (get[p](first(g)) or 0) / 1000,
-                            labels=[ARM_NAMES.get(n, n) for n in names],
-                            value_fmt=lambda v: f"{v * 1000:.0f} ms" if v < 1 else f"{v:.1f} s")
-    ps.value_scale(b, drawn, pad=2.5)
+    bars = ps.grouped(b, names, parts, lambda g, p: (get[p](first(g)) or 0) / 1000,
+                      labels=[ARM_NAMES.get(n, n) for n in names],
+                      value_fmt=lambda v: f"{v * 1000:.0f} ms" if v < 1 else f"{v:.1f} s")
     b.set_ylabel("seconds (first trial)")
     ps.arm_legend(b, parts, names={"prefill": "prefill (this machine / the coordinator)",
                                    "publish": "publish to the bus (coordinator)",
-                                   "fetch": "fetch from the bus (slowest worker)"})
+                                   "fetch": "fetch from the bus (slowest worker)"}, points=not bars)
     ps.panel_title(b, "The document's cost in the first trial: a worker fetches the snapshot instead of prefilling")
     save(fig, "e2e.png")
 

@@ -31,6 +31,15 @@ doc_tokens = res["params"]["doc_tokens"]
 med = statistics.median
 made = []
 
+ps.ARM_COLOURS.setdefault("prefill", "#56B4E9")
+ps.ARM_COLOURS.setdefault("branches", "#E69F00")
+ps.ARM_COLOURS.setdefault("end to end", "#009E73")
+ps.ARM_COLOURS.setdefault("swarmkv", "#009E73")
+ps.ARM_COLOURS.setdefault("llama-bench", "#0072B2")
+ps.ARM_COLOURS.setdefault("q4_1", "#999999")
+ps.ARM_COLOURS.setdefault("q4_0", "#0072B2")
+ps.ARM_COLOURS.setdefault("f16", "#D55E00")
+
 
 def short(c):
     return c.replace(" ", "\n")
@@ -55,14 +64,13 @@ if "parity" in res:
     ps.panel_title(ax[0][0], f"Prefill of {doc_tokens} tokens: SwarmKV vs llama-bench at equal settings "
                              f"(2 threads, n_batch = n_ubatch = 512; median of {trials})")
     ps.arm_legend(ax[0][0], arms, dots="each trial")
-    ratios = [med(p[c]["ours"]) / med(p[c]["llama_bench"]) for c in configs]
-    ax[1][0].bar(range(len(configs)), ratios, color=ps.colour("swarmkv"), edgecolor=ps.EDGE, linewidth=0.6)
-    for i, r in enumerate(ratios):
-        ax[1][0].annotate(f"{r:.2f}", (i, r), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+    ratios = {c: med(p[c]["ours"]) / med(p[c]["llama_bench"]) for c in configs}
+    drawn = ps.grouped_points(ax[1][0], configs, ["swarmkv"], lambda c, _a: ratios[c],
+                              labels=[short(c) for c in configs], value_fmt=lambda v: f"{v:.2f}")
+    ps.value_scale(ax[1][0], drawn + [0.95], bars=False, base=1.0)
+    reference = ps.reference_line(ax[1][0], label="1 = as fast as llama-bench", legend=False)
     line = ax[1][0].axhline(0.95, color="#D55E00", linestyle="--", linewidth=1, label="goal 0.95")
-    ax[1][0].legend(handles=[line], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax[1][0].set_xticks(range(len(configs)), [short(c) for c in configs])
-    ax[1][0].set_ylim(0.8, max(ratios + [1.0]) * 1.05)
+    ax[1][0].legend(handles=[reference, line], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax[1][0].set_ylabel("SwarmKV / llama-bench")
     ps.panel_title(ax[1][0], "Ratio of the medians")
     save(fig, "prefill_parity.png")
@@ -106,25 +114,16 @@ def phases_plot(runs, name, what, keys):
     total0 = pre[0] + rest[0]
     sp_total = [total0 / (a + b) for a, b in zip(pre, rest)]
     sp_pre = [pre[0] / a for a in pre]
-    ps.grouped_bars(ax[1][0], names, ["prefill", "end to end"],
-                    lambda c, arm: (sp_pre if arm == "prefill" else sp_total)[names.index(c)],
-                    labels=[short(c) for c in names], value_fmt=lambda v: f"{v:.2f}×", base=1.0)
-    ax[1][0].axhline(1, color=ps.colour("none"), linestyle="--", linewidth=1)
+    drawn = ps.grouped_points(ax[1][0], names, ["prefill", "end to end"],
+                              lambda c, arm: (sp_pre if arm == "prefill" else sp_total)[names.index(c)],
+                              labels=[short(c) for c in names], value_fmt=lambda v: f"{v:.2f}×")
+    ps.value_scale(ax[1][0], drawn, suffix="×", bars=False, base=1.0)
+    reference = ps.reference_line(ax[1][0], label=f"1× = as fast as {names[0]}", legend=False)
     ax[1][0].set_ylabel(f"speed-up vs {names[0]}")
-    ax[1][0].set_ylim(min(sp_pre + sp_total + [1]) * 0.75, max(sp_pre + sp_total) * 1.15)
-    ps.arm_legend(ax[1][0], ["prefill", "end to end"])
+    ps.arm_legend(ax[1][0], ["prefill", "end to end"], points=True, extra=[reference])
     ps.panel_title(ax[1][0], f"Speed-up against {names[0]} (the old default)")
     save(fig, name)
 
-
-ps.ARM_COLOURS.setdefault("prefill", "#56B4E9")
-ps.ARM_COLOURS.setdefault("branches", "#E69F00")
-ps.ARM_COLOURS.setdefault("end to end", "#009E73")
-ps.ARM_COLOURS.setdefault("swarmkv", "#009E73")
-ps.ARM_COLOURS.setdefault("llama-bench", "#0072B2")
-ps.ARM_COLOURS.setdefault("q4_1", "#999999")
-ps.ARM_COLOURS.setdefault("q4_0", "#0072B2")
-ps.ARM_COLOURS.setdefault("f16", "#D55E00")
 
 if "readme" in res:
     phases_plot(res["readme"], "readme_pipeline.png", "README pipeline (4 agents, snapshot store off)",

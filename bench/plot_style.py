@@ -1,13 +1,21 @@
 """The look shared by every bench plot (plot_bench.py, snapshot_bench.py,
-old_vs_new.py).
+old_vs_new.py, plot_*.py, the summarize.py scripts in bench/results/).
 
 - One colour per arm name in every plot (the Okabe-Ito palette, safe for
   colour-blind readers); the reference arm `none` is grey.
-- Grouped bars: one group per point, one bar per arm, the median as the bar
-  and every trial as a white dot on it.
-- A value axis is logarithmic when its values span more than 10x, with
-  ticks at 1-2-5 steps labelled in plain numbers.
-- Legends outside the data, right of the panels; the arms' one per figure.
+- Bars only on a linear axis that starts at 0, so that a bar's length is
+  its value. grouped() draws one group per point, one bar per arm, the
+  median as the bar and every trial as a white dot on it; when the values
+  span more than BAR_SPAN it draws them as points instead (the median as a
+  large marker in the arm's colour), on a log axis.
+- Ratios (speed-ups, new / old) are points around a dashed 1 line
+  (grouped_points), never bars.
+- Lines and points: their axis is logarithmic when their values span more
+  than WIDE, with ticks at 1-2-5 steps labelled in plain numbers.
+- One quantity per axis: a second quantity gets a panel of its own.
+- Legends outside the data, right of the panels; the arms' one per figure;
+  lines that run close together are named at their right end (end_labels)
+  rather than told apart by a legend.
 
 Needs matplotlib (Debian's python3-matplotlib; run with /usr/bin/python3).
 """
@@ -38,7 +46,10 @@ SPARE_COLOURS = ["#882255", "#44AA99", "#DDCC77", "#332288", "#117733", "#AA4499
 EDGE = "#333333"
 DOT = dict(marker="o", markersize=4, markerfacecolor="white", markeredgecolor="black", markeredgewidth=0.8,
            linestyle="none", zorder=4)
-WIDE = 10  # max / min above which an axis goes logarithmic
+WIDE = 10  # max / min above which a line's or a point's axis goes logarithmic
+BAR_SPAN = 30  # max / min above which grouped() draws points on a log axis instead of bars
+LABEL_BOX = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85)  # over lines, under data
+MEDIAN = dict(marker="o", markersize=8, markeredgecolor="black", markeredgewidth=0.8, linestyle="none", zorder=5)
 
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "figure.titlesize": 11, "legend.fontsize": 8.5,
                      "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
@@ -76,12 +87,13 @@ def _log_ticks(lo, hi):
 def _plain(v):
     if v == 0 or v >= 1000:
         return f"{v:,.0f}"
-    return f"{v:g}" if v >= 0.01 else f"{v:.0e}"
+    return f"{v:g}" if v >= 0.0001 else f"{v:.0e}"
 
 
 def value_scale(ax, values, axis="y", suffix="", bars=True, pad=1.6, base=None):
-    """Log when the positive values span more than WIDE, else linear: from 0 for bars, or around
-    base (a ratio's 1) and the values when base is given.
+    """The value axis. Bars: always linear from 0, so that a bar's length is its value. Lines and
+    points (bars=False, or a base): log when the positive values span more than WIDE, else linear,
+    around base (a ratio's 1) and the values when base is given, else matplotlib's.
 
     pad: how far (a factor) a log axis reaches beyond the values."""
     vals = [v for v in list(values) + ([base] if base else []) if v is not None and v > 0]
@@ -90,7 +102,10 @@ def value_scale(ax, values, axis="y", suffix="", bars=True, pad=1.6, base=None):
     lo, hi = min(vals), max(vals)
     target = ax.yaxis if axis == "y" else ax.xaxis
     set_scale, set_lim = (ax.set_yscale, ax.set_ylim) if axis == "y" else (ax.set_xscale, ax.set_xlim)
-    if hi / lo > WIDE:
+    if bars and base is None:  # a base (a ratio's 1) means points: grouped_points
+        set_scale("linear")
+        set_lim(0, hi * 1.15)
+    elif hi / lo > WIDE:
         set_scale("log")
         ticks = _log_ticks(lo, hi * pad)
         set_lim(min(lo / pad, ticks[0]), hi * pad)
@@ -99,40 +114,97 @@ def value_scale(ax, values, axis="y", suffix="", bars=True, pad=1.6, base=None):
     elif base is not None:
         # At least base ± 20 %, so that a few percent of noise does not look like a step.
         lo, hi = min(lo, 0.8 * base), max(hi, 1.2 * base)
-        margin = 0.1 * (hi - lo)
+        margin = 0.12 * (hi - lo)
         set_lim(max(0.0, lo - margin), hi + margin)
-    elif bars:
-        set_lim(0, hi * 1.12)
     target.set_major_formatter(FuncFormatter(lambda v, _pos: _plain(v) + suffix))
 
 
-def grouped_bars(ax, groups, arms, median, trials=None, labels=None, value_fmt=None, base=0.0):
-    """For each group (x position) one bar per arm: median(group, arm); trials(group, arm) as dots.
+def bars_fit(values):
+    """Whether bars (on a linear axis from 0) show these values: the largest at most BAR_SPAN times
+    the smallest positive one, so that the shortest bar is still seen."""
+    vals = [v for v in values if v is not None and v > 0]
+    return not vals or max(vals) / min(vals) <= BAR_SPAN
 
-    Bars start at base (1 for a speed-up: up is faster, down is slower). Missing or
-    zero medians draw no bar. value_fmt(v) writes the value at each bar's end.
-    Returns every value drawn, for value_scale()."""
+
+def _slots(groups, arms):
     width = 0.8 / max(len(arms), 1)
+    return width, lambda i, j: i - 0.4 + width * (j + 0.5)
+
+
+def _ticks(ax, groups, labels):
+    ax.set_xticks(range(len(groups)), labels if labels is not None else [str(g) for g in groups])
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+
+
+def grouped_bars(ax, groups, arms, median, trials=None, labels=None, value_fmt=None):
+    """For each group (x position) one bar per arm from 0: median(group, arm); trials(group, arm) as
+    dots. Missing or zero medians draw no bar. value_fmt(v) writes the value above the bar and its
+    dots. Returns every value drawn, for value_scale(..., bars=True)."""
+    width, x_of = _slots(groups, arms)
     drawn = []
     for j, arm in enumerate(arms):
         for i, g in enumerate(groups):
             v = median(g, arm)
-            x = i - 0.4 + width * (j + 0.5)
+            x = x_of(i, j)
+            pts = [t for t in (trials(g, arm) if trials else []) if t > 0]
             if v is not None and v > 0:
-                ax.bar(x, v - base, width, bottom=base, color=colour(arm), edgecolor=EDGE, linewidth=0.6)
+                ax.bar(x, v, width, color=colour(arm), edgecolor=EDGE, linewidth=0.6)
                 drawn.append(v)
                 if value_fmt:
-                    up = v >= base
-                    ax.annotate(value_fmt(v), (x, v), xytext=(0, 2 if up else -2), textcoords="offset points",
-                                ha="center", va="bottom" if up else "top", fontsize=7,
+                    ax.annotate(value_fmt(v), (x, max([v] + pts)), xytext=(0, 3), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=7, bbox=LABEL_BOX, zorder=3,
                                 rotation=90 if len(arms) * len(groups) > 12 else 0)
+            if pts:
+                ax.plot([x] * len(pts), pts, **DOT)
+                drawn += pts
+    _ticks(ax, groups, labels)
+    return drawn
+
+
+def grouped_points(ax, groups, arms, median, trials=None, labels=None, value_fmt=None, label="auto"):
+    """grouped_bars' layout without bars: the median as a large marker in the arm's colour, each
+    trial as a white dot behind it; for ratios and for values too far apart for bars (a log axis).
+    value_fmt(v) writes the value at the marker: label "above", "below", "right", or "auto" (right
+    of it when there are trials' dots, which lie above and below it, else above). Returns every
+    value drawn, for value_scale(..., bars=False)."""
+    width, x_of = _slots(groups, arms)
+    drawn = []
+    for j, arm in enumerate(arms):
+        for i, g in enumerate(groups):
+            v = median(g, arm)
+            x = x_of(i, j)
             pts = [t for t in (trials(g, arm) if trials else []) if t > 0]
             if pts:
                 ax.plot([x] * len(pts), pts, **DOT)
                 drawn += pts
-    ax.set_xticks(range(len(groups)), labels if labels is not None else [str(g) for g in groups])
-    ax.set_xlim(-0.6, len(groups) - 0.4)
+            if v is not None and v > 0:
+                ax.plot([x], [v], color=colour(arm), **MEDIAN)
+                drawn.append(v)
+                where = label if label != "auto" else "right" if pts else "above"
+                if value_fmt and where == "right":
+                    ax.annotate(value_fmt(v), (x, v), xytext=(7, 0), textcoords="offset points", ha="left",
+                                va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
+                elif value_fmt:
+                    up = where == "above"
+                    ax.annotate(value_fmt(v), (x, v), xytext=(0, 6 if up else -6), textcoords="offset points",
+                                ha="center", va="bottom" if up else "top", fontsize=7, bbox=LABEL_BOX, zorder=3,
+                                rotation=90 if len(arms) * len(groups) > 12 else 0)
+    _ticks(ax, groups, labels)
+    for k in range(len(groups) - 1):  # the groups apart
+        ax.axvline(k + 0.5, color="#eeeeee", linewidth=0.8, zorder=0)
     return drawn
+
+
+def grouped(ax, groups, arms, median, trials=None, labels=None, value_fmt=None, suffix=""):
+    """Bars on a linear axis from 0 when the values fit (bars_fit), else points on a log axis; draws,
+    scales the axis and returns whether it drew bars. Panels that share a scale decide together:
+    bars_fit(all their values), then grouped_bars or grouped_points and value_scale on each."""
+    probe = [median(g, a) for g in groups for a in arms]
+    probe += [t for g in groups for a in arms for t in (trials(g, a) if trials else [])]
+    bars = bars_fit(probe)
+    draw = grouped_bars if bars else grouped_points
+    value_scale(ax, draw(ax, groups, arms, median, trials, labels, value_fmt), suffix=suffix, bars=bars)
+    return bars
 
 
 def reference_line(ax, label="1× = as fast as none", legend=True):
@@ -144,12 +216,14 @@ def reference_line(ax, label="1× = as fast as none", legend=True):
     return line
 
 
-def arm_legend(ax, arms, dots=None, lines=False, extra=(), names=None):
-    """The figure's one legend, right of `ax`: a swatch (or line) per arm (named names[arm] where given),
-    what the dots are, and extra handles."""
+def arm_legend(ax, arms, dots=None, lines=False, extra=(), names=None, points=False):
+    """The figure's one legend, right of `ax`: a swatch (line, or marker for grouped_points) per arm
+    (named names[arm] where given), what the dots are, and extra handles."""
     names = names or {}
     if lines:
         handles = [Line2D([], [], color=colour(a), marker="o", linewidth=2, label=names.get(a, a)) for a in arms]
+    elif points:
+        handles = [Line2D([], [], color=colour(a), label=names.get(a, a), **MEDIAN) for a in arms]
     else:
         handles = [Patch(facecolor=colour(a), edgecolor=EDGE, linewidth=0.6, label=names.get(a, a)) for a in arms]
     if dots:
@@ -158,15 +232,56 @@ def arm_legend(ax, arms, dots=None, lines=False, extra=(), names=None):
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
 
 
+def end_labels(ax, items, gap=10.0):
+    """Names lines in the margin right of the axes instead of in a legend: items = (x, y, text, colour),
+    (x, y) the line's end in data units. Labels closer than gap points are pushed apart, each with a thin
+    leader to its line's end, so that lines running together stay told apart. Call after the axis
+    limits are final."""
+    if not items:
+        return
+    fig = ax.figure
+    fig.canvas.draw()  # the final layout: where the data land on the canvas
+    at = [ax.transData.transform((x, y))[1] for x, y, _, _ in items]
+    pos = list(at)
+    order = sorted(range(len(items)), key=lambda k: at[k])
+    room = gap * fig.dpi / 72.0
+    for _ in range(500):  # neighbours too close move apart, half the shortfall each
+        moved = False
+        for lo, hi in zip(order, order[1:]):
+            short = room - (pos[hi] - pos[lo])
+            if short > 0.01:
+                pos[lo] -= short / 2
+                pos[hi] += short / 2
+                moved = True
+        if not moved:
+            break
+    right = ax.transAxes.transform((1.0, 0.0))[0] + 8 * fig.dpi / 72.0
+    to_data = ax.transData.inverted()
+    for k, (x, y, text, c) in enumerate(items):
+        tx, ty = to_data.transform((right, pos[k]))
+        ax.annotate(text, (x, y), xytext=(tx, ty), textcoords="data", ha="left", va="center", fontsize=7.5,
+                    color=c, annotation_clip=False,
+                    arrowprops=dict(arrowstyle="-", color=c, linewidth=0.6, shrinkA=1, shrinkB=2, alpha=0.7))
+
+
+def _wrap(text, width):
+    """text in as few lines as width allows, of even lengths (no word left alone on the last line)."""
+    lines = len(textwrap.wrap(text, width)) or 1
+    narrow = max(len(text) // lines, 1)
+    while narrow < width and len(textwrap.wrap(text, narrow)) > lines:
+        narrow += 1
+    return textwrap.fill(text, narrow)
+
+
 def panel_title(ax, text):
     """A panel's title, wrapped to the panel's width."""
     width = ax.get_position().width * ax.figure.get_figwidth()
-    ax.set_title(textwrap.fill(text, max(int(width * 13), 30)))
+    ax.set_title(_wrap(text, max(int(width * 13), 30)))
 
 
 def title(fig, text):
-    """The figure's title, wrapped to the figure's width."""
-    fig.suptitle(textwrap.fill(text, int(fig.get_figwidth() * 13)))
+    """The figure's title, each line wrapped to the figure's width."""
+    fig.suptitle("\n".join(_wrap(line, int(fig.get_figwidth() * 13)) for line in text.split("\n")))
 
 
 def save(fig, path):

@@ -184,6 +184,7 @@ def plot_cold_vs_warm(results, out):
     sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
     try:
         import plot_style as ps
+        from matplotlib.lines import Line2D
     except ImportError:
         return False
     e2e = results["e2e"]
@@ -193,25 +194,34 @@ def plot_cold_vs_warm(results, out):
     pick = lambda key, n, fork, arm: [r[key] / 1000 for r in e2e  # noqa: E731
                                       if r["agents"] == n and r["fork"] == fork and r["arm"] == arm]
     fig, axes = ps.figure(2, len(forks) + 1, width=13.0, height_per_row=3.4)
+    all_bars = True
     for row, (key, what, span) in zip(axes, [("total_ms", "whole run", ""),
                                              ("first_token_at_ms", "first token", ", from the run's start")]):
+        every = [t for n in ns for fork in forks for arm in ("cold", "warm") for t in pick(key, n, fork, arm)]
+        bars = ps.bars_fit(every)  # one presentation and one scale for both forks' panels, so they compare too
+        all_bars &= bars
+        draw = ps.grouped_bars if bars else ps.grouped_points
         drawn = []
         for ax, fork in zip(row, forks):
-            drawn += ps.grouped_bars(ax, ns, ["cold", "warm"], lambda n, arm: statistics.median(pick(key, n, fork, arm)),
-                                     lambda n, arm: pick(key, n, fork, arm), labels=labels)
+            drawn += draw(ax, ns, ["cold", "warm"], lambda n, arm: statistics.median(pick(key, n, fork, arm)),
+                          lambda n, arm: pick(key, n, fork, arm), labels=labels,
+                          value_fmt=lambda v: f"{v:.1f}" if v >= 10 else f"{v:.2f}")
             ax.set_ylabel(f"{what} s")
-            ps.panel_title(ax, f"{fork} fork: {what}{span} (bar: median of {results['trials']} trials)")
-        for ax in row[:-1]:  # one scale for both forks' panels, so they compare too
-            ps.value_scale(ax, drawn)
+            ps.panel_title(ax, f"{fork} fork: {what}{span} ({'bar' if bars else 'large dot'}: median of "
+                               f"{results['trials']} trials)")
+        for ax in row[:-1]:
+            ps.value_scale(ax, drawn, bars=bars)
         ax = row[-1]
         ratio = lambda n, fork: (statistics.median(pick(key, n, fork, "cold")) /  # noqa: E731
                                  statistics.median(pick(key, n, fork, "warm")))
-        ps.value_scale(ax, ps.grouped_bars(ax, ns, forks, ratio, labels=labels, value_fmt=lambda v: f"{v:.1f}×",
-                                           base=1.0), suffix="×", base=1.0)
+        ps.value_scale(ax, ps.grouped_points(ax, ns, forks, ratio, labels=labels, value_fmt=lambda v: f"{v:.1f}×"),
+                       suffix="×", bars=False, base=1.0)
         reference = ps.reference_line(ax, label="1× = no gain", legend=False)
         ax.set_ylabel("cold / warm")
         ps.panel_title(ax, f"Warm speed-up, {what}: median cold / median warm")
-    ps.arm_legend(axes[0][-1], ["cold", "warm", *forks], dots="one trial", extra=[reference])
+    ps.arm_legend(axes[0][-1], ["cold", "warm"], dots="one trial", points=not all_bars,
+                  extra=[*(Line2D([], [], color=ps.colour(f), label=f"{f}: cold / warm", **ps.MEDIAN) for f in forks),
+                         reference])
     ps.title(fig, f"The README's document (the Apache 2.0 licence), {', '.join(map(str, ns))} agents: cold = "
                   "prefilled, warm = restored from the primed snapshot store; model load excluded")
     ps.save(fig, os.path.join(out, "cold_vs_warm.png"))

@@ -159,15 +159,16 @@ fig, axes = ps.figure(1, 2, width=11, height_per_row=3.6)
 keys = [f"{a['fork']} {a['agents']}" for a in pts]
 by = {f"{a['fork']} {a['agents']}": a for a in pts}
 for ax, k, label in ((axes[0][0], "branch", "branch phase"), (axes[0][1], "total", "end to end")):
-    drawn = ps.grouped_bars(ax, keys, ["exact"], lambda g, _arm: by[g][f"{k}_ratio"],
-                            lambda g, _arm: [v / med(by[g][f"stock_{k}_ms"]) for v in by[g][f"exact_{k}_ms"]],
-                            labels=[g.replace(" ", "\n") + " agents" for g in keys],
-                            value_fmt=lambda v: f"{v:.2f}", base=1.0)
-    ps.value_scale(ax, drawn, base=1.0)
+    drawn = ps.grouped_points(ax, keys, ["exact"], lambda g, _arm: by[g][f"{k}_ratio"],
+                              lambda g, _arm: [v / med(by[g][f"stock_{k}_ms"]) for v in by[g][f"exact_{k}_ms"]],
+                              labels=[g.replace(" ", "\n") + (" agent" if by[g]["agents"] == 1 else " agents")
+                                      for g in keys],
+                              value_fmt=lambda v: f"{v:.2f}")
+    ps.value_scale(ax, drawn, bars=False, base=1.0)
     ps.reference_line(ax, label="1 = as fast as --no-exact", legend=False)
     ax.set_ylabel("exact / --no-exact")
-    ps.panel_title(ax, f"{label}: exact over --no-exact (bar: ratio of medians; dots: each trial over the "
-                       f"--no-exact median); below 1 = exact faster")
+    ps.panel_title(ax, f"{label}: exact over --no-exact (large dot: ratio of medians; small dots: each trial over "
+                       f"the --no-exact median); below 1 = exact faster")
 ps.title(fig, "Exact mode by default vs the former default, SmolLM2 F16, 2 threads")
 ps.save(fig, os.path.join(out, "plots", "agents.png"))
 
@@ -175,13 +176,13 @@ fig, axes = ps.figure(1, 1, width=8, height_per_row=3.6)
 ax = axes[0][0]
 w = [p["weights"] for p in summary["prefill"]]
 byw = {p["weights"]: p for p in summary["prefill"]}
-drawn = ps.grouped_bars(ax, w, ["none", "shared"],
-                        lambda g, arm: med(byw[g]["stock_tok_s" if arm == "none" else "exact_tok_s"]),
-                        lambda g, arm: byw[g]["stock_tok_s" if arm == "none" else "exact_tok_s"],
-                        value_fmt=lambda v: f"{v:.0f}")
-ps.value_scale(ax, drawn, bars=False, pad=1.3)
+bars = ps.grouped(ax, w, ["none", "shared"],
+                  lambda g, arm: med(byw[g]["stock_tok_s" if arm == "none" else "exact_tok_s"]),
+                  lambda g, arm: byw[g]["stock_tok_s" if arm == "none" else "exact_tok_s"],
+                  value_fmt=lambda v: f"{v:.0f}")
 ax.set_ylabel("prefill tokens/s")
-ps.arm_legend(ax, ["none", "shared"], dots="one trial", names={"none": "--no-exact", "shared": "exact (default)"})
-ps.panel_title(ax, "README document prefill, store off (bar: median; dots: trials)")
+ps.arm_legend(ax, ["none", "shared"], dots="one trial", names={"none": "--no-exact", "shared": "exact (default)"},
+              points=not bars)
+ps.panel_title(ax, f"README document prefill, store off ({'bar' if bars else 'large dot'}: median; dots: trials)")
 ps.title(fig, "Prefill speed by weight type: exact (default) vs --no-exact")
 ps.save(fig, os.path.join(out, "plots", "prefill.png"))

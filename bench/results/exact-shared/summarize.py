@@ -141,11 +141,10 @@ def branch_phase(n, label):
     return r["branch_phase_s"] if r else None
 
 
-drawn = plot_style.grouped_bars(ax, points, arms, branch_phase, labels=[f"{n} agents" for n in points],
-                                value_fmt=lambda v: f"{v:.1f}")
-plot_style.value_scale(ax, drawn, suffix=" s")
+bars = plot_style.grouped(ax, points, arms, branch_phase, labels=[f"{n} agents" for n in points],
+                          value_fmt=lambda v: f"{v:.1f}", suffix=" s")
 ax.set_ylabel("branch phase (s)")
-plot_style.arm_legend(ax, arms)
+plot_style.arm_legend(ax, arms, points=not bars)
 plot_style.panel_title(ax, "Branch phase (end to end − prefill), 3,501-token document, 32 tokens per agent")
 plot_style.save(fig, os.path.join(root, "plots", "branch_phase.png"))
 print("\n".join(lines))

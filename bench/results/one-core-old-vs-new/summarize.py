@@ -7,7 +7,7 @@ Reads OUT_DIR/pipeline/rows.json (bench/old_vs_new.py), OUT_DIR/serve/*.json
 (../serve/client.py) and OUT_DIR/answers/*.json (`swarmkv run --json`);
 writes summary.json, summary.csv, report.md and plots/old_vs_new.png.
 """
-import csv, json, os, statistics, sys
+import csv, json, os, statistics, sys, textwrap
 
 out, trials = sys.argv[1], int(sys.argv[2])
 med = statistics.median
@@ -122,14 +122,14 @@ for i, r in enumerate(timed):
     ax.text(i + 0.28, r["new_over_old"], f"{r['new_over_old']:.3f}", va="center", fontsize=8)
 ax.axhline(1.0, color="grey", lw=1, ls="--")
 ax.axhspan(0.95, 1.05, color="grey", alpha=0.12, label="within 5 %")
-labels = [r["what"].replace(": ", "\n").replace(", fixed", ",\nfixed") + f"\n({r['trials']} trials)"
+labels = ["\n".join(textwrap.fill(part, 20) for part in r["what"].split(": ")) + f"\n({r['trials']} trials)"
           for r in timed]
 ax.set_xticks(range(len(timed)), labels, fontsize=7)
 ax.set_xlim(-0.6, len(timed) - 0.2)
 ax.set_ylabel("new / old")
 ax.set_ylim(0.8, 1.25)
-ax.legend(fontsize=8, loc="upper left")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
 ax.set_title("Old (3260f4d) vs new, alternated trials; below 1 = new faster", fontsize=9)
 fig.tight_layout()
 os.makedirs(os.path.join(out, "plots"), exist_ok=True)
-fig.savefig(os.path.join(out, "plots", "old_vs_new.png"), dpi=110)
+fig.savefig(os.path.join(out, "plots", "old_vs_new.png"), dpi=110, bbox_inches="tight")

@@ -53,22 +53,25 @@ with open(os.path.join(d, "summary.csv"), "w", newline="") as f:
     w.writerows(summary["arms"])
 
 try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    import plot_style as ps
     os.makedirs(os.path.join(d, "plots"), exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for arm in rows:
+    fig, axes = ps.figure(1, 1, width=6.5, height_per_row=3.3)
+    ax = axes[0][0]
+    ttfts = []
+    for arm, c in zip(rows, ("#009E73", "#D55E00")):
         run = json.load(open(os.path.join(d, arm + ".json")))
-        ax.plot(sorted(r["ttft_s"] for r in run["requests"]), range(1, run["agents"] + 1),
-                marker="o", label=arm)
-    ax.set_xscale("log")
-    ax.set_xlabel("time to first token (s, log)")
+        xs = sorted(r["ttft_s"] for r in run["requests"])
+        ttfts += xs
+        ax.plot(xs, range(1, run["agents"] + 1), marker="o", color=c, label=arm)
+    ps.value_scale(ax, ttfts, axis="x", bars=False, suffix=" s", pad=1.2)
+    ax.grid(axis="x", color="#eeeeee")
+    ax.set_xlabel("time to first token (log scale)")
     ax.set_ylabel("requests answered")
     ax.set_title("16 concurrent chat requests, same 3.5k-token document")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(d, "plots", "ttft.png"), dpi=110)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
+    ps.save(fig, os.path.join(d, "plots", "ttft.png"))
 except ImportError:
     pass
 
