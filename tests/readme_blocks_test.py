@@ -162,6 +162,11 @@ def clean_env(home):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SWARMKV_", "XDG_", "OPENAI_")) and k not in ("PORT", "REDIS_PORT")}
     env["HOME"] = home
+    # A pyenv python3 on PATH finds its versions under $PYENV_ROOT, by
+    # default in the real HOME: the machine's Python, not the user's state.
+    pyenv = os.path.join(os.path.expanduser("~"), ".pyenv")
+    if "PYENV_ROOT" not in env and os.path.isdir(pyenv):
+        env["PYENV_ROOT"] = pyenv
     env["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
                                   if p and os.path.realpath(p) != os.path.realpath(real_local_bin))
     return env
