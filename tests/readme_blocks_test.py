@@ -233,7 +233,9 @@ def main():
             print(f"readme-test: the session ended after {ended - t0:.1f} s; "
                   f"what it left running stopped in {time.monotonic() - ended:.1f} s")
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        removing = time.monotonic()
+        shutil.rmtree(home, ignore_errors=True)  # the venv's thousands of files: seconds on a slow disk
+        print(f"readme-test: removed the temporary HOME in {time.monotonic() - removing:.1f} s")
     took = time.monotonic() - t0
     if rc is None:
         sys.exit(f"FAIL: the README's blocks did not finish within {args.timeout:.0f} s")
