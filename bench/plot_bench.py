@@ -264,6 +264,15 @@ def plot_scaling():
     save(fig, f"scaling_{sweep_key.replace('-', '_')}.png")
 
 
+
+def engine_summary(p):
+    """The K/V type, flash attention and GPU layers of a run (params.engine; older runs lack it)."""
+    e = p.get("engine")
+    if not e:
+        return "F16 K/V, flash attention off"
+    gpu = f", {e['offloaded_layers']} layers on the GPU" if e.get("offloaded_layers") else ""
+    return f"{e['kv_type'].upper()} K/V, flash attention {'on' if e['flash_attn'] else 'off'}{gpu}"
+
 def write_report():
     """report.md: method, environment, every table, the plots, limitations, analysis, command."""
     first = results[0]
@@ -284,7 +293,7 @@ def write_report():
         "(document + branch prompt, same chat template), greedy, streamed; server start-up (model load) is outside the timing, as our model load is.",
         f"- Same model, document, threads ({p['threads']} = {'all cores' if p['threads'] == 0 else 'as given'}); n_ctx per arm "
         "(the smallest multiple of 256 that fits its layout, unless --n-ctx), "
-        "F16 K/V, flash attention off, greedy decoding for every arm.",
+        f"{engine_summary(p)}, greedy decoding for every arm.",
         f"- {p['trials']} trial(s), all arms in each, their order reversed on every other trial; {p['pause_ms']} ms idle pause between trials.",
         "- Best trial by the seed's rule: maximise 2·TTFT% + E2E% (percent reductions vs none, the reference; TTFT = branch-2 activation); "
         "medians over trials are reported next to it.",

@@ -9,13 +9,16 @@
 #
 # Environment:
 #   SWARMKV_CACHE      cache root (default ~/.cache/swarmkv)
-#   SWARMKV_CUDA=1     build with GGML_CUDA=ON (needs nvcc)
+#   SWARMKV_CUDA=1     build with GGML_CUDA=ON (needs nvcc on PATH)
+#   SWARMKV_CUDA_ARCH  CUDA architectures to compile for (default 90: H100,
+#                      H200; e.g. "89;90" or "native")
 #   SWARMKV_NATIVE=0   portable build (no -march=native)
 #   SWARMKV_JOBS=N     parallel build jobs (default: nproc)
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cuda=${SWARMKV_CUDA:-0}
+cuda_arch=${SWARMKV_CUDA_ARCH:-90}
 native=${SWARMKV_NATIVE:-1}
 jobs=${SWARMKV_JOBS:-$(nproc)}
 
@@ -40,6 +43,11 @@ opts=(
   # the prefix's rpath from the start.
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
 )
+if [ "$cuda" = 1 ]; then
+  command -v nvcc >/dev/null ||
+    die "SWARMKV_CUDA=1 needs the CUDA toolkit's nvcc on PATH (e.g. export PATH=/usr/local/cuda/bin:\$PATH)"
+  opts+=("-DCMAKE_CUDA_ARCHITECTURES=$cuda_arch")
+fi
 if [ "$native" = 1 ]; then
   # Virtual machines often advertise AMX in CPUID without enabling its tile
   # state: -march=native then compiles AMX kernels that die with SIGILL on the
