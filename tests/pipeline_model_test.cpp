@@ -167,38 +167,12 @@ class ForkEquivalenceTest : public ::testing::TestWithParam<test::TestModel> {
 };
 
 // The core promise: every forked answer equals what a full re-prefill gives,
-// token for token (flash attention off makes this exact on CPU). On Gemma 3
+// token for token (exact mode, the default). On Gemma 3
 // this needs the whole-context snapshot and our llama.cpp restore patch
 // (NOTES.md, "Exact host fork on sliding-window models").
 TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheApacheLicence) {
   PipelineSpec spec = apache_spec(48);
   expect_host_equals_recompute(spec, 32);
-}
-
-// A second real document, other questions.
-TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheMozillaLicence) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics only: the release preset runs it";
-#endif
-  PipelineSpec spec =
-      document_spec("mpl-2.0.txt", 9000, 48,
-                    {"What does the licence say about Covered Software? Explain at length.",
-                     "Summarise the conditions under which the licence terminates, in detail.",
-                     "Describe every obligation on someone who distributes Executable Form.",
-                     "Explain what a Larger Work is and how it may be licensed."});
-  // The instruct model ends its shortest answer here at 15 tokens (measured).
-  expect_host_equals_recompute(spec, GetParam().instruct ? 12 : 32);
-}
-
-// The README's main job (4 agents, 96 tokens each).
-TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheReadmePipeline) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics only: the release preset runs it";
-#endif
-  PipelineSpec spec = load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) +
-                                         "/examples/pipelines/apache-license.yaml");
-  // The instruct model ends its shortest answer (patents) at 21 tokens (measured).
-  expect_host_equals_recompute(spec, GetParam().instruct ? 16 : 48);
 }
 
 // The engine settings a pipeline can choose keep the core promise: without
@@ -605,7 +579,8 @@ constexpr const char* kLongPrompt =
 // Six agents with prompts of different lengths (one over 63 tokens) over two
 // real documents, 48 greedy tokens each except one that stops after 8
 // while the others go on (its cells stay where they are): shared == none and
-// host == none, token for token. The document is long enough (>= 512
+// host == none, token for token (the README pipeline's shared == host is
+// cli.readme_pipeline_cold_then_warm's). The document is long enough (>= 512
 // cells) for one-row steps to take flash attention's split-KV path on
 // several threads, the path exact mode avoids.
 TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
@@ -629,10 +604,8 @@ TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
     spec.fork = ForkMode::kShared;
     const PipelineResult shared = run_pipeline(spec, model_);
     expect_same_answers(shared, none, "shared vs none");
-    if (file == std::string("apache-2.0.txt")) {
-      spec.fork = ForkMode::kHost;
-      expect_same_answers(run_pipeline(spec, model_), none, "host vs none");
-    }
+    spec.fork = ForkMode::kHost;
+    expect_same_answers(run_pipeline(spec, model_), none, "host vs none");
     ASSERT_TRUE(shared.ok());
     EXPECT_TRUE(shared.exact);
     EXPECT_TRUE(shared.engine.flash_attn);

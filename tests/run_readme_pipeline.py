@@ -3,8 +3,9 @@ and then warm from a fresh snapshot store, and with --fork host without the
 store: every agent ok with a non-empty answer and real timings, the warm run
 restoring the cold run's snapshot (no document token prefilled) and
 answering identically, `swarmkv prefill` and `swarmkv snapshot ls|verify|rm`
-on that store, and the count of shared answers equal to host's (host is
-bit-exact against a full re-prefill: PipelineModelTest covers that).
+on that store, and every shared answer equal to host's: both are exact by
+default, so both equal a full re-prefill (ExactForkTest checks that against
+--fork none on two documents and both architectures).
 
 usage: run_readme_pipeline.py SWARMKV_BINARY PIPELINE MODEL
 """
@@ -85,10 +86,14 @@ if shared["memory"]["contexts"] != 1 or shared["decode_steps"] < 1:
 for a, b in zip(shared["agents"], again["agents"]):
     if a["answer"] != b["answer"]:
         errors.append(f"{a['name']}: shared answers differ cold vs warm:\n  {a['answer']!r}\n  {b['answer']!r}")
+if not (shared["exact"] and host["exact"]):
+    errors.append(f"not exact by default: shared {shared['exact']}, host {host['exact']}")
+for a, h in zip(shared["agents"], host["agents"]):
+    if a["tokens"] != h["tokens"]:
+        errors.append(f"{a['name']}: shared and host answer differently:\n  {a['answer']!r}\n  {h['answer']!r}")
 if errors:
     sys.exit("\n".join(errors))
-same = sum(a["answer"] == h["answer"] for a, h in zip(shared["agents"], host["agents"]))
 print(f"ok: {len(shared['agents'])} agents, shared cold == warm (load {warm['load_ms']:.0f} ms vs "
-      f"prefill {shared['prefill_ms']:.0f} ms), {same} answers identical to host; "
+      f"prefill {shared['prefill_ms']:.0f} ms), every answer identical to host's; "
       f"end-to-end shared {shared['total_ms']:.0f} ms vs host {host['total_ms']:.0f} ms "
       f"({host['total_ms'] / shared['total_ms']:.2f}x)")
