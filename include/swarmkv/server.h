@@ -8,7 +8,7 @@
 // model: its agents' events, then `swarmkv run --json`'s result;
 // src/server/pipeline_runner.h), GET /v1/models, GET /health (no key
 // needed), GET /metrics (Prometheus text). Errors are OpenAI's error JSON;
-// README, "Use it from any OpenAI client".
+// docs/serve.md.
 #pragma once
 
 #include <cstddef>
@@ -53,7 +53,7 @@ struct ServerOptions {
   // sliding-window layers: src/server/completion_engine.h). Off by default
   // here; the CLI turns it on.
   SnapshotOptions snapshots;
-  // Exact mode (README, "Exact mode"): every completion's answer equals a
+  // Exact mode (docs/exact-mode.md): every completion's answer equals a
   // re-prefill of its prompt bit for bit, however many share its batches,
   // and posted pipelines are exact unless they say exact: false. Needs the
   // model loaded with ModelOptions::batch_invariant and our attention

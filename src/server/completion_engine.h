@@ -20,8 +20,8 @@
 //
 // Answers: a lone request's greedy answer equals a fresh re-prefill of its
 // prompt with the same settings (the same chunks, one-row steps). Requests
-// that share batches get the shared fork's numerics (README, "Fork
-// strategies": equal to a re-prefill except at near-ties). In exact mode
+// that share batches get the shared fork's numerics (docs/exact-mode.md,
+// "Without exact mode": equal to a re-prefill except at near-ties). In exact mode
 // (EngineOptions::exact) every answer equals a re-prefill's, bit for bit:
 // batch-invariant kernels make a row's result depend only on its own
 // visible cells in cell order, and no cell is emptied while any sequence is
@@ -62,7 +62,7 @@ struct EngineOptions {
   // longer equal a re-prefill's (in exact mode only the cells' order counts,
   // which a restore keeps).
   std::string snapshot_dir;
-  // Exact mode (above; README, "Exact mode"): needs the model loaded with
+  // Exact mode (above; docs/exact-mode.md): needs the model loaded with
   // ModelOptions::batch_invariant and our batch-invariant attention kernel
   // (attention_batch_invariant()); turns flash attention on.
   bool exact = false;

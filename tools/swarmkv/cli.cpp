@@ -469,7 +469,7 @@ int run(int argc, char** argv) {
       "prompt, max_tokens, "
       "temperature, top_p, top_k, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
       "presence_penalty, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, stop, "
-      "depends_on, priority, fork_from, needs). See examples/pipelines/ and README.md.\n"
+      "depends_on, priority, fork_from, needs). See examples/pipelines/ and docs/pipelines.md.\n"
       "Exit status: 0 when every agent succeeded, 1 otherwise (the causes go to stderr), 2 when "
       "the file or the options are refused before the run.");
   run->add_option("pipeline", run_args.pipeline, "pipeline file (.yaml or .json)")->required();
@@ -481,7 +481,7 @@ int run(int argc, char** argv) {
          "        seq_cp (no bytes copied); all agents decoded together, one llama_decode per "
          "step;\n"
          "        answers equal --fork none's token for token (exact mode, the default;\n"
-         "        --no-exact: up to the first near-tie, README \"Exact mode\")\n"
+         "        --no-exact: up to the first near-tie, docs/exact-mode.md)\n"
          "host: prefill once, copy + restore a host snapshot into each agent's context;\n"
          "        answers bit-identical to --fork none's\n"
          "none: the reference, every agent re-prefills the whole document in its own context")

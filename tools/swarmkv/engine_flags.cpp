@@ -16,7 +16,8 @@ void EngineFlags::add_to(CLI::App* app) {
   app->add_option("--flash-attn", flash_attn,
                   "flash attention (file key flash_attn): on whenever exact mode is (the "
                   "default), whatever the file says; with --no-exact default off (on makes the "
-                  "prefill 1.2-1.4x faster and the agents' decoding 2.2-4x slower here, README). "
+                  "prefill 1.2-1.4x faster and the agents' decoding 2.2-4x slower here, "
+                  "docs/engine-settings.md). "
                   "off needs --no-exact")
       ->check(CLI::IsMember({"on", "off"}));
   app->add_option("--kv-type", kv_type,
@@ -32,7 +33,7 @@ void EngineFlags::add_to(CLI::App* app) {
       "agents run, batch-invariant matmuls, no weight repacking (our llama.cpp patches; a "
       "llama.cpp without them, or layers on a GPU, runs without, says why once and reports "
       "exact false). --no-exact: llama.cpp's stock kernels, whose rounding depends on the "
-      "other tokens of a decode call (README, \"Exact mode\")");
+      "other tokens of a decode call (docs/exact-mode.md)");
   add_n_gpu_layers(app, n_gpu_layers);
 }
 

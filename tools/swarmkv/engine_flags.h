@@ -1,6 +1,6 @@
 // The engine settings on the command line: one set of flags for `run`,
 // `prefill` and `bench`, each overriding the pipeline file's key of the
-// same meaning (README, "Engine settings").
+// same meaning (docs/engine-settings.md).
 #pragma once
 
 #include <cstdint>

@@ -30,8 +30,7 @@ ServeCommand::ServeCommand(CLI::App& app) {
       "otherwise. SIGTERM or Ctrl-C drain: requests in flight may finish for --drain seconds "
       "(then they fail: a stream ends with an error event and [DONE]) while /health answers 503 "
       "draining and new requests 503; then it exits 0. Logs at info level unless --log-level says "
-      "otherwise. See README.md, "
-      "\"Use it from any OpenAI client\".");
+      "otherwise. See docs/serve.md.");
   sub_->add_option("--host", options_.host, "address to listen on")->capture_default_str();
   sub_->add_option("--port", options_.port, "TCP port (0: any free one, printed at start)")
       ->capture_default_str()
@@ -58,16 +57,16 @@ ServeCommand::ServeCommand(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   add_n_gpu_layers(sub_, n_gpu_layers_);
-  sub_->add_flag("--exact,!--no-exact", options_.exact,
-                 "exact mode (default on): every completion's answer equals a re-prefill of its "
-                 "prompt bit for bit, however many requests share its batches, and posted "
-                 "pipelines are exact unless they say exact: false. Loads the model with "
-                 "batch-invariant kernels (no weight repacking) and turns flash attention on; "
-                 "when the KV cells are all handed out the cache starts over once the live "
-                 "completions have finished, cached prefixes included. Without our llama.cpp "
-                 "patches (or with GGML_CPU_FA_BATCH_INVARIANT=0) the server says so and runs "
-                 "without. --no-exact: llama.cpp's stock kernels, cells reused (README, \"Exact "
-                 "mode\")")
+  sub_->add_flag(
+          "--exact,!--no-exact", options_.exact,
+          "exact mode (default on): every completion's answer equals a re-prefill of its "
+          "prompt bit for bit, however many requests share its batches, and posted "
+          "pipelines are exact unless they say exact: false. Loads the model with "
+          "batch-invariant kernels (no weight repacking) and turns flash attention on; "
+          "when the KV cells are all handed out the cache starts over once the live "
+          "completions have finished, cached prefixes included. Without our llama.cpp "
+          "patches (or with GGML_CPU_FA_BATCH_INVARIANT=0) the server says so and runs "
+          "without. --no-exact: llama.cpp's stock kernels, cells reused (docs/exact-mode.md)")
       ->capture_default_str();
   sub_->add_option("--max-live", options_.max_live,
                    "completions decoded at once (more wait in a queue)")

@@ -28,7 +28,7 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
       "it in the local snapshot store), run the agents of each job locally, post their results. "
       "Runs until SIGTERM or Ctrl-C, which finish and acknowledge the job in hand and exit 0. A "
       "job another worker left unfinished (it died) is taken over after --visibility-timeout. "
-      "Logs at info level unless --log-level says otherwise. See README.md, \"A cluster\".");
+      "Logs at info level unless --log-level says otherwise. See docs/cluster.md.");
   sub_->add_option("--redis", redis_,
                    "redis://[user:password@]host:port[/db] (default: $SWARMKV_REDIS)");
   sub_->add_option("-m,--model", model_,
@@ -37,7 +37,7 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
   sub_->add_flag("--exact,!--no-exact", exact_,
                  "load the model with batch-invariant kernels (default on) and take the jobs "
                  "of exact runs; --no-exact: llama.cpp's stock kernels, the jobs of runs "
-                 "--no-exact (README, \"Exact mode\")")
+                 "--no-exact (docs/exact-mode.md)")
       ->capture_default_str();
   add_n_gpu_layers(sub_, n_gpu_layers_);
   sub_->add_option("--name", options_.name, "worker name in logs and results (default host-pid)");
