@@ -555,6 +555,37 @@ def redis_restart_mid_run_completes(c):
         assert c.workers[w].poll() is None, f"{w} died in the restart: {c.log(w)}"
 
 
+@case
+def redis_away_for_20_s_mid_run_completes(c):
+    """Redis stopped for 20 s mid-run, then started again with its data (an
+    append-only file): nobody exits, every side reconnects and goes on, and
+    the run completes with a local run's answers."""
+    c.use_small_pipeline()
+    data = os.path.join(c.tmp, "redis-data")
+    os.makedirs(data)
+    c.start_redis("--appendonly", "yes", "--appendfsync", "always", "--dir", data)
+    c.start_worker("w1")
+    c.start_worker("w2")
+    run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "120")
+    wait_for("a worker to claim a job",
+             lambda: "claimed job" in c.log("w1") or "claimed job" in c.log("w2"), 120)
+    c.redis.terminate()  # a clean shutdown: the append-only file is complete
+    c.redis.wait(10)
+    time.sleep(20)
+    for w in ("w1", "w2"):
+        assert c.workers[w].poll() is None, f"{w} exited while Redis was away: {c.log(w)}"
+    assert run.poll() is None, "the coordinator exited while Redis was away"
+    c.start_redis()
+    rc, out, err = c.finish_run(run, 150)
+    assert rc == 0, err
+    assert "lost this run's state" not in err, err
+    assert "connection re-established" in err, err
+    expect_equal_answers(json.loads(out), c.local("host"))
+    for w in ("w1", "w2"):
+        assert c.workers[w].poll() is None, f"{w} exited after Redis came back: {c.log(w)}"
+    assert any("reconnecting until it is back" in c.log(w) for w in ("w1", "w2")), c.log("w1")
+
+
 def main():
     name, cli, source, model, redis_server = sys.argv[1:6]
     with tempfile.TemporaryDirectory(prefix="swarmkv-cluster-") as tmp:

@@ -2,10 +2,12 @@
 // test's own (label redis). No model: seconds.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -155,18 +157,53 @@ TEST(RedisClientTest, ARestartedServerIsReconnected) {
 TEST(RedisClientTest, AServerGoneForGoodFailsWithinTheBackoff) {
   RedisServer server;
   redis::ClientOptions o;
-  o.reconnect_attempts = 3;  // 0.1 + 0.2 + 0.4 s
+  o.reconnect_for_s = 1;  // attempts after 0.1, 0.3, 0.7 s; the next would be after 1.5 s
   redis::Client c(redis::parse_url(server.url()), o);
   server.stop();
   const auto t0 = std::chrono::steady_clock::now();
   const ErrorValue e = error_of([&] { c.command({"GET", "k"}); });
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, std::chrono::milliseconds(1000));
+  EXPECT_LT(took, std::chrono::seconds(3));
   EXPECT_EQ(e.code, ErrorCode::kIo);
   EXPECT_EQ(e.message.rfind(server.url() + ": GET: connection lost (", 0), 0u) << e.message;
-  EXPECT_NE(e.message.find("3 reconnect attempts failed, the last: " + server.url() +
+  EXPECT_NE(e.message.find("; not back in "), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find(" attempts), the last: " + server.url() +
                            ": cannot connect: Connection refused"),
             std::string::npos)
       << e.message;
+}
+
+// A worker's client keeps trying until the server is back, however long
+// that takes, and gives up at once when told to stop.
+TEST(RedisClientTest, AnUnboundedClientRidesOutAnOutageAndStopsWhenTold) {
+  RedisServer server;
+  std::atomic<bool> stop{false};
+  redis::ClientOptions o;
+  o.reconnect_for_s = std::numeric_limits<double>::infinity();
+  o.stop = &stop;
+  redis::Client c(redis::parse_url(server.url()), o);
+  server.stop();
+  // The client waits on another thread: a redis-server dies with the thread
+  // that started it (PR_SET_PDEATHSIG), so this one restarts it.
+  redis::Reply reply;
+  std::thread waiting([&] { reply = c.command({"GET", "k"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the 2 s backoff cap
+  server.start();
+  waiting.join();
+  EXPECT_TRUE(reply.is_nil());
+  EXPECT_EQ(c.reconnects(), 1u);
+  server.stop();
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    stop = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const ErrorValue e = error_of([&] { c.command({"GET", "k"}); });
+  stopper.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  EXPECT_EQ(e.code, ErrorCode::kIo);
+  EXPECT_NE(e.message.find("; stopped in "), std::string::npos) << e.message;
 }
 
 // ------------------------------------------------------------------ snapshot bus

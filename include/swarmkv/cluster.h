@@ -117,13 +117,18 @@ struct WorkerReport {
   uint64_t fetches = 0;        // snapshots fetched from the bus (not found in the local store)
 };
 
-// Serves jobs for `model` until options.stop is set (or max_jobs). Throws
-// Error(kIo) when Redis is gone for longer than its client's reconnects.
+// Serves jobs for `model` until options.stop is set (or max_jobs). A Redis
+// that goes away is waited for, however long (reconnecting with backoff,
+// logged), and the worker goes on where it was once it is back; stopped
+// meanwhile, it returns (the job in hand stays pending for another worker).
+// Throws Error(kIo) for Redis refusing a command.
 WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model>& model,
                         const WorkerOptions& options);
 
 struct CoordinatorOptions {
-  double timeout_s = 600;  // the whole run; then Error(kIo) naming the unanswered agents
+  // The whole run; then Error(kIo) naming the unanswered agents. A Redis
+  // outage is ridden out within it (reconnecting with backoff, logged).
+  double timeout_s = 600;
   BusOptions bus;
   // The coordinator's own prefill (on a miss in Redis): its local store.
   RunOptions run;

@@ -11,6 +11,7 @@
 // give every thread its own Client.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,9 +42,13 @@ Url resolve_url(std::string_view explicit_url);
 struct ClientOptions {
   double connect_timeout_s = 2;   // one TCP connect
   double command_timeout_s = 10;  // a reply, blocking commands' BLOCK included
-  // After a lost connection: this many attempts, waiting 0.1 s, 0.2 s, ...
-  // (doubling, at most 2 s) before each; ~6 s in all with the defaults.
-  int reconnect_attempts = 6;
+  // After a lost connection: attempts for this long, waiting 0.1 s, 0.2 s,
+  // ... (doubling, at most 2 s) before each. A worker rides out any outage
+  // (infinity), a coordinator one within its run's timeout.
+  double reconnect_for_s = 6;
+  // Set: the attempts stop when it turns true (a worker's SIGTERM), with the
+  // same error as when the time is up.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // A reply as a value (hiredis' reply tree copied out and freed).

@@ -96,7 +96,9 @@ class Coordinator final : public AgentExecutor {
 
   std::optional<ErrorValue> start(const Document& document, PipelineResult& result) override {
     document_ = document;
-    redis_.emplace(url_);  // after check(): a refused pipeline never connects
+    // After check(): a refused pipeline never connects. A Redis outage is
+    // ridden out for as long as the run may take.
+    redis_.emplace(url_, redis::ClientOptions{.reconnect_for_s = options_.timeout_s});
     live_ = require_workers("");
     result.engine.n_threads = 0;  // the workers' own
     result.engine.n_threads_batch = 0;

@@ -3,8 +3,10 @@
 // the local store), posts one result per agent and acknowledges the job.
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -58,13 +60,22 @@ std::vector<std::string> job_agents(const StreamEntry& job) {
   return out;
 }
 
+// A worker's connection rides out any Redis outage: it reconnects until
+// Redis is back or `stop` is set.
+redis::ClientOptions riding_out(const std::atomic<bool>* stop) {
+  redis::ClientOptions o;
+  o.reconnect_for_s = std::numeric_limits<double>::infinity();
+  o.stop = stop;
+  return o;
+}
+
 // The worker's heartbeat on its own connection: its key, and the idle time
 // of the job in hand reset so that no other worker claims it.
 class Heartbeat {
  public:
   Heartbeat(const redis::Url& url, std::string worker_key, std::string stream, std::string name,
             std::string info, double period_s)
-      : redis_(url),
+      : redis_(url, riding_out(&quit_)),
         key_(std::move(worker_key)),
         stream_(std::move(stream)),
         name_(std::move(name)),
@@ -74,6 +85,7 @@ class Heartbeat {
     thread_ = std::thread([this] { loop(); });
   }
   ~Heartbeat() {
+    quit_ = true;  // a beat waiting for Redis to come back gives up
     {
       std::lock_guard lock(mu_);
       done_ = true;
@@ -121,6 +133,7 @@ class Heartbeat {
     }
   }
 
+  std::atomic<bool> quit_{false};
   redis::Client redis_;  // used only by thread_ after the constructor
   const std::string key_, stream_, name_, info_;
   const double period_s_;
@@ -162,7 +175,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
   const std::string pool = keys::pool(fp, exact);
   const std::string stream = keys::jobs(pool);
   const std::string model_file = std::filesystem::path(model->path()).filename().string();
-  redis::Client redis(url);
+  redis::Client redis(url, riding_out(options.stop));
   create_group(redis, stream);
   const nlohmann::json info = {{"name", name},
                                {"model_file", model_file},
@@ -178,200 +191,207 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
   std::map<std::string, std::pair<PipelineSpec, GuardPolicy>> runs;  // the last few runs' specs
   const std::string idle_ms =
       std::to_string(static_cast<int64_t>(options.visibility_timeout_s * 1000));
-  while (options.stop == nullptr || !options.stop->load()) {
-    // A job a dead worker left pending comes first, then a new one.
-    std::vector<StreamEntry> jobs;
-    bool stale = false;
-    const redis::Reply claimed = redis.try_command(
-        {"XAUTOCLAIM", stream, keys::kWorkersGroup, name, idle_ms, "0-0", "COUNT", "1"});
-    if (claimed.is_error() && claimed.str.rfind("NOGROUP", 0) == 0) {
-      log_warn("worker {}: the job group is gone (Redis restarted?); creating it again", name);
-      create_group(redis, stream);
-      continue;
-    }
-    if (claimed.is_error()) {
-      throw Error(ErrorCode::kIo,
-                  fmt::format("{}: XAUTOCLAIM {}: {}", url.address(), stream, claimed.str));
-    }
-    if (claimed.elements.size() >= 2) jobs = stream_entries(claimed.elements[1]);
-    stale = !jobs.empty();
-    if (jobs.empty()) {
-      const redis::Reply r =
-          redis.try_command({"XREADGROUP", "GROUP", keys::kWorkersGroup, name, "COUNT", "1",
-                             "BLOCK", "1000", "STREAMS", stream, ">"});
-      if (r.is_error() && r.str.rfind("NOGROUP", 0) == 0) {
+  try {
+    while (options.stop == nullptr || !options.stop->load()) {
+      // A job a dead worker left pending comes first, then a new one.
+      std::vector<StreamEntry> jobs;
+      bool stale = false;
+      const redis::Reply claimed = redis.try_command(
+          {"XAUTOCLAIM", stream, keys::kWorkersGroup, name, idle_ms, "0-0", "COUNT", "1"});
+      if (claimed.is_error() && claimed.str.rfind("NOGROUP", 0) == 0) {
+        log_warn("worker {}: the job group is gone (Redis restarted?); creating it again", name);
         create_group(redis, stream);
         continue;
       }
-      if (r.is_error())
+      if (claimed.is_error()) {
         throw Error(ErrorCode::kIo,
-                    fmt::format("{}: XREADGROUP {}: {}", url.address(), stream, r.str));
-      if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
-        jobs = stream_entries(r.elements[0].elements[1]);
-    }
-    if (jobs.empty()) continue;
-    const StreamEntry& job = jobs.front();
-    heartbeat.set_job(job.id);
-    const Stopwatch took;
+                    fmt::format("{}: XAUTOCLAIM {}: {}", url.address(), stream, claimed.str));
+      }
+      if (claimed.elements.size() >= 2) jobs = stream_entries(claimed.elements[1]);
+      stale = !jobs.empty();
+      if (jobs.empty()) {
+        const redis::Reply r =
+            redis.try_command({"XREADGROUP", "GROUP", keys::kWorkersGroup, name, "COUNT", "1",
+                               "BLOCK", "1000", "STREAMS", stream, ">"});
+        if (r.is_error() && r.str.rfind("NOGROUP", 0) == 0) {
+          create_group(redis, stream);
+          continue;
+        }
+        if (r.is_error())
+          throw Error(ErrorCode::kIo,
+                      fmt::format("{}: XREADGROUP {}: {}", url.address(), stream, r.str));
+        if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
+          jobs = stream_entries(r.elements[0].elements[1]);
+      }
+      if (jobs.empty()) continue;
+      const StreamEntry& job = jobs.front();
+      heartbeat.set_job(job.id);
+      const Stopwatch took;
 
-    std::vector<AgentResult> results;
-    std::string run_id;
-    FetchReport fetched;
-    bool snapshot_unavailable = false;  // the bus's copy is missing or damaged
-    std::optional<ErrorValue> failure;
-    try {
-      run_id = field(job, "run");
-      const std::vector<std::string> names = job_agents(job);
-      // A run that finished (or was lost) has no pipeline key: its jobs are
-      // leftovers nobody waits for.
-      const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
-      if (s.is_nil()) {
-        log_warn(
-            "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, expired or "
-            "lost in a restart)",
-            name, job.id, run_id);
-        redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
-        heartbeat.set_job("");
-        continue;
-      }
-      auto it = runs.find(run_id);
-      if (it == runs.end()) {
-        if (runs.size() >= 8) runs.erase(runs.begin());
-        GuardPolicy guard = GuardPolicy::kSerialized;
-        PipelineSpec spec = spec_from_json(nlohmann::json::parse(s.str), &guard);
-        it = runs.emplace(run_id, std::make_pair(std::move(spec), guard)).first;
-      }
-      const PipelineSpec& full = it->second.first;
-      PipelineSpec spec = full;
-      spec.agents.clear();
-      spec.n_threads = options.n_threads;
-      std::string listed;
-      for (const std::string& agent : names) {
-        const std::optional<size_t> a = full.agent_index(agent);
-        if (!a) {
-          throw Error(ErrorCode::kCorruption,
-                      fmt::format("job {} names agent '{}', which run {} does not have", job.id,
-                                  agent, run_id));
+      std::vector<AgentResult> results;
+      std::string run_id;
+      FetchReport fetched;
+      bool snapshot_unavailable = false;  // the bus's copy is missing or damaged
+      std::optional<ErrorValue> failure;
+      try {
+        run_id = field(job, "run");
+        const std::vector<std::string> names = job_agents(job);
+        // A run that finished (or was lost) has no pipeline key: its jobs are
+        // leftovers nobody waits for.
+        const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
+        if (s.is_nil()) {
+          log_warn(
+              "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, expired or "
+              "lost in a restart)",
+              name, job.id, run_id);
+          redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
+          heartbeat.set_job("");
+          continue;
         }
-        spec.agents.push_back(full.agents[*a]);
-        spec.agents.back().depends_on.clear();  // the coordinator enqueues it once they are done
-        listed += (listed.empty() ? "" : ", ") + agent;
-      }
-      log_info("worker {}: {} job {} of run {}: {} agent(s) ({})", name,
-               stale ? "took over the stalled" : "claimed", job.id, run_id, spec.agents.size(),
-               listed);
-      RunOptions run;
-      run.guard = it->second.second;
-      if (fork_traits(spec.fork).prefix_state) {
-        const std::string key = field(job, "snapshot");
-        std::string path = store.path_of(key);
-        bool local = false;
-        try {
-          read_snapshot_header(path);
-          local = true;
-          store.touch(path);
-        } catch (const Error&) {
+        auto it = runs.find(run_id);
+        if (it == runs.end()) {
+          if (runs.size() >= 8) runs.erase(runs.begin());
+          GuardPolicy guard = GuardPolicy::kSerialized;
+          PipelineSpec spec = spec_from_json(nlohmann::json::parse(s.str), &guard);
+          it = runs.emplace(run_id, std::make_pair(std::move(spec), guard)).first;
         }
-        if (!local) {
-          std::vector<uint8_t> file;
-          try {
-            file = fetch_snapshot(redis, key, &fetched);
-          } catch (const Error& e) {
-            // Redis being away (kIo) is no fault of the bus's copy.
-            snapshot_unavailable =
-                e.code() == ErrorCode::kCorruption || e.code() == ErrorCode::kNotFound;
-            throw;
+        const PipelineSpec& full = it->second.first;
+        PipelineSpec spec = full;
+        spec.agents.clear();
+        spec.n_threads = options.n_threads;
+        std::string listed;
+        for (const std::string& agent : names) {
+          const std::optional<size_t> a = full.agent_index(agent);
+          if (!a) {
+            throw Error(ErrorCode::kCorruption,
+                        fmt::format("job {} names agent '{}', which run {} does not have", job.id,
+                                    agent, run_id));
           }
-          path = store.adopt(key, file);
-          ++report.fetches;
-          log_info("worker {}: fetched snapshot {} ({:.1f} MiB in {:.0f} ms, {:.0f} MB/s)", name,
-                   key, fetched.bytes / 1048576.0, fetched.ms,
-                   fetched.ms > 0 ? fetched.bytes / 1000.0 / fetched.ms : 0.0);
+          spec.agents.push_back(full.agents[*a]);
+          spec.agents.back().depends_on.clear();  // the coordinator enqueues it once they are done
+          listed += (listed.empty() ? "" : ", ") + agent;
         }
-        run.snapshot.file = path;
+        log_info("worker {}: {} job {} of run {}: {} agent(s) ({})", name,
+                 stale ? "took over the stalled" : "claimed", job.id, run_id, spec.agents.size(),
+                 listed);
+        RunOptions run;
+        run.guard = it->second.second;
+        if (fork_traits(spec.fork).prefix_state) {
+          const std::string key = field(job, "snapshot");
+          std::string path = store.path_of(key);
+          bool local = false;
+          try {
+            read_snapshot_header(path);
+            local = true;
+            store.touch(path);
+          } catch (const Error&) {
+          }
+          if (!local) {
+            std::vector<uint8_t> file;
+            try {
+              file = fetch_snapshot(redis, key, &fetched);
+            } catch (const Error& e) {
+              // Redis being away (kIo) is no fault of the bus's copy.
+              snapshot_unavailable =
+                  e.code() == ErrorCode::kCorruption || e.code() == ErrorCode::kNotFound;
+              throw;
+            }
+            path = store.adopt(key, file);
+            ++report.fetches;
+            log_info("worker {}: fetched snapshot {} ({:.1f} MiB in {:.0f} ms, {:.0f} MB/s)", name,
+                     key, fetched.bytes / 1048576.0, fetched.ms,
+                     fetched.ms > 0 ? fetched.bytes / 1000.0 / fetched.ms : 0.0);
+          }
+          run.snapshot.file = path;
+        }
+        const size_t slice =
+            options.max_agents > 0 ? static_cast<size_t>(options.max_agents) : spec.agents.size();
+        for (size_t at = 0; at < spec.agents.size(); at += slice) {
+          PipelineSpec part = spec;
+          part.agents.assign(spec.agents.begin() + static_cast<std::ptrdiff_t>(at),
+                             spec.agents.begin() + static_cast<std::ptrdiff_t>(
+                                                       std::min(at + slice, spec.agents.size())));
+          try {
+            PipelineResult r = run_pipeline(part, model, run);
+            for (AgentResult& a : r.agents) results.push_back(std::move(a));
+          } catch (const Error& e) {
+            for (const AgentSpec& a : part.agents) {
+              AgentResult failed;
+              failed.name = a.name;
+              failed.status = NodeStatus::kFailed;
+              failed.error = e.value();
+              results.push_back(std::move(failed));
+            }
+          }
+        }
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kIo && run_id.empty()) throw;
+        failure = e.value();
+      } catch (const std::exception& e) {
+        // Whatever a message makes the code throw fails that job, never the
+        // worker: a worker that exited would leave the job pending for the
+        // next one to claim and die on.
+        failure = ErrorValue{ErrorCode::kCorruption, fmt::format("job {}: {}", job.id, e.what())};
       }
-      const size_t slice =
-          options.max_agents > 0 ? static_cast<size_t>(options.max_agents) : spec.agents.size();
-      for (size_t at = 0; at < spec.agents.size(); at += slice) {
-        PipelineSpec part = spec;
-        part.agents.assign(spec.agents.begin() + static_cast<std::ptrdiff_t>(at),
-                           spec.agents.begin() + static_cast<std::ptrdiff_t>(
-                                                     std::min(at + slice, spec.agents.size())));
+      if (failure) {
+        // The whole job failed (its snapshot, its message): every agent says why.
+        log_warn("worker {}: job {} failed: {}", name, job.id, failure->to_string());
+        results.clear();
         try {
-          PipelineResult r = run_pipeline(part, model, run);
-          for (AgentResult& a : r.agents) results.push_back(std::move(a));
-        } catch (const Error& e) {
-          for (const AgentSpec& a : part.agents) {
+          for (const std::string& agent : job_agents(job)) {
             AgentResult failed;
-            failed.name = a.name;
+            failed.name = agent;
             failed.status = NodeStatus::kFailed;
-            failed.error = e.value();
+            failed.error = *failure;
             results.push_back(std::move(failed));
           }
+        } catch (const Error&) {
+          // A message without agent names: nobody waits for its results.
         }
       }
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::kIo && run_id.empty()) throw;
-      failure = e.value();
-    } catch (const std::exception& e) {
-      // Whatever a message makes the code throw fails that job, never the
-      // worker: a worker that exited would leave the job pending for the
-      // next one to claim and die on.
-      failure = ErrorValue{ErrorCode::kCorruption, fmt::format("job {}: {}", job.id, e.what())};
-    }
-    if (failure) {
-      // The whole job failed (its snapshot, its message): every agent says why.
-      log_warn("worker {}: job {} failed: {}", name, job.id, failure->to_string());
-      results.clear();
-      try {
-        for (const std::string& agent : job_agents(job)) {
-          AgentResult failed;
-          failed.name = agent;
-          failed.status = NodeStatus::kFailed;
-          failed.error = *failure;
-          results.push_back(std::move(failed));
+      if (!run_id.empty()) {
+        const std::string results_key = keys::run_results(run_id);
+        for (AgentResult& a : results) {
+          a.worker = name;
+          redis.command(
+              {"XADD",
+               results_key,
+               "MAXLEN",
+               "~",
+               "100000",
+               "*",
+               "agent",
+               a.name,
+               "worker",
+               name,
+               "job",
+               job.id,
+               "fetch_bytes",
+               std::to_string(fetched.bytes),
+               "fetch_ms",
+               fmt::format("{:.3f}", fetched.ms),
+               "snapshot_unavailable",
+               snapshot_unavailable ? "1" : "0",
+               "result",
+               agent_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
         }
-      } catch (const Error&) {
-        // A message without agent names: nobody waits for its results.
+        redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
       }
+      // After a Redis restart the group (and the job) may be gone: nothing to acknowledge.
+      redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
+      heartbeat.set_job("");
+      ++report.jobs;
+      report.agents += results.size();
+      if (stale) ++report.claimed_stale;
+      log_info("worker {}: job {} done: {} result(s) in {:.0f} ms", name, job.id, results.size(),
+               took.ms());
+      if (options.max_jobs > 0 && report.jobs >= options.max_jobs) break;
     }
-    if (!run_id.empty()) {
-      const std::string results_key = keys::run_results(run_id);
-      for (AgentResult& a : results) {
-        a.worker = name;
-        redis.command(
-            {"XADD",
-             results_key,
-             "MAXLEN",
-             "~",
-             "100000",
-             "*",
-             "agent",
-             a.name,
-             "worker",
-             name,
-             "job",
-             job.id,
-             "fetch_bytes",
-             std::to_string(fetched.bytes),
-             "fetch_ms",
-             fmt::format("{:.3f}", fetched.ms),
-             "snapshot_unavailable",
-             snapshot_unavailable ? "1" : "0",
-             "result",
-             agent_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
-      }
-      redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
-    }
-    // After a Redis restart the group (and the job) may be gone: nothing to acknowledge.
-    redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
-    heartbeat.set_job("");
-    ++report.jobs;
-    report.agents += results.size();
-    if (stale) ++report.claimed_stale;
-    log_info("worker {}: job {} done: {} result(s) in {:.0f} ms", name, job.id, results.size(),
-             took.ms());
-    if (options.max_jobs > 0 && report.jobs >= options.max_jobs) break;
+  } catch (const Error& e) {
+    // Stopped while waiting for Redis to come back: the job in hand (if
+    // any) stays pending for another worker, as after a crash.
+    if (options.stop == nullptr || !options.stop->load()) throw;
+    log_warn("worker {}: stopped while Redis was away: {}", name, e.message());
   }
   log_info("worker {}: stopping after {} job(s)", name, report.jobs);
   return report;

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 
@@ -204,27 +205,50 @@ void Client::connect() {
 }
 
 void Client::reconnect(const std::string& command, const std::string& reason) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const auto elapsed_s = [&] {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  const auto stopped = [&] { return options_.stop != nullptr && options_.stop->load(); };
   double wait_s = 0.1;
   std::string last = reason;
-  for (int attempt = 1; attempt <= options_.reconnect_attempts; ++attempt) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+  int attempt = 0;
+  bool said = false;
+  while (!stopped()) {
+    // Sleeps in slices, so that a stop is seen within 0.1 s.
+    const double left_s = options_.reconnect_for_s - elapsed_s();
+    if (left_s <= 0) break;
+    const double nap_s = std::min(wait_s, left_s);
+    for (double slept = 0; slept < nap_s && !stopped(); slept += 0.1)
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.1, nap_s - slept)));
+    if (stopped()) break;
     wait_s = std::min(wait_s * 2, 2.0);
+    ++attempt;
     try {
       connect();
       ++reconnects_;
-      log_warn("{}: connection re-established (attempt {}) after: {}", url_.address(), attempt,
-               reason);
+      log_warn("{}: connection re-established after {:.1f} s (attempt {}); it was lost: {}",
+               url_.address(), elapsed_s(), attempt, reason);
       return;
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;
       last = e.message();
     }
+    if (!said && elapsed_s() >= 2) {  // an outage, not a blip: say so once
+      said = true;
+      log_warn("{}: connection lost ({}); reconnecting{}", url_.address(), reason,
+               std::isfinite(options_.reconnect_for_s)
+                   ? fmt::format(" for up to {:.0f} s", options_.reconnect_for_s)
+                   : std::string(" until it is back"));
+    }
   }
   conn_.reset();
-  throw Error(
-      ErrorCode::kIo,
-      fmt::format("{}: {}: connection lost ({}); {} reconnect attempts failed, the last: {}",
-                  url_.address(), command, reason, options_.reconnect_attempts, last));
+  throw Error(ErrorCode::kIo,
+              fmt::format("{}: {}: connection lost ({}); {} in {:.1f} s of reconnecting ({} "
+                          "attempts), the last: {}",
+                          url_.address(), command, reason, stopped() ? "stopped" : "not back",
+                          elapsed_s(), attempt, last));
 }
 
 Reply Client::try_command(const std::vector<std::string>& args) {

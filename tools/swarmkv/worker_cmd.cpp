@@ -28,7 +28,8 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
       "it in the local snapshot store), run the agents of each job locally, post their results. "
       "Runs until SIGTERM or Ctrl-C, which finish and acknowledge the job in hand and exit 0. A "
       "job another worker left unfinished (it died) is taken over after --visibility-timeout. "
-      "Logs at info level unless --log-level says otherwise. See docs/cluster.md.");
+      "Redis going away is waited out, however long, reconnecting with backoff. Logs at info level "
+      "unless --log-level says otherwise. See docs/cluster.md.");
   sub_->add_option("--redis", redis_,
                    "redis://[user:password@]host:port[/db] (default: $SWARMKV_REDIS)");
   sub_->add_option("-m,--model", model_,
