@@ -89,6 +89,8 @@ class Client {
   // Times the connection was re-established; a caller that keeps state in
   // the server checks it is still there when this grows.
   uint64_t reconnects() const noexcept { return reconnects_; }
+  // ClientOptions::reconnect_for_s from now on (a run's time left).
+  void set_reconnect_for_s(double s) noexcept { options_.reconnect_for_s = s; }
 
  private:
   struct Connection;

@@ -140,6 +140,9 @@ class Coordinator final : public AgentExecutor {
                               options_.timeout_s, open.size(), join(open), url_.address()));
     }
     std::vector<std::pair<size_t, AgentResult>> done;
+    // Redis away: waited for while the run has time left, no longer.
+    redis_->set_reconnect_for_s(
+        std::max(0.0, options_.timeout_s - ms_between(document_.started, Clock::now()) / 1000));
     const redis::Reply r = redis_->command(
         {"XREAD", "COUNT", "100", "BLOCK", "1000", "STREAMS", results_key_, last_id_});
     if (redis_->reconnects() != reconnects_) {
