@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "cluster/job_split.h"
 #include "cluster/keys.h"
 #include "redis_server.h"
 #include "spec_fixtures.h"
@@ -204,6 +205,36 @@ TEST(RedisClientTest, AnUnboundedClientRidesOutAnOutageAndStopsWhenTold) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
   EXPECT_EQ(e.code, ErrorCode::kIo);
   EXPECT_NE(e.message.find("; stopped in "), std::string::npos) << e.message;
+}
+
+// ------------------------------------------------------------------ jobs
+
+// Two long answers and six short ones over two workers: each worker gets one
+// long answer (cut by count in order, the first job held both), and the
+// jobs' costs differ by less than the costliest agent.
+TEST(JobSplitTest, JobsAreCutByCostNotByCount) {
+  const std::vector<int64_t> cost = {520, 530, 20, 20, 20, 20, 20, 20};
+  const std::vector<size_t> agents = {0, 1, 2, 3, 4, 5, 6, 7};
+  const auto jobs = cluster::split_by_cost(agents, cost, 2);
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[0], (std::vector<size_t>{1, 3, 5, 7}));
+  EXPECT_EQ(jobs[1], (std::vector<size_t>{0, 2, 4, 6}));
+  const auto sum = [&](const std::vector<size_t>& job) {
+    int64_t s = 0;
+    for (const size_t i : job) s += cost[i];
+    return s;
+  };
+  EXPECT_LT(std::abs(sum(jobs[0]) - sum(jobs[1])), 530);
+}
+
+TEST(JobSplitTest, EveryAgentOnceInOrderAndNoEmptyJob) {
+  const std::vector<int64_t> cost = {5, 1, 9, 9, 3};
+  const std::vector<size_t> agents = {4, 2, 0};  // a submit of three agents, in its order
+  EXPECT_EQ(cluster::split_by_cost(agents, cost, 8),
+            (std::vector<std::vector<size_t>>{{2}, {0}, {4}}));
+  EXPECT_EQ(cluster::split_by_cost(agents, cost, 1), (std::vector<std::vector<size_t>>{{4, 2, 0}}));
+  EXPECT_EQ(cluster::split_by_cost(agents, cost, 0), (std::vector<std::vector<size_t>>{{4, 2, 0}}));
+  EXPECT_TRUE(cluster::split_by_cost({}, cost, 2).empty());
 }
 
 // ------------------------------------------------------------------ snapshot bus

@@ -132,7 +132,9 @@ struct CoordinatorOptions {
   BusOptions bus;
   // The coordinator's own prefill (on a miss in Redis): its local store.
   RunOptions run;
-  // Agents per job; 0: the ready agents split evenly over the live workers.
+  // Agents per job, in submission order; 0: the ready agents cut into one
+  // job per live worker, of about equal cost (prompt tokens + max_tokens:
+  // split_by_cost), so that no worker gets every long answer.
   int agents_per_job = 0;
 };
 

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "cluster/job_split.h"
 #include "cluster/keys.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/error.h"
@@ -100,6 +101,10 @@ class Coordinator final : public AgentExecutor {
     // ridden out for as long as the run may take.
     redis_.emplace(url_, redis::ClientOptions{.reconnect_for_s = options_.timeout_s});
     live_ = require_workers("");
+    // What a worker decodes for each agent: its prompt and, at most, its answer.
+    cost_.resize(spec_.agents.size());
+    for (size_t i = 0; i < spec_.agents.size(); ++i)
+      cost_[i] = int64_t{result.agents[i].prompt_tokens} + spec_.agents[i].max_tokens;
     result.engine.n_threads = 0;  // the workers' own
     result.engine.n_threads_batch = 0;
     result.n_gpu_layers = 0;
@@ -221,14 +226,19 @@ class Coordinator final : public AgentExecutor {
 
   void enqueue(const std::vector<size_t>& agents) {
     if (agents.empty()) return;
-    const size_t workers = std::max<size_t>(live_.size(), 1);
-    const size_t per_job = options_.agents_per_job > 0
-                               ? static_cast<size_t>(options_.agents_per_job)
-                               : (agents.size() + workers - 1) / workers;
-    for (size_t at = 0; at < agents.size(); at += per_job) {
+    std::vector<std::vector<size_t>> jobs;
+    if (options_.agents_per_job > 0) {
+      const auto per_job = static_cast<size_t>(options_.agents_per_job);
+      for (size_t at = 0; at < agents.size(); at += per_job)
+        jobs.emplace_back(
+            agents.begin() + static_cast<std::ptrdiff_t>(at),
+            agents.begin() + static_cast<std::ptrdiff_t>(std::min(at + per_job, agents.size())));
+    } else {
+      jobs = split_by_cost(agents, cost_, std::max<size_t>(live_.size(), 1));
+    }
+    for (const std::vector<size_t>& job : jobs) {
       nlohmann::json list = nlohmann::json::array();
-      for (size_t k = at; k < std::min(at + per_job, agents.size()); ++k)
-        list.push_back(spec_.agents[agents[k]].name);
+      for (const size_t k : job) list.push_back(spec_.agents[k].name);
       const redis::Reply id =
           redis_->command({"XADD", stream_, "MAXLEN", "~", "10000", "*", "run", run_id_, "snapshot",
                            document_.snapshot_key, "agents", list.dump()});
@@ -309,6 +319,7 @@ class Coordinator final : public AgentExecutor {
   Document document_;
   bool document_failed_ = false;
   std::vector<std::string> live_;
+  std::vector<int64_t> cost_;  // per agent: prompt tokens + max_tokens (split_by_cost)
   TransferFigures transfer_;
   std::vector<bool> answered_;
   std::vector<bool> retried_;

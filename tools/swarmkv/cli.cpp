@@ -529,8 +529,8 @@ int run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 7.0 * 86400));
   run->add_option("--agents-per-job", run_args.agents_per_job,
-                  "--redis: agents per job (0 = the ready agents split evenly over the live "
-                  "workers)")
+                  "--redis: agents per job, in pipeline order (0 = one job per live worker, "
+                  "of about equal cost: prompt tokens + max_tokens)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 16));
   run->add_flag(
