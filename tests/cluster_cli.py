@@ -469,8 +469,20 @@ def jobs_go_to_workers_of_their_kernels(c):
     assert rc == 0, err
     result = json.loads(out)
     assert result["exact"] is True and {a["worker"] for a in result["agents"]} == {"exact"}, out
+    # The only exact worker dies mid-run: the live --no-exact one does not
+    # count, so the run fails once no exact worker was seen for the grace
+    # time instead of waiting out its --timeout.
+    claimed = c.log("exact").count("claimed job")
+    t0 = time.monotonic()
+    run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    wait_for("the exact worker to claim a job",
+             lambda: c.log("exact").count("claimed job") > claimed, 120)
+    c.workers["exact"].kill()
+    c.workers["exact"].wait(10)
+    rc, _, err = c.finish_run(run, 120)
+    assert rc != 0 and "no live exact swarmkv worker holds model" in err, (rc, err)
+    assert time.monotonic() - t0 < 90, f"failed only after {time.monotonic() - t0:.0f} s"
     stop_worker(c, "stock")
-    stop_worker(c, "exact")
 
 
 @case

@@ -297,7 +297,7 @@ class Coordinator final : public AgentExecutor {
   void check_live_workers() {
     if (since_check_.ms() <= 1000 || in_flight_.empty()) return;
     since_check_.restart();
-    if (std::vector<std::string> now = live_workers(*redis_, fp_); !now.empty()) {
+    if (std::vector<std::string> now = live_workers(*redis_, pool_); !now.empty()) {
       live_ = std::move(now);
       since_seen_.restart();
     } else if (since_seen_.ms() > kNoWorkerGraceS * 1000) {
