@@ -351,13 +351,21 @@ def hostile_jobs_fail_and_the_worker_goes_on(c):
                 json.dumps({"key": key, "upload": "u", "bytes": 1 << 40, "chunk_bytes": 1 << 40,
                             "chunk_xxh3": [1]}))
     c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", '["a"]', "snapshot", key)
+    bad_prompts = ("not json", '{"zz": "a prompt for no agent of the job"}', '{"a": 7}')
+    for prompts in bad_prompts:
+        c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", '["a"]', "snapshot", key,
+                    "prompts", prompts)
     wait_for("the worker to fail the hostile jobs",
-             lambda: c.log("w1").count("failed: corruption: job") == len(bad_agents) and
+             lambda: c.log("w1").count("failed: corruption: job") ==
+             len(bad_agents) + len(bad_prompts) and
              "the manifest of snapshot " + key + " is damaged" in c.log("w1") or
              c.workers["w1"].poll() is not None, 60)
     assert c.workers["w1"].poll() is None, c.log("w1")
     for agents in bad_agents:
         assert f"'agents' is not a JSON array of agent names (it is '{agents}')" in c.log("w1")
+    assert "'prompts' is not a JSON object of agent names to prompts (it is 'not json')" in c.log("w1")
+    assert "'prompts' has an entry for 'zz' that is not a prompt of one of its agents" in c.log("w1")
+    assert "'prompts' has an entry for 'a' that is not a prompt" in c.log("w1")
     results = c.redis_cmd("XRANGE", "swarmkv:run:hostile:results", "-", "+")
     assert b"chunk size or chunk count is inconsistent (1099511627776 bytes in 1 chunks of " \
         b"1099511627776)" in results, results
@@ -413,21 +421,51 @@ def redis_down_at_start_fails_fast(c):
 
 
 @case
-def chained_agents_are_refused_before_connecting(c):
-    """Placeholders and fork_from need other agents' answers, which workers do not have yet."""
+def fork_from_is_refused_before_connecting(c):
+    """fork_from continues another agent's conversation, which a worker does not hold."""
     doc = os.path.join(c.source, "examples", "documents", "apache-2.0.txt")
-    for key, agent in (("placeholder", 'prompt: "{{a}} -- why?", depends_on: [a]'),
-                       ("fork_from", "prompt: Why so, fork_from: a")):
-        path = os.path.join(c.tmp, f"{key}.yaml")
-        with open(path, "w") as f:
-            f.write(f"document: {{file: {doc}}}\nagents:\n  - {{name: a, prompt: What is it}}\n"
-                    f"  - {{name: b, {agent}}}\n")
-        p = subprocess.run([c.cli, "run", path, "--model", c.model, "--redis", c.url()],
-                           env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-        err = p.stderr.decode()
-        assert p.returncode == 2, (key, p.returncode, err)
-        assert ("swarmkv: error: invalid_argument: agent 'b': placeholders ({{name}}) and "
-                "fork_from do not run on a cluster yet; run this pipeline without --redis") in err, err
+    path = os.path.join(c.tmp, "fork_from.yaml")
+    with open(path, "w") as f:
+        f.write(f"document: {{file: {doc}}}\nagents:\n  - {{name: a, prompt: What is it}}\n"
+                f"  - {{name: b, prompt: Why so, fork_from: a}}\n")
+    p = subprocess.run([c.cli, "run", path, "--model", c.model, "--redis", c.url()],
+                       env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    err = p.stderr.decode()
+    assert p.returncode == 2, (p.returncode, err)
+    assert ("swarmkv: error: invalid_argument: agent 'b': fork_from does not run on a cluster "
+            "yet; run this pipeline without --redis") in err, err
+
+
+@case
+def placeholders_on_workers_equal_local(c):
+    """Agents that use other agents' answers ({{name}}): the coordinator renders
+    their prompts and the workers run them; every answer equals a local run's,
+    token for token, under both fork strategies."""
+    with open(os.path.join(c.source, "examples", "documents", "apache-2.0.txt")) as f:
+        document = f.read()[:3000]
+    doc = os.path.join(c.tmp, "document.txt")
+    with open(doc, "w") as f:
+        f.write(document)
+    c.pipeline = os.path.join(c.tmp, "chain.yaml")
+    with open(c.pipeline, "w") as f:
+        f.write(f"document: {{file: {doc}}}\ndefaults: {{max_tokens: 24}}\nagents:\n"
+                "  - {name: a, prompt: \"What is this text about?\"}\n"
+                "  - {name: b, prompt: \"Who is the Licensor?\"}\n"
+                "  - {name: c, depends_on: [a], prompt: \"An analyst said: {{a}} Is that right?\"}\n"
+                "  - {name: d, depends_on: [a, b], prompt: \"{{a}} / {{b}} Combine both.\"}\n"
+                "  - {name: e, depends_on: [c], prompt: \"Check this: {{c}}\"}\n")
+    c.start_redis()
+    c.start_worker("w1")
+    c.start_worker("w2")
+    for fork in ("shared", "host"):
+        rc, out, err = c.run("--redis", c.url(), "--fork", fork, "--json", "--timeout", "300")
+        assert rc == 0, err
+        remote = json.loads(out)
+        expect_equal_answers(remote, c.local(fork))
+        by = agents_by_name(remote)
+        assert by["c"]["prompt_rendered"] == "An analyst said: " + by["a"]["answer"] + " Is that right?"
+        assert by["e"]["prompt_rendered"] == "Check this: " + by["c"]["answer"]
+        assert all(a["worker"] in ("w1", "w2") for a in remote["agents"]), out
 
 
 @case

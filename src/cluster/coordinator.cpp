@@ -86,10 +86,10 @@ class Coordinator final : public AgentExecutor {
 
   void check(const PipelineSpec& spec) const override {
     for (const AgentSpec& a : spec.agents) {
-      if (renders_at_start(a)) {  // its branch needs other agents' answers
+      if (!a.fork_from.empty()) {  // its branch is its parent's conversation, on one worker
         throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("agent '{}': placeholders ({{{{name}}}}) and fork_from do not run "
-                                "on a cluster yet; run this pipeline without --redis",
+                    fmt::format("agent '{}': fork_from does not run on a cluster yet; run this "
+                                "pipeline without --redis",
                                 a.name));
       }
     }
@@ -238,10 +238,23 @@ class Coordinator final : public AgentExecutor {
     }
     for (const std::vector<size_t>& job : jobs) {
       nlohmann::json list = nlohmann::json::array();
-      for (const size_t k : job) list.push_back(spec_.agents[k].name);
-      const redis::Reply id =
-          redis_->command({"XADD", stream_, "MAXLEN", "~", "10000", "*", "run", run_id_, "snapshot",
-                           document_.snapshot_key, "agents", list.dump()});
+      // Prompts with placeholders travel rendered: the upstream answers are here.
+      nlohmann::json prompts = nlohmann::json::object();
+      for (const size_t k : job) {
+        const AgentSpec& a = spec_.agents[k];
+        list.push_back(a.name);
+        if (!prompt_placeholders(a.prompt).empty())
+          prompts[a.name] = render_prompt(a.prompt, answers_);
+      }
+      std::vector<std::string> entry = {
+          "XADD",   stream_,    "MAXLEN", "~",        "10000",
+          "*",      "run",      run_id_,  "snapshot", document_.snapshot_key,
+          "agents", list.dump()};
+      if (!prompts.empty()) {
+        entry.emplace_back("prompts");
+        entry.push_back(prompts.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      }
+      const redis::Reply id = redis_->command(entry);
       log_info("coordinator: job {}: {}", id.str, list.dump());
     }
   }
@@ -289,6 +302,7 @@ class Coordinator final : public AgentExecutor {
     }
     answered_[i] = true;
     in_flight_.erase(i);
+    if (a.status == NodeStatus::kOk) answers_[a.name] = a.answer;
     return std::pair{i, std::move(a)};
   }
 
@@ -320,6 +334,7 @@ class Coordinator final : public AgentExecutor {
   bool document_failed_ = false;
   std::vector<std::string> live_;
   std::vector<int64_t> cost_;  // per agent: prompt tokens + max_tokens (split_by_cost)
+  std::map<std::string, std::string> answers_;  // the answers so far, for placeholders
   TransferFigures transfer_;
   std::vector<bool> answered_;
   std::vector<bool> retried_;

@@ -3,6 +3,7 @@
 // the local store), posts one result per agent and acknowledges the job.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
@@ -56,6 +57,33 @@ std::vector<std::string> job_agents(const StreamEntry& job) {
     throw Error(ErrorCode::kCorruption,
                 fmt::format("job {}: 'agents' is not a JSON array of agent names (it is '{}')",
                             job.id, text.substr(0, 200)));
+  }
+  return out;
+}
+
+// The rendered prompts a job carries for its agents with placeholders
+// ("prompts": a JSON object, agent name -> prompt text; absent: none), or
+// Error(kCorruption) naming the job and what is wrong.
+std::map<std::string, std::string> job_prompts(const StreamEntry& job,
+                                               const std::vector<std::string>& agents) {
+  std::map<std::string, std::string> out;
+  const auto it = job.fields.find("prompts");
+  if (it == job.fields.end()) return out;
+  const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("job {}: 'prompts' is not a JSON object of agent names to prompts "
+                            "(it is '{}')",
+                            job.id, it->second.substr(0, 200)));
+  }
+  for (const auto& [name, prompt] : j.items()) {
+    if (!prompt.is_string() || std::find(agents.begin(), agents.end(), name) == agents.end()) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("job {}: 'prompts' has an entry for '{}' that is not a prompt of "
+                              "one of its agents",
+                              job.id, name.substr(0, 100)));
+    }
+    out[name] = prompt.get<std::string>();
   }
   return out;
 }
@@ -259,6 +287,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         PipelineSpec spec = full;
         spec.agents.clear();
         spec.n_threads = options.n_threads;
+        const std::map<std::string, std::string> rendered = job_prompts(job, names);
         std::string listed;
         for (const std::string& agent : names) {
           const std::optional<size_t> a = full.agent_index(agent);
@@ -269,6 +298,15 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
           }
           spec.agents.push_back(full.agents[*a]);
           spec.agents.back().depends_on.clear();  // the coordinator enqueues it once they are done
+          // Its placeholders rendered with the upstream answers, which the
+          // coordinator has and this worker may not.
+          if (const auto p = rendered.find(agent); p != rendered.end())
+            spec.agents.back().prompt = p->second;
+          else if (!prompt_placeholders(spec.agents.back().prompt).empty())
+            throw Error(ErrorCode::kCorruption,
+                        fmt::format("job {}: agent '{}' has placeholders and the job no rendered "
+                                    "prompt for it",
+                                    job.id, agent));
           listed += (listed.empty() ? "" : ", ") + agent;
         }
         log_info("worker {}: {} job {} of run {}: {} agent(s) ({})", name,
