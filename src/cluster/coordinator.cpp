@@ -84,16 +84,7 @@ class Coordinator final : public AgentExecutor {
         answered_(spec.agents.size(), false),
         retried_(spec.agents.size(), false) {}
 
-  void check(const PipelineSpec& spec) const override {
-    for (const AgentSpec& a : spec.agents) {
-      if (!a.fork_from.empty()) {  // its branch is its parent's conversation, on one worker
-        throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("agent '{}': fork_from does not run on a cluster yet; run this "
-                                "pipeline without --redis",
-                                a.name));
-      }
-    }
-  }
+  void check(const PipelineSpec&) const override {}
 
   std::optional<ErrorValue> start(const Document& document, PipelineResult& result) override {
     document_ = document;
@@ -240,7 +231,21 @@ class Coordinator final : public AgentExecutor {
       nlohmann::json list = nlohmann::json::array();
       // Prompts with placeholders travel rendered: the upstream answers are here.
       nlohmann::json prompts = nlohmann::json::object();
+      // A fork_from child continues its parent's conversation, which only a
+      // worker that ran the parent holds: the job runs the ancestors again
+      // before it, and carries their answers for the worker to check (equal
+      // under exact mode, token for token).
+      nlohmann::json expect = nlohmann::json::object();
+      std::set<size_t> runs(job.begin(), job.end());
       for (const size_t k : job) {
+        for (auto p = spec_.agent_index(spec_.agents[k].fork_from); p;
+             p = spec_.agent_index(spec_.agents[*p].fork_from)) {
+          if (!runs.insert(*p).second) continue;
+          if (const auto t = answer_tokens_.find(*p); t != answer_tokens_.end())
+            expect[spec_.agents[*p].name] = t->second;
+        }
+      }
+      for (const size_t k : runs) {  // pipeline order
         const AgentSpec& a = spec_.agents[k];
         list.push_back(a.name);
         if (!prompt_placeholders(a.prompt).empty())
@@ -253,6 +258,10 @@ class Coordinator final : public AgentExecutor {
       if (!prompts.empty()) {
         entry.emplace_back("prompts");
         entry.push_back(prompts.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      }
+      if (!expect.empty()) {
+        entry.emplace_back("rerun");
+        entry.push_back(expect.dump());
       }
       const redis::Reply id = redis_->command(entry);
       log_info("coordinator: job {}: {}", id.str, list.dump());
@@ -302,7 +311,10 @@ class Coordinator final : public AgentExecutor {
     }
     answered_[i] = true;
     in_flight_.erase(i);
-    if (a.status == NodeStatus::kOk) answers_[a.name] = a.answer;
+    if (a.status == NodeStatus::kOk) {
+      answers_[a.name] = a.answer;
+      answer_tokens_[i] = a.tokens;
+    }
     return std::pair{i, std::move(a)};
   }
 
@@ -334,7 +346,8 @@ class Coordinator final : public AgentExecutor {
   bool document_failed_ = false;
   std::vector<std::string> live_;
   std::vector<int64_t> cost_;  // per agent: prompt tokens + max_tokens (split_by_cost)
-  std::map<std::string, std::string> answers_;  // the answers so far, for placeholders
+  std::map<std::string, std::string> answers_;          // the answers so far, for placeholders
+  std::map<size_t, std::vector<Token>> answer_tokens_;  // and their tokens, for fork_from
   TransferFigures transfer_;
   std::vector<bool> answered_;
   std::vector<bool> retried_;

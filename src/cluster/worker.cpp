@@ -61,6 +61,73 @@ std::vector<std::string> job_agents(const StreamEntry& job) {
   return out;
 }
 
+// The ancestors a job runs again for its fork_from children, with the
+// answers they gave the first time ("rerun": a JSON object, agent name ->
+// token array; absent: none), or Error(kCorruption) naming the job.
+std::map<std::string, std::vector<Token>> job_reruns(const StreamEntry& job,
+                                                     const std::vector<std::string>& agents) {
+  std::map<std::string, std::vector<Token>> out;
+  const auto it = job.fields.find("rerun");
+  if (it == job.fields.end()) return out;
+  const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  const auto bad = [&](const std::string& what) {
+    return Error(ErrorCode::kCorruption, fmt::format("job {}: 'rerun' {}", job.id, what));
+  };
+  if (!j.is_object()) throw bad("is not a JSON object of agent names to token arrays");
+  for (const auto& [name, tokens] : j.items()) {
+    if (std::find(agents.begin(), agents.end(), name) == agents.end())
+      throw bad(fmt::format("names '{}', which is not one of its agents", name.substr(0, 100)));
+    if (!tokens.is_array()) throw bad(fmt::format("of '{}' is not a token array", name));
+    std::vector<Token>& out_tokens = out[name];
+    for (const nlohmann::json& t : tokens) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+          t.get<int64_t>() > std::numeric_limits<Token>::max())
+        throw bad(fmt::format("of '{}' holds something other than token ids", name));
+      out_tokens.push_back(t.get<Token>());
+    }
+  }
+  return out;
+}
+
+// The ancestors a job ran again (`reruns`, with their first answers) leave
+// `results`: the run has their answers. A child whose ancestor answered
+// otherwise this time (a run without exact mode: near-ties) or failed fails
+// too, saying so: its conversation is not the one the run reported.
+void settle_reruns(const PipelineSpec& run, const std::map<std::string, std::vector<Token>>& reruns,
+                   std::vector<AgentResult>& results) {
+  std::map<std::string, std::string> differs;  // ancestor -> how
+  for (const AgentResult& a : results) {
+    const auto first = reruns.find(a.name);
+    if (first == reruns.end()) continue;
+    if (a.status != NodeStatus::kOk) {
+      differs[a.name] = "failed when run again";
+    } else if (a.tokens != first->second) {
+      differs[a.name] = fmt::format("answered otherwise when run again (from token {} on)",
+                                    common_prefix(a.tokens, first->second));
+    }
+  }
+  std::vector<AgentResult> kept;
+  for (AgentResult& a : results) {
+    if (reruns.count(a.name) > 0) continue;
+    const std::optional<size_t> self = run.agent_index(a.name);
+    for (std::optional<size_t> p = self ? run.agent_index(run.agents[*self].fork_from)
+                                        : std::nullopt;
+         p && a.status == NodeStatus::kOk; p = run.agent_index(run.agents[*p].fork_from)) {
+      const auto d = differs.find(run.agents[*p].name);
+      if (d == differs.end()) continue;
+      a.status = NodeStatus::kFailed;
+      a.error = ErrorValue{
+          ErrorCode::kIncompatible,
+          fmt::format("agent '{}' continues the conversation of '{}', which its worker ran again "
+                      "and which {}: without exact mode a re-run may differ at near-ties; run "
+                      "exact, or without --redis",
+                      a.name, d->first, d->second)};
+    }
+    kept.push_back(std::move(a));
+  }
+  results = std::move(kept);
+}
+
 // The rendered prompts a job carries for its agents with placeholders
 // ("prompts": a JSON object, agent name -> prompt text; absent: none), or
 // Error(kCorruption) naming the job and what is wrong.
@@ -257,6 +324,9 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       const Stopwatch took;
 
       std::vector<AgentResult> results;
+      // Ancestors of the job's fork_from children, run again: their answers
+      // the first time, checked and not posted again.
+      std::map<std::string, std::vector<Token>> reruns;
       std::string run_id;
       FetchReport fetched;
       bool snapshot_unavailable = false;  // the bus's copy is missing or damaged
@@ -288,6 +358,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         spec.agents.clear();
         spec.n_threads = options.n_threads;
         const std::map<std::string, std::string> rendered = job_prompts(job, names);
+        reruns = job_reruns(job, names);
         std::string listed;
         for (const std::string& agent : names) {
           const std::optional<size_t> a = full.agent_index(agent);
@@ -342,8 +413,10 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
           }
           run.snapshot.file = path;
         }
-        const size_t slice =
-            options.max_agents > 0 ? static_cast<size_t>(options.max_agents) : spec.agents.size();
+        // A fork_from child runs in the same part as its parent.
+        const size_t slice = options.max_agents > 0 && !spec.any_fork_from()
+                                 ? static_cast<size_t>(options.max_agents)
+                                 : spec.agents.size();
         for (size_t at = 0; at < spec.agents.size(); at += slice) {
           PipelineSpec part = spec;
           part.agents.assign(spec.agents.begin() + static_cast<std::ptrdiff_t>(at),
@@ -387,6 +460,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
           // A message without agent names: nobody waits for its results.
         }
       }
+      if (!reruns.empty()) settle_reruns(runs.at(run_id).first, reruns, results);
       if (!run_id.empty()) {
         const std::string results_key = keys::run_results(run_id);
         for (AgentResult& a : results) {
