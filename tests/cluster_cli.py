@@ -673,6 +673,29 @@ def redis_away_for_20_s_mid_run_completes(c):
     assert any("reconnecting until it is back" in c.log(w) for w in ("w1", "w2")), c.log("w1")
 
 
+@case
+def priority_orders_the_jobs(c):
+    """One worker, one agent per job: the agents start in priority order
+    (highest first), not in pipeline order."""
+    c.use_small_pipeline()
+    with open(c.pipeline) as f:
+        spec = f.read()
+    for name, prio in (("summary", 0), ("obligations", 5), ("risks", 1), ("patents", 9)):
+        spec = spec.replace(f"  - name: {name}\n", f"  - name: {name}\n    priority: {prio}\n", 1)
+    assert spec.count("priority:") == 4, spec
+    with open(c.pipeline, "w") as f:
+        f.write(spec.replace("max_tokens: 24", "max_tokens: 8"))
+    c.start_redis()
+    c.start_worker("w1")
+    rc, out, err = c.run("--redis", c.url(), "--json", "--agents-per-job", "1", "--timeout", "300")
+    assert rc == 0, err
+    assert all(a["status"] == "ok" for a in json.loads(out)["agents"]), out
+    # A result's times count from its job's start on the worker: the order
+    # is the worker's, as it claimed the jobs.
+    claimed = re.findall(r"claimed job \S+ of run \S+: 1 agent\(s\) \((\w+)\)", c.log("w1"))
+    assert claimed == ["patents", "obligations", "risks", "summary"], claimed
+
+
 def main():
     name, cli, source, model, redis_server = sys.argv[1:6]
     with tempfile.TemporaryDirectory(prefix="swarmkv-cluster-") as tmp:
