@@ -207,8 +207,12 @@ def host_answers_equal_local(c):
     workers = {a["worker"] for a in first["agents"]}
     assert workers == {"w1", "w2"}, f"both workers get a job: {workers}"
     t = first["transfer"]
+    # A worker prefilled the document and published it (the coordinator
+    # never decodes); the other worker fetched it.
     assert first["snapshot"]["source"] == "prefill" and first["document_prefills"] == 1, first["snapshot"]
-    assert t["bytes"] > 1_000_000 and t["publish_ms"] > 0 and t["fetches"] == 2 and t["fetch_ms"] > 0, t
+    assert first["prefill_ms"] > 0, first
+    assert t["bytes"] > 1_000_000 and t["publish_ms"] > 0 and t["fetches"] == 1 and t["fetch_ms"] > 0, t
+    assert sum("published snapshot" in c.log(w) for w in ("w1", "w2")) == 1
     # Again: Redis has the snapshot (no prefill, no publish), the workers
     # their local copies (no fetch).
     rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
@@ -223,7 +227,8 @@ def host_answers_equal_local(c):
     assert "worker w1) ==" in out and "worker w2) ==" in out and "transfer: snapshot " in out, out
     stop_worker(c, "w1")
     stop_worker(c, "w2")
-    assert "claimed job" in c.log("w1") and "fetched snapshot" in c.log("w1"), c.log("w1")
+    assert "claimed job" in c.log("w1") and "claimed job" in c.log("w2"), c.log("w1")
+    assert sum("fetched snapshot" in c.log(w) for w in ("w1", "w2")) == 1
 
 
 @case
@@ -405,7 +410,7 @@ def a_bad_result_entry_fails_its_agent_not_the_run(c):
     c.start_worker("w1")
     rc, out, err = c.finish_run(run, 300)
     assert "internal" not in err, err
-    assert "has fetch_ms 'y', not milliseconds; counted as 0" in err, err
+    assert "has fetch_ms 'y', not a number >= 0; counted as 0" in err, err
     by = agents_by_name(json.loads(out))
     assert by["patents"]["status"] == "failed" and by["patents"]["worker"] == "rogue", by
     assert "the result from worker 'rogue' does not parse" in by["patents"]["error"]["message"]

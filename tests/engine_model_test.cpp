@@ -81,6 +81,37 @@ TEST_F(EngineModelTest, ChatTemplateWrapsTheMessageInTheModelsMarkers) {
   EXPECT_LT(tokens.size(), as_text.size());
 }
 
+// A cluster's coordinator loads its model without the weights: it tokenises
+// and keys a document as the full model does, holds none of the weights,
+// and cannot decode.
+TEST_F(EngineModelTest, AMetadataOnlyModelTokenisesAndKeysAsTheFullOneAndCannotDecode) {
+  ModelOptions options;
+  options.metadata_only = true;
+  const auto meta = Model::load(model_->path(), options);
+  PipelineSpec spec;
+  spec.document = "Clause 1. The lessee pays the rent on the first day of each month.";
+  AgentSpec a;
+  a.name = "a";
+  a.prompt = "Who pays?";
+  spec.agents.push_back(a);
+  const PreparedPipeline full = prepare_pipeline(spec, *model_);
+  const PreparedPipeline light = prepare_pipeline(spec, *meta);
+  EXPECT_EQ(light.prefix, full.prefix);
+  EXPECT_EQ(light.branches, full.branches);
+  EXPECT_EQ(kv_layout(*meta, small_ctx()), kv_layout(*model_, small_ctx()));
+  EXPECT_EQ(meta->n_vocab(), model_->n_vocab());
+  try {
+    Context ctx(meta, small_ctx());
+    FAIL() << "a metadata-only model made a context";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("was loaded without its weights (metadata only): it "
+                                         "cannot decode"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(EngineModelTest, TokenizeDetokenizeRoundTrips) {
   const std::string text = "Prefill once, fork every agent: 42 branches, \xc3\xa9t\xc3\xa9.";
   const auto tokens = model_->tokenize(text, false);

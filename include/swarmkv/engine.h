@@ -59,6 +59,12 @@ struct ModelOptions {
   // layers on a GPU), Model::load loads the model without them instead
   // (Model::options().batch_invariant false, Model::exact_unavailable()).
   bool batch_invariant = true;
+  // The vocabulary, the hyperparameters and the metadata, no weights in
+  // memory (llama.cpp's no_alloc): tokenising, the chat template and the KV
+  // layout (so snapshot keys) work, decoding does not (a Context on it
+  // throws Error(kInvalidArgument)). A cluster's coordinator loads its
+  // model so: the workers prefill and decode.
+  bool metadata_only = false;
 };
 
 // Why a model loaded with `options` cannot have batch-invariant kernels

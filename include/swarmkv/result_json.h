@@ -18,6 +18,9 @@ inline constexpr int kResultSchemaVersion = 2;
 
 // null when ok, else {"code": "<stable code name>", "message": "..."}.
 nlohmann::json error_json(const std::optional<ErrorValue>& error);
+// What error_json wrote (nullopt for null); throws nlohmann::json::exception
+// or Error(kCorruption) for anything else.
+std::optional<ErrorValue> error_from_json(const nlohmann::json& j);
 // {"wait", "context", "prefill", "fork", "restore", "prompt", "first_token",
 //  "generate", "total", "done_at"}, milliseconds (AgentTimings).
 nlohmann::json timings_json(const AgentTimings& t);

@@ -39,16 +39,17 @@ std::vector<std::string> live_workers(redis::Client& redis, const std::string& p
   return names;
 }
 
-// The milliseconds a worker wrote into a result entry's field `name`; 0,
-// with a warning, for anything else: a timing is not worth the run.
-double entry_ms(const StreamEntry& e, const char* name) {
+// The number (milliseconds, bytes) a worker wrote into a result entry's
+// field `name`; 0, with a warning, for anything else: a figure is not worth
+// the run.
+double entry_number(const StreamEntry& e, const char* name) {
   const auto it = e.fields.find(name);
   const std::string text = it == e.fields.end() ? std::string() : it->second;
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < 0) {
-    log_warn("coordinator: result entry {} has {} '{}', not milliseconds; counted as 0", e.id, name,
-             text.substr(0, 40));
+    log_warn("coordinator: result entry {} has {} '{}', not a number >= 0; counted as 0", e.id,
+             name, text.substr(0, 40));
     return 0;
   }
   return v;
@@ -101,6 +102,7 @@ class Coordinator final : public AgentExecutor {
     result.n_gpu_layers = 0;
     result.offloaded_layers = 0;
     std::optional<ErrorValue> document_error;
+    put_run();  // first: a worker prefilling the document reads the run's pipeline
     if (!document_.snapshot_key.empty()) {
       SnapshotUse use;
       use.source = SnapshotSource::kRedis;
@@ -110,13 +112,20 @@ class Coordinator final : public AgentExecutor {
       try {
         put_snapshot_on_bus(Publish::kIfAbsent);
         result.snapshot->bytes = transfer_.bytes;
+        if (worker_prefill_ms_ > 0) {  // a worker prefilled it (else it had it in its store)
+          result.prefill_ms = worker_prefill_ms_;
+          result.document_prefills = 1;
+          result.snapshot->source = SnapshotSource::kPrefill;
+          result.snapshot->prefilled_tokens = result.prefix_tokens;
+          result.snapshot->reused_tokens = 0;
+          result.snapshot->published = true;
+        }
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kIo && e.message().rfind(url_.address(), 0) == 0) throw;
         document_error = e.value();
       }
     }
     document_failed_ = document_error.has_value();
-    put_run();
     reconnects_ = redis_->reconnects();
     return document_error;
   }
@@ -150,9 +159,9 @@ class Coordinator final : public AgentExecutor {
             "coordinator: {} lost this run's state (restarted?); publishing the snapshot "
             "and enqueueing {} agent(s) again",
             url_.address(), in_flight_.size());
+        put_run();  // first: the worker that publishes the snapshot reads it
         if (!document_.snapshot_key.empty() && !document_failed_)
           put_snapshot_on_bus(Publish::kIfAbsent);
-        put_run();
         last_id_ = "0-0";
         enqueue(std::vector<size_t>(in_flight_.begin(), in_flight_.end()));
         return done;
@@ -201,12 +210,76 @@ class Coordinator final : public AgentExecutor {
       transfer_.bytes = m->bytes;
       return;
     }
+    if (options_.run.snapshot.file.empty()) {
+      prefill_on_a_worker(mode);
+      return;
+    }
+    // A snapshot file named on the command line: its bytes, as they are.
     const PublishReport p =
         publish_snapshot(*redis_, key, document_.snapshot(), options_.bus, mode);
     transfer_.bytes = p.bytes;
     transfer_.publish_ms += p.ms;
     log_info("coordinator: published snapshot {} ({:.1f} MiB, {} chunks) in {:.0f} ms", key,
              p.bytes / 1048576.0, p.chunks, p.ms);
+  }
+
+  // A worker prefills the document (or takes it from its store) and
+  // publishes the snapshot: the coordinator tokenises and keys the document
+  // but never decodes, so it needs the model file, not the compute (its
+  // weights are mapped, never read). Waits for the worker's word, within
+  // the run's time.
+  void prefill_on_a_worker(Publish mode) {
+    const std::string& key = document_.snapshot_key;
+    const std::string job =
+        redis_
+            ->command({"XADD", stream_, "MAXLEN", "~", "10000", "*", "run", run_id_, "snapshot",
+                       key, "prefill", mode == Publish::kReplace ? "replace" : "if_absent"})
+            .str;
+    log_info("coordinator: prefill job {}: a worker makes snapshot {}", job, key);
+    std::string from = "0-0";
+    Stopwatch since_seen;
+    for (;;) {
+      const double left_s = options_.timeout_s - ms_between(document_.started, Clock::now()) / 1000;
+      if (left_s <= 0) {
+        throw Error(ErrorCode::kIo,
+                    fmt::format("timed out after {:.0f} s waiting for a worker to prefill the "
+                                "document (prefill job {} at {})",
+                                options_.timeout_s, job, url_.address()));
+      }
+      redis_->set_reconnect_for_s(left_s);
+      const redis::Reply r = redis_->command(
+          {"XREAD", "COUNT", "100", "BLOCK", "1000", "STREAMS", results_key_, from});
+      if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2) {
+        for (StreamEntry& e : stream_entries(r.elements[0].elements[1])) {
+          from = e.id;
+          if (e.fields["job"] != job || e.fields.count("prefill") == 0) continue;
+          std::optional<ErrorValue> failed;
+          try {
+            failed = error_from_json(nlohmann::json::parse(e.fields["prefill"]));
+          } catch (const std::exception& bad) {
+            failed = ErrorValue{ErrorCode::kCorruption,
+                                fmt::format("its report does not parse: {}", bad.what())};
+          }
+          if (failed) {
+            throw Error(failed->code, fmt::format("worker '{}' could not prefill the document: {}",
+                                                  e.fields["worker"], failed->message));
+          }
+          worker_prefill_ms_ = entry_number(e, "prefill_ms");
+          const auto bytes = static_cast<uint64_t>(entry_number(e, "bytes"));
+          transfer_.bytes = bytes;
+          transfer_.publish_ms += entry_number(e, "publish_ms");
+          log_info("coordinator: worker {} published snapshot {} ({:.1f} MiB, prefill {:.0f} ms)",
+                   e.fields["worker"], key, bytes / 1048576.0, worker_prefill_ms_);
+          return;
+        }
+      }
+      if (!live_workers(*redis_, pool_).empty()) {
+        since_seen.restart();
+      } else if (since_seen.ms() > kNoWorkerGraceS * 1000) {
+        require_workers(
+            fmt::format(" (for {} s, while waiting for the document's prefill)", kNoWorkerGraceS));
+      }
+    }
   }
 
   void put_run() {
@@ -294,7 +367,7 @@ class Coordinator final : public AgentExecutor {
     a.timings_ms.done_at = ms_between(document_.started, Clock::now());
     if (f["fetch_bytes"] != "0" && fetched_jobs_.insert(f["job"]).second) {
       ++transfer_.fetches;
-      transfer_.fetch_ms = std::max(transfer_.fetch_ms, entry_ms(e, "fetch_ms"));
+      transfer_.fetch_ms = std::max(transfer_.fetch_ms, entry_number(e, "fetch_ms"));
     }
     // A worker that could not get the snapshot from the bus (damaged
     // twice, or gone): publish it again, once per run, replacing the bus's
@@ -339,6 +412,7 @@ class Coordinator final : public AgentExecutor {
   const std::string fp_;
   const std::string pool_;  // keys::pool: the workers of this model and exactness
   const std::string model_file_;
+  double worker_prefill_ms_ = 0;  // the document's prefill on a worker, when one made it
   const std::string run_id_;
   const std::string stream_;
   const std::string results_key_;

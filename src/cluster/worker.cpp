@@ -89,6 +89,74 @@ std::map<std::string, std::vector<Token>> job_reruns(const StreamEntry& job,
   return out;
 }
 
+// A prefill job: the coordinator has the vocabulary, not the weights. The
+// run's document from this worker's store, else prefilled, published on the
+// bus under the job's key ("prefill": "replace" replaces a damaged copy);
+// one result entry (agent "") says how it went: "prefill" null or the
+// error, "prefill_ms", "bytes". Throws only for Redis itself.
+void run_prefill_job(redis::Client& redis, const std::string& stream, const StreamEntry& job,
+                     const std::string& name, const std::shared_ptr<const Model>& model,
+                     const WorkerOptions& options) {
+  std::string run_id;
+  std::optional<ErrorValue> failure;
+  PrefillReport made;
+  uint64_t bytes = 0;
+  double publish_ms = 0;
+  try {
+    run_id = field(job, "run");
+    const std::string key = field(job, "snapshot");
+    const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
+    if (s.is_nil()) {
+      throw Error(ErrorCode::kNotFound,
+                  fmt::format("prefill job {}: run {} has no pipeline in Redis", job.id, run_id));
+    }
+    PipelineSpec spec = spec_from_json(nlohmann::json::parse(s.str), nullptr);
+    spec.n_threads = options.n_threads;
+    RunOptions run;  // this worker's store: looked up, then the prefilled state published there
+    run.snapshot.cache = SnapshotCacheMode::kOn;
+    run.snapshot.cache_dir = options.cache_dir;
+    run.snapshot.cache_max_bytes = options.cache_max_bytes;
+    log_info("worker {}: prefill job {} of run {}", name, job.id, run_id);
+    made = prefill_document(spec, model, run);
+    if (made.snapshot.key != key) {
+      throw Error(ErrorCode::kIncompatible,
+                  fmt::format("prefill job {} asks for snapshot {}, and this worker makes {}: its "
+                              "model, engine or KV layout differs from the coordinator's",
+                              job.id, key, made.snapshot.key));
+    }
+    const SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
+    const std::string file = read_file(store.path_of(key), "snapshot");
+    bytes = file.size();
+    publish_ms =
+        publish_snapshot(
+            redis, key, std::span(reinterpret_cast<const uint8_t*>(file.data()), file.size()), {},
+            field(job, "prefill") == "replace" ? Publish::kReplace : Publish::kIfAbsent)
+            .ms;
+    log_info("worker {}: published snapshot {} ({:.1f} MiB; prefill {:.0f} ms)", name, key,
+             bytes / 1048576.0, made.prefill_ms);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kIo && e.message().rfind(redis.url().address(), 0) == 0) throw;
+    failure = e.value();
+  } catch (const std::exception& e) {
+    failure =
+        ErrorValue{ErrorCode::kCorruption, fmt::format("prefill job {}: {}", job.id, e.what())};
+  }
+  if (failure) log_warn("worker {}: prefill job {} failed: {}", name, job.id, failure->to_string());
+  if (!run_id.empty()) {
+    redis.command({"XADD",       keys::run_results(run_id),
+                   "MAXLEN",     "~",
+                   "100000",     "*",
+                   "agent",      "",
+                   "worker",     name,
+                   "job",        job.id,
+                   "prefill",    error_json(failure).dump(),
+                   "prefill_ms", fmt::format("{:.3f}", made.prefill_ms),
+                   "publish_ms", fmt::format("{:.3f}", publish_ms),
+                   "bytes",      std::to_string(bytes)});
+  }
+  redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
+}
+
 // The ancestors a job ran again (`reruns`, with their first answers) leave
 // `results`: the run has their answers. A child whose ancestor answered
 // otherwise this time (a run without exact mode: near-ties) or failed fails
@@ -322,6 +390,12 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       const StreamEntry& job = jobs.front();
       heartbeat.set_job(job.id);
       const Stopwatch took;
+      if (job.fields.count("prefill") > 0) {
+        run_prefill_job(redis, stream, job, name, model, options);
+        heartbeat.set_job("");
+        ++report.jobs;
+        continue;
+      }
 
       std::vector<AgentResult> results;
       // Ancestors of the job's fork_from children, run again: their answers

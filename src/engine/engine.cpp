@@ -247,6 +247,8 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOpt
   llama_model_params params = llama_model_default_params();
   params.n_gpu_layers = options.n_gpu_layers;
   params.use_extra_bufts = !loaded_options.batch_invariant;
+  params.no_alloc = options.metadata_only;
+  if (options.metadata_only) params.load_mode = LLAMA_LOAD_MODE_NONE;  // no_alloc maps nothing
   if (loaded_options.batch_invariant) row_invariant_kernels();
   g_llama_errors.clear();
   g_collect_errors = true;
@@ -531,6 +533,12 @@ void Batch::add(Token token, Pos pos, std::span<const SeqId> seqs, bool logits) 
 Context::Context(std::shared_ptr<const Model> model, const ContextOptions& options)
     : model_(std::move(model)), options_(options) {
   if (!model_) throw Error(ErrorCode::kInvalidArgument, "Context needs a model");
+  if (model_->options().metadata_only) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("model '{}' was loaded without its weights (metadata only): it "
+                            "cannot decode",
+                            model_->path()));
+  }
   g_kernels_chosen = true;  // from its first decode on, ggml's kernel switches are read
   validate_context_options(options);
   llama_context_params params = llama_context_default_params();

@@ -39,6 +39,12 @@ nlohmann::json error_json(const std::optional<ErrorValue>& error) {
   return {{"code", std::string(to_string(error->code))}, {"message", error->message}};
 }
 
+std::optional<ErrorValue> error_from_json(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  return ErrorValue{enum_from<ErrorCode>(j, "code", static_cast<int>(ErrorCode::kInternal) + 1),
+                    j.at("message").get<std::string>()};
+}
+
 nlohmann::json timings_json(const AgentTimings& t) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [key, member] : kTimingsFields) j[key] = t.*member;
@@ -70,11 +76,7 @@ AgentResult agent_from_json(const nlohmann::json& j) {
     AgentResult a;
     j.at("name").get_to(a.name);
     a.status = enum_from<NodeStatus>(j, "status", 3);
-    if (const nlohmann::json& e = j.at("error"); !e.is_null()) {
-      a.error =
-          ErrorValue{enum_from<ErrorCode>(e, "code", static_cast<int>(ErrorCode::kInternal) + 1),
-                     e.at("message").get<std::string>()};
-    }
+    a.error = error_from_json(j.at("error"));
     j.at("answer").get_to(a.answer);
     j.at("tokens").get_to(a.tokens);
     j.at("token_at_ms").get_to(a.token_at_ms);

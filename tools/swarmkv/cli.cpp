@@ -284,7 +284,10 @@ int run_pipeline_cmd(const RunArgs& args) {
   if (args.redis) swarmkv::redis::resolve_url(*args.redis);  // a bad URL before the model loads
   const std::string model_path = swarmkv::resolve_model_path(spec.model);
   const swarmkv::Stopwatch load;
-  auto model = swarmkv::Model::load(model_path, swarmkv::model_options(spec));
+  swarmkv::ModelOptions model_options = swarmkv::model_options(spec);
+  // A coordinator tokenises and keys the document; its workers prefill and decode.
+  model_options.metadata_only = args.redis.has_value();
+  auto model = swarmkv::Model::load(model_path, model_options);
   const double load_ms = load.ms();
   swarmkv::PipelineResult result;
   if (args.redis) {
