@@ -694,11 +694,17 @@ def priority_orders_the_jobs(c):
     c.start_worker("w1")
     rc, out, err = c.run("--redis", c.url(), "--json", "--agents-per-job", "1", "--timeout", "300")
     assert rc == 0, err
-    assert all(a["status"] == "ok" for a in json.loads(out)["agents"]), out
-    # A result's times count from its job's start on the worker: the order
-    # is the worker's, as it claimed the jobs.
+    agents = json.loads(out)["agents"]
+    assert all(a["status"] == "ok" for a in agents), out
     claimed = re.findall(r"claimed job \S+ of run \S+: 1 agent\(s\) \((\w+)\)", c.log("w1"))
     assert claimed == ["patents", "obligations", "risks", "summary"], claimed
+    # The workers' times are on the run's clock: each agent starts after the
+    # one before it ended, in that order.
+    by_start = sorted(agents, key=lambda a: a["started_at_ms"])
+    assert [a["name"] for a in by_start] == claimed, [(a["name"], a["started_at_ms"]) for a in agents]
+    for before, after in zip(by_start, by_start[1:]):
+        assert before["done_at_ms"] <= after["started_at_ms"] + 50, (before, after)
+        assert after["started_at_ms"] <= after["first_token_at_ms"] <= after["done_at_ms"], after
 
 
 def main():

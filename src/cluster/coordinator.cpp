@@ -364,7 +364,14 @@ class Coordinator final : public AgentExecutor {
           fmt::format("the result from worker '{}' does not parse: {}", f["worker"], bad.what())};
     }
     a.worker = f["worker"];
+    // The worker's times count from its job's start: moved onto this run's
+    // clock, the result's arrival taken as its end (late by the transport).
+    const double worker_done_at = a.timings_ms.done_at;
     a.timings_ms.done_at = ms_between(document_.started, Clock::now());
+    const double shift = a.timings_ms.done_at - worker_done_at;
+    if (a.timings_ms.started_at > 0) a.timings_ms.started_at += shift;
+    if (a.timings_ms.first_token_at > 0) a.timings_ms.first_token_at += shift;
+    for (double& t : a.token_at_ms) t += shift;
     if (f["fetch_bytes"] != "0" && fetched_jobs_.insert(f["job"]).second) {
       ++transfer_.fetches;
       transfer_.fetch_ms = std::max(transfer_.fetch_ms, entry_number(e, "fetch_ms"));
