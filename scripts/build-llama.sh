@@ -104,9 +104,24 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
   rm -rf "$base/extract"
 fi
 
+# Without an NVIDIA driver (a build machine), the tools link against the
+# toolkit's stub of libcuda.so.1 and start against it (no GPU is found):
+# link-time only, so not part of the cache key.
+link_opts=()
+run_env=()
+if [ "$cuda" = 1 ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  stub=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)/lib64/stubs/libcuda.so
+  [ -f "$stub" ] || die "no NVIDIA driver here and no stub libcuda.so in the CUDA toolkit ($stub)"
+  mkdir -p "$SWARMKV_CACHE/cuda-stubs"
+  ln -sf "$stub" "$SWARMKV_CACHE/cuda-stubs/libcuda.so.1"
+  link_opts=("-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$SWARMKV_CACHE/cuda-stubs")
+  run_env=(env "LD_LIBRARY_PATH=$SWARMKV_CACHE/cuda-stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  log "no NVIDIA driver here: linking against the CUDA toolkit's stub libcuda.so.1"
+fi
+
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-cmake -S "$src" -B "$base/build" "${generator[@]}" "${opts[@]}" \
+cmake -S "$src" -B "$base/build" "${generator[@]}" "${opts[@]}" "${link_opts[@]}" \
   -DCMAKE_INSTALL_PREFIX="$prefix" >"$base/configure.log" 2>&1 ||
   { tail -n 40 "$base/configure.log" >&2; die "llama.cpp configure failed (log: $base/configure.log)"; }
 cmake --build "$base/build" --target "${targets[@]}" -j "$jobs" >&2 ||
@@ -121,12 +136,12 @@ cp -P "$base"/build/bin/libllama-*-impl.so* "$prefix/lib/"
 for t in "${tools[@]}"; do
   install -m 755 "$base/build/bin/$t" "$prefix/bin/$t"
 done
-"$prefix/bin/llama-server" --version >/dev/null 2>&1 ||
+"${run_env[@]}" "$prefix/bin/llama-server" --version >/dev/null 2>&1 ||
   die "the installed llama-server does not start: $prefix/bin/llama-server --version"
 for t in "${tools[@]}"; do
   # --help exits 0 or 1 depending on the tool; 127 is a missing library.
   rc=0
-  "$prefix/bin/$t" --help >/dev/null 2>&1 || rc=$?
+  "${run_env[@]}" "$prefix/bin/$t" --help >/dev/null 2>&1 || rc=$?
   [ "$rc" -le 1 ] || die "the installed $t does not start (exit $rc): $prefix/bin/$t --help"
 done
 cat >"$prefix/swarmkv-llama.txt" <<INFO
