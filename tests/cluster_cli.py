@@ -74,6 +74,18 @@ class Cluster:
         with open(self.pipeline, "w") as f:
             f.write(spec)
 
+    def use_pipeline(self, name, body):
+        """A pipeline over the licence's first 3,000 characters: `body` is
+        the YAML after the document line (defaults, agents)."""
+        with open(os.path.join(self.source, "examples", "documents", "apache-2.0.txt")) as f:
+            document = f.read()[:3000]
+        doc = os.path.join(self.tmp, "document.txt")
+        with open(doc, "w") as f:
+            f.write(document)
+        self.pipeline = os.path.join(self.tmp, f"{name}.yaml")
+        with open(self.pipeline, "w") as f:
+            f.write(f"document: {{file: {doc}}}\n" + body)
+
     def url(self, userinfo=""):
         return f"redis://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.port}"
 
@@ -237,15 +249,7 @@ def needs_on_workers_equal_local(c):
     default) an agent with `needs` answers from the cut document on a worker
     as it does locally and as --fork none does, token for token, with the
     same prompt_tokens (the doc-closing markup counts)."""
-    with open(os.path.join(c.source, "examples", "documents", "apache-2.0.txt")) as f:
-        document = f.read()[:3000]
-    doc = os.path.join(c.tmp, "document.txt")
-    with open(doc, "w") as f:
-        f.write(document)
-    c.pipeline = os.path.join(c.tmp, "needs.yaml")
-    with open(c.pipeline, "w") as f:
-        f.write(f"document: {{file: {doc}}}\n"
-                "defaults: {max_tokens: 16, repeat_penalty: 1.1, dry_multiplier: 0.8}\n"
+    c.use_pipeline("needs", "defaults: {max_tokens: 16, repeat_penalty: 1.1, dry_multiplier: 0.8}\n"
                 "agents:\n"
                 "  - {name: head, prompt: \"Who is the Licensor?\", needs: {tokens: 60}}\n"
                 "  - {name: until, prompt: \"Who is the Licensor?\", needs: {until: \"Legal Entity\"}}\n"
@@ -438,14 +442,7 @@ def fork_from_on_workers_equal_local(c):
     runs its ancestors again on its worker (their conversation is there
     then) and the worker checks their answers against the run's; every
     answer equals a local run's, token for token, under both forks."""
-    with open(os.path.join(c.source, "examples", "documents", "apache-2.0.txt")) as f:
-        document = f.read()[:3000]
-    doc = os.path.join(c.tmp, "document.txt")
-    with open(doc, "w") as f:
-        f.write(document)
-    c.pipeline = os.path.join(c.tmp, "tree.yaml")
-    with open(c.pipeline, "w") as f:
-        f.write(f"document: {{file: {doc}}}\ndefaults: {{max_tokens: 20}}\nagents:\n"
+    c.use_pipeline("tree", "defaults: {max_tokens: 20}\nagents:\n"
                 "  - {name: a, prompt: \"What is this text about?\"}\n"
                 "  - {name: b, fork_from: a, prompt: \"Say more about that.\"}\n"
                 "  - {name: c, fork_from: b, prompt: \"Now in one sentence.\"}\n"
@@ -483,14 +480,7 @@ def placeholders_on_workers_equal_local(c):
     """Agents that use other agents' answers ({{name}}): the coordinator renders
     their prompts and the workers run them; every answer equals a local run's,
     token for token, under both fork strategies."""
-    with open(os.path.join(c.source, "examples", "documents", "apache-2.0.txt")) as f:
-        document = f.read()[:3000]
-    doc = os.path.join(c.tmp, "document.txt")
-    with open(doc, "w") as f:
-        f.write(document)
-    c.pipeline = os.path.join(c.tmp, "chain.yaml")
-    with open(c.pipeline, "w") as f:
-        f.write(f"document: {{file: {doc}}}\ndefaults: {{max_tokens: 24}}\nagents:\n"
+    c.use_pipeline("chain", "defaults: {max_tokens: 24}\nagents:\n"
                 "  - {name: a, prompt: \"What is this text about?\"}\n"
                 "  - {name: b, prompt: \"Who is the Licensor?\"}\n"
                 "  - {name: c, depends_on: [a], prompt: \"An analyst said: {{a}} Is that right?\"}\n"
