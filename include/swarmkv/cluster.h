@@ -129,8 +129,11 @@ struct CoordinatorOptions {
   // The whole run; then Error(kIo) naming the unanswered agents. A Redis
   // outage is ridden out within it (reconnecting with backoff, logged).
   double timeout_s = 600;
+  // A snapshot the coordinator publishes itself (run.snapshot.file; a
+  // worker's prefill job publishes with the defaults) and the TTL it renews.
   BusOptions bus;
-  // The coordinator's own prefill (on a miss in Redis): its local store.
+  // run.snapshot.file: a snapshot file to publish instead of a worker's
+  // prefill; the rest is the runner's (guard, callbacks).
   RunOptions run;
   // Agents per job, in submission order; 0: the ready agents cut into one
   // job per live worker, of about equal cost (prompt tokens + max_tokens:
@@ -139,9 +142,12 @@ struct CoordinatorOptions {
 };
 
 // Runs `spec` on the workers holding `model`: run_pipeline with the
-// coordinator as its AgentExecutor. The snapshot from Redis, else the
-// local store or a prefill (then published), agents enqueued as their
-// dependencies finish, one result kept per agent. The result is a local
+// coordinator as its AgentExecutor. The snapshot from Redis, else from a
+// worker's prefill job (the worker takes it from its store or prefills it,
+// and publishes it), or the file options.run.snapshot.file names; agents
+// enqueued as their dependencies finish, one result kept per agent. The
+// coordinator never decodes: `model` may be loaded metadata-only
+// (ModelOptions::metadata_only, as `run --redis` does). The result is a local
 // run's plus AgentResult::worker and PipelineResult::transfer. Throws
 // Error(kNotFound) when no live worker holds the model, Error(kIo) for Redis
 // and for the timeout, and what prepare_pipeline throws; agents' failures

@@ -225,9 +225,9 @@ class Coordinator final : public AgentExecutor {
 
   // A worker prefills the document (or takes it from its store) and
   // publishes the snapshot: the coordinator tokenises and keys the document
-  // but never decodes, so it needs the model file, not the compute (its
-  // weights are mapped, never read). Waits for the worker's word, within
-  // the run's time.
+  // but never decodes, so it needs the model file, not its weights or
+  // compute (run --redis loads it metadata-only). Waits for the worker's
+  // word, within the run's time.
   void prefill_on_a_worker(Publish mode) {
     const std::string& key = document_.snapshot_key;
     const std::string job =

@@ -89,11 +89,11 @@ std::map<std::string, std::vector<Token>> job_reruns(const StreamEntry& job,
   return out;
 }
 
-// A prefill job: the coordinator has the vocabulary, not the weights. The
-// run's document from this worker's store, else prefilled, published on the
-// bus under the job's key ("prefill": "replace" replaces a damaged copy);
-// one result entry (agent "") says how it went: "prefill" null or the
-// error, "prefill_ms", "bytes". Throws only for Redis itself.
+// A prefill job: the coordinator never decodes. The run's document from
+// this worker's store, else prefilled, published on the bus under the job's
+// key ("prefill": "replace" replaces a damaged copy); one result entry
+// (agent "") says how it went: "prefill" null or the error, "prefill_ms",
+// "publish_ms", "bytes". Throws only for Redis itself.
 void run_prefill_job(redis::Client& redis, const std::string& stream, const StreamEntry& job,
                      const std::string& name, const std::shared_ptr<const Model>& model,
                      const WorkerOptions& options) {
