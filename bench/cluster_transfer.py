@@ -75,6 +75,8 @@ ap.add_argument("--threads", type=int, default=2, help="threads of the local run
 ap.add_argument("--e2e-cold", action="store_true",
                 help="every e2e trial starts from an empty bus and empty worker stores (default: only "
                      "each arm's first)")
+ap.add_argument("--kv-type", default="f16", choices=("f16", "q8_0"),
+                help="the K/V type of every prefill and run (bench/cluster_q8.py runs q8_0)")
 ap.add_argument("--chunk-bytes", type=int, default=0, help="bus chunk size (0 = the bus's default)")
 ap.add_argument("--pipeline", default=os.path.join(REPO, "examples", "pipelines", "apache-license.yaml"))
 ap.add_argument("--skip", default="", help="comma list of sections to skip: " + ",".join(SECTIONS))
@@ -378,7 +380,7 @@ OVERHEAD = None  # prefix tokens that are not the document's: system prompt, cha
 def prefill(doc_path, snap_path):
     """swarmkv prefill of a plain document (default system prompt, chat template), snapshot store off."""
     p = run([SWARMKV, "prefill", doc_path, "--model", args.model, "--out", snap_path, "--snapshot-cache", "off",
-             "--json", "-t", str(args.threads)], timeout=1800)
+             "--json", "-t", str(args.threads), "--kv-type", args.kv_type], timeout=1800)
     r = json.loads(p.stdout)
     return {"prefill_ms": r["prefill_ms"], "prefix_tokens": r["prefix_tokens"], "export_ms": r.get("export_ms"),
             "write_ms": r.get("write_ms"), "file_bytes": os.path.getsize(snap_path),
@@ -458,7 +460,8 @@ for r_ in links:
 
 params = {"trials": trials, "slow_trials": args.slow_trials, "quick": quick, "doc_tokens": doc_tokens,
           "links": links, "lengths": lengths, "agents": n_agents, "max_tokens": max_tokens,
-          "threads": args.threads, "e2e_cold": args.e2e_cold, "chunk_bytes": args.chunk_bytes or None,
+          "threads": args.threads, "kv_type": args.kv_type, "e2e_cold": args.e2e_cold,
+          "chunk_bytes": args.chunk_bytes or None,
           "model": args.model, "pipeline": os.path.relpath(args.pipeline, REPO)}
 
 
@@ -706,7 +709,8 @@ def stop_workers(procs):
 
 def e2e_run(arm, pipeline, port, db):
     cmd = [SWARMKV, "run", pipeline, "--model", args.model, "--fork", "shared", "-t", str(args.threads),
-           "--snapshot-cache", "off", "--json", "--cache-dir", os.path.join(R.work, "e2e", "coordinator-store")]
+           "--kv-type", args.kv_type, "--snapshot-cache", "off", "--json",
+           "--cache-dir", os.path.join(R.work, "e2e", "coordinator-store")]
     workers = []
     if arm != "local":
         cmd += ["--redis", f"redis://127.0.0.1:{port}/{db}", "--timeout", "1200"]

@@ -350,6 +350,7 @@ snap = res.get("snapshot")
 if snap:
     lines += [f"The snapshot of `loopback` and `links`: a synthetic document (the seed's phrase) of "
               f"{snap['doc_tokens']:,} prefix tokens (default system prompt and chat template included), "
+              f"{res['params'].get('kv_type', 'f16')} K/V, "
               f"`swarmkv prefill --out`: {snap['file_bytes']:,} bytes = {snap['file_bytes'] / 1e6:.1f} MB, "
               f"{snap['bytes_per_token']:,.0f} bytes per token.", ""]
 
@@ -465,8 +466,8 @@ if arms:
               + ("every trial starts from an empty bus and empty worker stores (`--e2e-cold`)."
                  if e2e.get("cold_every_trial") else
                  "each arm's worker stores start empty, so its **first** trial fetches the snapshot (and the "
-                 "coordinator prefills and publishes it); later trials find it on the bus and in the stores "
-                 "(no prefill, no fetch anywhere)."), ""]
+                 "worker that takes the prefill job prefills and publishes it); later trials find it on the bus "
+                 "and in the stores (no prefill, no fetch anywhere)."), ""]
     body = []
     for n, rs in arms.items():
         f = rs[0]
@@ -489,7 +490,10 @@ if arms:
     if loc:
         lp = med(x["prefill_ms"] for x in loc)
         for n in ("redis-1-worker", "redis-2-workers"):
-            if n in arms and arms[n][0]["transfer"]:
+            if n in arms and arms[n][0]["transfer"] and not arms[n][0]["transfer"].get("fetch_ms"):
+                notes.append(f"- {n}: no worker fetched the snapshot in the first trial: the worker that ran "
+                             "the prefill job prefilled the document and published it, and no other took a job.")
+            elif n in arms and arms[n][0]["transfer"]:
                 fm = arms[n][0]["transfer"]["fetch_ms"]
                 notes.append(f"- {n}: each worker fetched the {arms[n][0]['transfer']['bytes'] / 1e6:.1f} MB snapshot "
                              f"in ≤ {fm:.0f} ms where a prefill of the document takes {lp:.0f} ms here (local arm, "
@@ -499,8 +503,8 @@ if arms:
         if same:
             notes.append("- Answers equal to the local arm's (first trial): "
                          + ", ".join(f"{n} {v}/{e2e['agents']}" for n, v in same.items())
-                         + " (a worker decodes its job's agents as one batch; with two workers each batch is half "
-                           "as wide, so near-ties may break differently).")
+                         + " (a worker decodes its job's agents as one batch, half as wide with two workers: in "
+                           "exact mode that changes no answer; without it near-ties may break differently).")
     notes.append(f"- {env.get('cores', '?')} cores: the two workers (-t 1 each) share the same cores as the one "
                  "worker (-t 2) and the coordinator, so a second worker adds no compute here; these runs show the "
                  "protocol's overhead and the prefill a worker does not pay, not a cluster's speed-up. On separate "
