@@ -152,7 +152,7 @@ def threads_and_n_batch_in_the_file(ctx):
 
 @case
 def many_agents_are_refused_by_memory(ctx):
-    agents = "".join(f"  - {{name: a{i}, prompt: \"Question {i}?\"}}\n" for i in range(300))
+    agents = "".join(f"  - {{name: a{i}, prompt: \"Question {i}?\"}}\n" for i in range(700))
     p = ctx.write("p.yaml", "document: {file: %s/examples/documents/apache-2.0.txt}\n"
                  "agents:\n%s" % (ctx.source, agents))
     rc, _, err = ctx.run("run", p, "--model", ctx.model, "--snapshot-cache", "off",

@@ -410,6 +410,28 @@ TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadOnlyWithoutTh
   EXPECT_FALSE(detail::branch_decoding(spec).keep_cells);
 }
 
+// The K/V type left unset is q8_0 wherever flash attention runs (exact
+// mode turns it on; bench/results/cluster-q8: half the bytes at f16's speed
+// on the exact kernels), f16 where it does not (a quantised V cache needs
+// it); one that is set is kept.
+TEST(EngineSettingsTest, KvTypeDefaultsToQ8_0WhereFlashAttentionRuns) {
+  PipelineSpec spec = four_agents();
+  ASSERT_FALSE(spec.kv_type.has_value());
+  ASSERT_TRUE(spec.exact);
+  EXPECT_EQ(engine_options(spec).type_k, KvType::kQ8_0);
+  EXPECT_EQ(engine_options(spec).type_v, KvType::kQ8_0);
+  spec.exact = false;
+  EXPECT_EQ(engine_options(spec).type_k, KvType::kF16);
+  EXPECT_EQ(engine_options(spec).type_v, KvType::kF16);
+  EXPECT_NO_THROW(validate_engine_settings(spec));
+  spec.flash_attn = true;
+  EXPECT_EQ(engine_options(spec).type_v, KvType::kQ8_0);
+  spec.exact = true;
+  spec.kv_type = KvType::kF16;
+  EXPECT_EQ(engine_options(spec).type_k, KvType::kF16);
+  EXPECT_EQ(engine_options(spec).type_v, KvType::kF16);
+}
+
 TEST(EngineSettingsTest, WithoutTheAttentionKernelExactModeRunsOneRowStepsOnOneThread) {
   // The unit tests decode nothing, so ggml has not read the switch yet.
   const char* before = std::getenv("GGML_CPU_FA_BATCH_INVARIANT");

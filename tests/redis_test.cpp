@@ -355,9 +355,13 @@ TEST_F(SnapshotBusTest, TouchRenewsEveryKey) {
 // ------------------------------------------------------------------ job messages
 
 TEST(ClusterWireTest, ASpecSurvivesTheTrip) {
+  // A K/V type left unset stays unset: the worker resolves it as the
+  // coordinator does (engine_options), from the exactness that routes the job.
+  PipelineSpec default_kv = fixtures::exact_variant(fixtures::spec_with_every_field_set());
+  default_kv.kv_type.reset();
   for (const PipelineSpec& spec :
        {fixtures::spec_with_every_field_set(),
-        fixtures::exact_variant(fixtures::spec_with_every_field_set())}) {
+        fixtures::exact_variant(fixtures::spec_with_every_field_set()), default_kv}) {
     GuardPolicy guard = GuardPolicy::kSerialized;
     const PipelineSpec back =
         cluster::spec_from_json(cluster::spec_to_json(spec, GuardPolicy::kConcurrent), &guard);

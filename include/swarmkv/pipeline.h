@@ -124,9 +124,12 @@ struct PipelineSpec {
   // Off: on, the prefill is 1.2-1.4x faster but the agents' decoding 2.2-4x
   // slower (f16 cache), a net loss end to end on the README pipeline.
   bool flash_attn = false;
-  // K and V cache; kQ8_0 halves the bytes, needs flash_attn and cuts the
-  // prefill's speed to a third to a half here.
-  KvType kv_type = KvType::kF16;
+  // K and V cache; unset: kQ8_0 where flash attention runs (exact mode
+  // turns it on), else kF16 (a quantised V cache needs flash attention).
+  // Under the exact kernels q8_0 halves the KV memory and every snapshot at
+  // the prefill's and the agents' speed (bench/results/cluster-q8);
+  // engine_options resolves it.
+  std::optional<KvType> kv_type;
   ForkMode fork = ForkMode::kShared;
   // Batch-invariant decoding, on by default: every agent's answer equals,
   // token for token, what `fork: none` gives with the same settings, whatever
@@ -167,7 +170,8 @@ uint32_t auto_n_ubatch(uint32_t n_batch);
 // The engine settings of `spec` as context options: n_batch, n_ubatch,
 // threads, flash attention and KV types (n_ctx, n_seq_max and kv_unified
 // left at their defaults for the caller to set); threads resolved (0: all
-// cores). With spec.exact: flash attention on and n_threads 1.
+// cores), the KV type too (PipelineSpec::kv_type). With spec.exact: flash
+// attention on and n_threads 1.
 ContextOptions engine_options(const PipelineSpec& spec);
 
 // How to load the model for `spec`: exact mode with batch-invariant kernels

@@ -445,7 +445,7 @@ void validate_engine_settings(const PipelineSpec& spec) {
   }
   validate_threads(spec.n_threads);
   validate_threads(spec.n_threads_batch);
-  validate_kv_types(spec.kv_type, spec.kv_type, spec.flash_attn || spec.exact);
+  if (spec.kv_type) validate_kv_types(*spec.kv_type, *spec.kv_type, spec.flash_attn || spec.exact);
 }
 
 uint32_t auto_n_ubatch(uint32_t n_batch) {
@@ -469,8 +469,7 @@ ContextOptions engine_options(const PipelineSpec& spec) {
     if (!attention_batch_invariant()) o.n_threads = 1;
     o.flash_attn = true;
   }
-  o.type_k = spec.kv_type;
-  o.type_v = spec.kv_type;
+  o.type_k = o.type_v = spec.kv_type.value_or(o.flash_attn ? KvType::kQ8_0 : KvType::kF16);
   return o;
 }
 

@@ -347,13 +347,13 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
                       {"threads", spec.n_threads},
                       {"threads_batch", spec.n_threads_batch},
                       {"flash_attn", spec.flash_attn},
-                      {"kv_type", std::string(to_string(spec.kv_type))},
                       {"fork", std::string(to_string(spec.fork))},
                       {"exact", spec.exact},
                       {"n_gpu_layers", spec.n_gpu_layers},
                       {"max_live", spec.max_live},
                       {"agents", std::move(agents)}};
   if (!spec.model.empty()) j["model"] = spec.model;
+  if (spec.kv_type) j["kv_type"] = std::string(to_string(*spec.kv_type));
   return j;
 }
 
