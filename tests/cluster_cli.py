@@ -425,6 +425,81 @@ def hostile_jobs_fail_and_the_worker_goes_on(c):
 
 
 @case
+def a_job_no_worker_finishes_goes_to_the_dead_letters(c):
+    """A job delivered more than 3 times (each worker that took it died in
+    it) is not run again: the worker that claims it next moves it to the
+    dead-letter stream with the reason, fails its agents with that reason,
+    acknowledges it and goes on; a job delivered 3 times runs as usual."""
+    c.start_redis()
+    stream = c.redis_cmd_key("jobs")
+    c.redis_cmd("XGROUP", "CREATE", stream, "workers", "0", "MKSTREAM")
+    for run in ("poison", "third"):
+        spec = {"pipeline": {"document": {"text": "A short document."}, "fork": "none",
+                             "agents": [{"name": "a", "prompt": "Say hi.", "max_tokens": 4},
+                                        {"name": "b", "prompt": "Say bye.", "max_tokens": 4}]},
+                "document_source": "text", "guard": "serialized"}
+        c.redis_cmd("SET", f"swarmkv:run:{run}:spec", json.dumps(spec))
+    ids = {}
+    for run, deliveries in (("poison", 3), ("third", 2)):
+        ids[run] = c.redis_cmd("XADD", stream, "*", "run", run, "agents", '["a","b"]').split(b"\r\n")[1]
+        # Delivered to a worker that died in it: read, then the count and an
+        # idle time past any visibility timeout set as a crash would leave them.
+        c.redis_cmd("XREADGROUP", "GROUP", "workers", "ghost", "COUNT", "1", "STREAMS", stream, ">")
+        c.redis_cmd("XCLAIM", stream, "workers", "ghost", "0", ids[run], "IDLE", "3600000", "RETRYCOUNT",
+                    str(deliveries))
+    c.start_worker("w1")
+    wait_for("the worker to take both jobs",
+             lambda: c.log("w1").count("done: 2 result(s)") == 2 or c.workers["w1"].poll() is not None, 120)
+    assert c.workers["w1"].poll() is None, c.log("w1")
+    dead = c.redis_cmd("XRANGE", c.redis_cmd_key("dead"), "-", "+")
+    assert ids["poison"] in dead and ids["third"] not in dead, dead
+    for part in (b"deliveries\r\n$1\r\n4", b"job.run\r\n$6\r\npoison", b"worker\r\n$2\r\nw1",
+                 b"was delivered 4 times and no worker finished it"):
+        assert part in dead, (part, dead)
+    poisoned = c.redis_cmd("XRANGE", "swarmkv:run:poison:results", "-", "+")
+    assert poisoned.count(b'"code":"aborted"') == 2, poisoned
+    assert b"was delivered 4 times and no worker finished it" in poisoned, poisoned
+    third = c.redis_cmd("XRANGE", "swarmkv:run:third:results", "-", "+")
+    assert third.count(b'"status":"ok"') == 2, third
+    pending = c.redis_cmd("XPENDING", stream, "workers")
+    assert pending.startswith(b"*4\r\n:0\r\n"), pending
+
+
+@case
+def a_damaged_store_entry_is_removed_and_made_again(c):
+    """A snapshot in a worker's store with its cells moved one position on
+    and its checksums resealed passes every file check; the restore's
+    position check fails the agents, the worker removes the entry, the
+    coordinator has the snapshot made and published again and retries the
+    agents once: the run answers as the local run does. (The worker used to
+    keep the entry, and every later run failed on it.)"""
+    c.use_small_pipeline()
+    c.start_redis()
+    c.start_worker("w1")
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    store = os.path.join(c.tmp, "store-w1")
+    entries = [f for f in os.listdir(store) if f.endswith(".swkv")]
+    assert len(entries) == 1, entries
+    entry = os.path.join(store, entries[0])
+    p = subprocess.run([os.environ["SWARMKV_TEST_MOVE_CELLS"], entry], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    expect_equal_answers(json.loads(out), c.local("host"))
+    log = c.log("w1")
+    assert f"removed snapshot {entry} from its store: snapshot '{entry}': after its restore sequence 0 " \
+        "holds positions 1.." in log, log
+    assert "publishing the snapshot again" in err, err
+    assert os.path.exists(entry), "the snapshot made again is in the store"
+    # The entry made again is sound: a third run restores it and answers alike.
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    expect_equal_answers(json.loads(out), c.local("host"))
+    assert log.count("removed snapshot") == c.log("w1").count("removed snapshot") == 1
+
+
+@case
 def a_bad_result_entry_fails_its_agent_not_the_run(c):
     """A result entry with a 'fetch_ms' that is not a number and a 'result'
     that is not an agent's: that agent fails naming the entry's worker, the

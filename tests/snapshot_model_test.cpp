@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "hostile_payload.h"
 #include "prefix/prefix_source.h"
 #include "swarmkv/error.h"
 #include "swarmkv/measure.h"
@@ -334,21 +335,8 @@ TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
   uint32_t cells = 0;
   const std::string moved = hostile_snapshot(
       spec, "moved.swkv", [&cells](std::vector<uint8_t>& payload, const SnapshotHeader& h) {
-        // "llama" (4 + 5 bytes), n_stream, cell_count, then per cell: pos
-        // (i32), n_seq_id (u32) = 1, seq id (i32) = 0.
-        const auto u32 = [&](size_t at) {
-          return uint32_t{payload[at]} | uint32_t{payload[at + 1]} << 8 |
-                 uint32_t{payload[at + 2]} << 16 | uint32_t{payload[at + 3]} << 24;
-        };
-        cells = u32(13);
+        cells = test::move_cells_one_position_on(payload);
         ASSERT_EQ(cells, h.meta.tokens.size());
-        for (uint32_t i = 0; i < cells; ++i) {
-          const size_t at = 17 + 12 * size_t{i};
-          ASSERT_EQ(u32(at), i);
-          ASSERT_EQ(u32(at + 4), 1u);
-          payload[at] = static_cast<uint8_t>(payload[at] + 1);
-          if (payload[at] == 0) ++payload[at + 1];  // the carry (positions < 65535 here)
-        }
       });
   const std::string expected = fmt::format(
       "corruption: snapshot '{}': after its restore sequence 0 holds positions 1..{}, "

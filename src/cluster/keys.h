@@ -33,6 +33,12 @@ inline constexpr const char* kWorkersGroup = "workers";
 inline std::string worker(const std::string& pool, const std::string& name) {
   return fmt::format("swarmkv:worker:{}:{}", pool, name);
 }
+// Jobs that no worker finished in kMaxDeliveries deliveries (each worker
+// that took one stopped or died in it), with why: never run again.
+inline std::string dead_letters(const std::string& pool) {
+  return "swarmkv:dead:" + pool;
+}
+inline constexpr int64_t kMaxDeliveries = 3;
 inline std::string run_spec(const std::string& run) {
   return "swarmkv:run:" + run + ":spec";
 }

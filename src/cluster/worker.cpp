@@ -89,14 +89,60 @@ std::map<std::string, std::vector<Token>> job_reruns(const StreamEntry& job,
   return out;
 }
 
+// The first error of a run from a snapshot that its state caused
+// (kCorruption: the file damaged, cells elsewhere after the restore,
+// non-finite logits), in the document or an agent; null if none.
+const ErrorValue* state_error(const PipelineResult& r) {
+  if (r.document_error && r.document_error->code == ErrorCode::kCorruption)
+    return &*r.document_error;
+  for (const AgentResult& a : r.agents)
+    if (a.error && a.error->code == ErrorCode::kCorruption) return &*a.error;
+  return nullptr;
+}
+
+// A job's deliveries so far (XPENDING's count: XREADGROUP and XAUTOCLAIM
+// add one each, the heartbeat's JUSTID claims none). Past
+// keys::kMaxDeliveries it goes to keys::dead_letters(pool) (its id, its
+// fields as job.<field>, the count, this worker and the reason) and the
+// error its agents fail with is returned; under it, nullopt. A worker that
+// dies in a job, every time, thus cannot take the cluster down with it.
+std::optional<ErrorValue> dead_letter(redis::Client& redis, const std::string& stream,
+                                      const std::string& pool, const StreamEntry& job,
+                                      const std::string& name) {
+  const redis::Reply r =
+      redis.try_command({"XPENDING", stream, keys::kWorkersGroup, job.id, job.id, "1"});
+  if (r.is_error() || r.elements.empty() || r.elements[0].elements.size() < 4) return std::nullopt;
+  const long long deliveries = r.elements[0].elements[3].integer;
+  if (deliveries <= keys::kMaxDeliveries) return std::nullopt;
+  const std::string dead = keys::dead_letters(pool);
+  ErrorValue e{ErrorCode::kAborted,
+               fmt::format("job {} was delivered {} times and no worker finished it (each one "
+                           "stopped or died in it): not run again; it is in {}",
+                           job.id, deliveries, dead)};
+  std::vector<std::string> add = {
+      "XADD",   dead,  "MAXLEN", "~",          "10000",
+      "*",      "job", job.id,   "deliveries", std::to_string(deliveries),
+      "worker", name,  "reason", e.message};
+  for (const auto& [key, value] : job.fields) {
+    add.push_back("job." + key);
+    add.push_back(value);
+  }
+  // Not recorded (the key holds another type): the job still fails, logged.
+  if (const redis::Reply added = redis.try_command(add); added.is_error())
+    log_warn("worker {}: could not add job {} to {}: {}", name, job.id, dead, added.str);
+  log_warn("worker {}: {}", name, e.message);
+  return e;
+}
+
 // A prefill job: the coordinator never decodes. The run's document from
 // this worker's store, else prefilled, published on the bus under the job's
 // key ("prefill": "replace" replaces a damaged copy); one result entry
 // (agent "") says how it went: "prefill" null or the error, "prefill_ms",
-// "publish_ms", "bytes". Throws only for Redis itself.
+// "publish_ms", "bytes". `dead`: the job is not run, it fails with that.
+// Throws only for Redis itself.
 void run_prefill_job(redis::Client& redis, const std::string& stream, const StreamEntry& job,
                      const std::string& name, const std::shared_ptr<const Model>& model,
-                     const WorkerOptions& options) {
+                     const WorkerOptions& options, const std::optional<ErrorValue>& dead) {
   std::string run_id;
   std::optional<ErrorValue> failure;
   PrefillReport made;
@@ -104,6 +150,7 @@ void run_prefill_job(redis::Client& redis, const std::string& stream, const Stre
   double publish_ms = 0;
   try {
     run_id = field(job, "run");
+    if (dead) throw Error(dead->code, dead->message);
     const std::string key = field(job, "snapshot");
     const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
     if (s.is_nil()) {
@@ -388,10 +435,12 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       }
       if (jobs.empty()) continue;
       const StreamEntry& job = jobs.front();
+      const std::optional<ErrorValue> dead =
+          stale ? dead_letter(redis, stream, pool, job, name) : std::nullopt;
       heartbeat.set_job(job.id);
       const Stopwatch took;
       if (job.fields.count("prefill") > 0) {
-        run_prefill_job(redis, stream, job, name, model, options);
+        run_prefill_job(redis, stream, job, name, model, options, dead);
         heartbeat.set_job("");
         ++report.jobs;
         continue;
@@ -407,6 +456,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       std::optional<ErrorValue> failure;
       try {
         run_id = field(job, "run");
+        if (dead) throw Error(dead->code, dead->message);
         const std::vector<std::string> names = job_agents(job);
         // A run that finished (or was lost) has no pipeline key: its jobs are
         // leftovers nobody waits for.
@@ -498,6 +548,17 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
                                                        std::min(at + slice, spec.agents.size())));
           try {
             PipelineResult r = run_pipeline(part, model, run);
+            // State from this worker's store entry that fails the checks
+            // after its restore (cells elsewhere, non-finite logits) though
+            // its checksums held: the entry goes, and the coordinator hears
+            // that the snapshot is unusable (it has it made and published
+            // again, and gives these agents one more try).
+            if (const ErrorValue* bad = state_error(r);
+                bad && !run.snapshot.file.empty() && store.remove_path(run.snapshot.file)) {
+              log_warn("worker {}: removed snapshot {} from its store: {}", name, run.snapshot.file,
+                       bad->message);
+              snapshot_unavailable = true;
+            }
             for (AgentResult& a : r.agents) results.push_back(std::move(a));
           } catch (const Error& e) {
             for (const AgentSpec& a : part.agents) {
