@@ -51,46 +51,51 @@ lines += ["# f16 against q8_0 K/V on the exact kernels: half-size snapshots", ""
 pre = res.get("prefill", [])
 by = {(r["model"], r["length"], r["kv"]): r for r in pre}
 models = list(params["models"])
+
+
+def measured_pairs():
+    """(model, length, f16 row, q8_0 row) of the prefill section, where both were measured."""
+    for m in models:
+        for L in params["lengths"]:
+            if (m, L, "f16") in by and (m, L, "q8_0") in by:
+                yield m, L, by[(m, L, "f16")], by[(m, L, "q8_0")]
+
+
+def per_model_lengths(samples, ylabel, title, name, dots=None):
+    """One panel per model: per document length, f16 and q8_0 bars of the median of samples(row) (a row
+    of the prefill section), each sample as a dot when `dots` names them."""
+    fig, axes = ps.figure(1, len(models), width=4.2 * len(models) + 1.5)
+    for i, m in enumerate(models):
+        a = axes[0][i]
+        groups = [L for L in params["lengths"] if (m, L, "f16") in by]
+        ps.grouped(a, groups, list(KV), lambda L, kv, m=m: med(samples(by[(m, L, kv)])),
+                   (lambda L, kv, m=m: samples(by[(m, L, kv)])) if dots else None,
+                   labels=[f"{by[(m, L, 'f16')]['prefix_tokens']:,}" for L in groups], value_fmt=lambda v: f"{v:.0f}")
+        a.set_xlabel("prefix tokens")
+        a.set_ylabel(ylabel)
+        ps.panel_title(a, m)
+    ps.arm_legend(axes[0][-1], list(KV), dots=dots, names={"f16": "f16 K/V", "q8_0": "q8_0 K/V"})
+    ps.title(fig, title)
+    ps.save(fig, os.path.join(out, "plots", name))
+
+
 if pre:
     lines += ["## Snapshot bytes and prefill speed", "",
               "`swarmkv prefill DOC --out FILE --kv-type KV --snapshot-cache off`, a synthetic document (the seed's "
               "phrase). Bytes: the file's size. Loopback fetch: swarmkv_bus_bench against a redis-server on "
               "127.0.0.1, median of its trials.", ""]
     rows = []
-    for m in models:
-        for L in params["lengths"]:
-            f, q = by.get((m, L, "f16")), by.get((m, L, "q8_0"))
-            if not f or not q:
-                continue
-            tf = f["prefix_tokens"] / (med(f["prefill_ms"]) / 1000)
-            tq = q["prefix_tokens"] / (med(q["prefill_ms"]) / 1000)
-            rows.append([m, f"{f['prefix_tokens']:,}", f"{f['file_bytes'] / 1e6:.1f}", f"{q['file_bytes'] / 1e6:.1f}",
-                         f"{q['file_bytes'] / f['file_bytes']:.3f}", f"{tf:.0f}", f"{tq:.0f}", f"**{tq / tf:.2f}**",
-                         f"{f['loopback']['fetch_ms_median']:.0f}", f"{q['loopback']['fetch_ms_median']:.0f}"])
+    for m, L, f, q in measured_pairs():
+        tf = f["prefix_tokens"] / (med(f["prefill_ms"]) / 1000)
+        tq = q["prefix_tokens"] / (med(q["prefill_ms"]) / 1000)
+        rows.append([m, f"{f['prefix_tokens']:,}", f"{f['file_bytes'] / 1e6:.1f}", f"{q['file_bytes'] / 1e6:.1f}",
+                     f"{q['file_bytes'] / f['file_bytes']:.3f}", f"{tf:.0f}", f"{tq:.0f}", f"**{tq / tf:.2f}**",
+                     f"{f['loopback']['fetch_ms_median']:.0f}", f"{q['loopback']['fetch_ms_median']:.0f}"])
     table(["model", "prefix tokens", "f16 MB", "q8_0 MB", "bytes q8_0/f16", "f16 tok/s", "q8_0 tok/s",
            "speed q8_0/f16", "f16 fetch ms", "q8_0 fetch ms"], rows, "prefill")
 
-    fig, axes = ps.figure(1, len(models), width=4.2 * len(models) + 1.5)
-    for i, m in enumerate(models):
-        a = axes[0][i]
-        groups = [L for L in params["lengths"] if (m, L, "f16") in by]
-
-        def speed(L, kv, m=m):
-            r = by[(m, L, kv)]
-            return r["prefix_tokens"] / (med(r["prefill_ms"]) / 1000)
-
-        def trials(L, kv, m=m):
-            r = by[(m, L, kv)]
-            return [r["prefix_tokens"] / (x / 1000) for x in r["prefill_ms"]]
-
-        ps.grouped(a, groups, list(KV), speed, trials, labels=[f"{by[(m, L, 'f16')]['prefix_tokens']:,}"
-                                                                for L in groups], value_fmt=lambda v: f"{v:.0f}")
-        a.set_xlabel("prefix tokens")
-        a.set_ylabel("prefill tokens/s")
-        ps.panel_title(a, m)
-    ps.arm_legend(axes[0][-1], list(KV), dots="one trial", names={"f16": "f16 K/V", "q8_0": "q8_0 K/V"})
-    ps.title(fig, "Prefill speed, exact kernels: f16 against q8_0 K/V")
-    ps.save(fig, os.path.join(out, "plots", "prefill.png"))
+    per_model_lengths(lambda r: [r["prefix_tokens"] / (x / 1000) for x in r["prefill_ms"]], "prefill tokens/s",
+                      "Prefill speed, exact kernels: f16 against q8_0 K/V", "prefill.png", dots="one trial")
 
 # ---------------------------------------------------------------- break-even
 transfer = None
@@ -103,19 +108,15 @@ if pre:
               "(b: the snapshot's bytes per token, v: the prefill's tokens per second; "
               "bench/results/cluster-transfer/ derives it). Both measured above, in this run.", ""]
     rows = []
-    for m in models:
-        for L in params["lengths"]:
-            f, q = by.get((m, L, "f16")), by.get((m, L, "q8_0"))
-            if not f or not q:
-                continue
-            be = {}
-            for kv, r in (("f16", f), ("q8_0", q)):
-                b = r["file_bytes"] / r["prefix_tokens"]
-                v = r["prefix_tokens"] / (med(r["prefill_ms"]) / 1000)
-                be[kv] = b * v
-            rows.append([m, f"{f['prefix_tokens']:,}", f"{f['file_bytes'] / f['prefix_tokens']:,.0f}",
-                         f"{q['file_bytes'] / q['prefix_tokens']:,.0f}", mbit(be["f16"]), mbit(be["q8_0"]),
-                         f"{be['q8_0'] / be['f16']:.2f}"])
+    for m, L, f, q in measured_pairs():
+        be = {}
+        for kv, r in (("f16", f), ("q8_0", q)):
+            b = r["file_bytes"] / r["prefix_tokens"]
+            v = r["prefix_tokens"] / (med(r["prefill_ms"]) / 1000)
+            be[kv] = b * v
+        rows.append([m, f"{f['prefix_tokens']:,}", f"{f['file_bytes'] / f['prefix_tokens']:,.0f}",
+                     f"{q['file_bytes'] / q['prefix_tokens']:,.0f}", mbit(be["f16"]), mbit(be["q8_0"]),
+                     f"{be['q8_0'] / be['f16']:.2f}"])
     table(["model", "prefix tokens", "f16 bytes/token", "q8_0 bytes/token", "f16 break-even", "q8_0 break-even",
            "q8_0/f16"], rows, "breakeven")
     if transfer and transfer.get("links"):
@@ -139,23 +140,9 @@ if pre:
         table(["link", "delivered", "f16 fetch ms", "f16 prefill ms", "f16 faster", "q8_0 fetch ms",
                "q8_0 prefill ms", "q8_0 faster"], rows, "links")
 
-    fig, axes = ps.figure(1, len(models), width=4.2 * len(models) + 1.5)
-    for i, m in enumerate(models):
-        a = axes[0][i]
-        groups = [L for L in params["lengths"] if (m, L, "f16") in by]
-
-        def breakeven(L, kv, m=m):
-            r = by[(m, L, kv)]
-            return r["file_bytes"] / (med(r["prefill_ms"]) / 1000) * 8 / 1e6
-
-        ps.grouped(a, groups, list(KV), breakeven, labels=[f"{by[(m, L, 'f16')]['prefix_tokens']:,}" for L in groups],
-                   value_fmt=lambda v: f"{v:.0f}")
-        a.set_xlabel("prefix tokens")
-        a.set_ylabel("break-even link rate, Mbit/s")
-        ps.panel_title(a, m)
-    ps.arm_legend(axes[0][-1], list(KV), names={"f16": "f16 K/V", "q8_0": "q8_0 K/V"})
-    ps.title(fig, "Fetching beats prefilling above this link rate (lower: a slower link suffices)")
-    ps.save(fig, os.path.join(out, "plots", "breakeven.png"))
+    per_model_lengths(lambda r: [r["file_bytes"] / (x / 1000) * 8 / 1e6 for x in r["prefill_ms"]],
+                      "break-even link rate, Mbit/s",
+                      "Fetching beats prefilling above this link rate (lower: a slower link suffices)", "breakeven.png")
 
 # ---------------------------------------------------------------- agents16
 a16 = res.get("agents16", {})
