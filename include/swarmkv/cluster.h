@@ -46,6 +46,15 @@ struct Manifest {
   int64_t created_unix = 0;
 };
 
+// A manifest as the bus holds it (JSON: key, upload, bytes, chunk_bytes,
+// chunk_xxh3, producer, created_unix), and back. manifest_from_json throws
+// Error(kCorruption) "the manifest of snapshot <key> is damaged: <why>" for
+// text that does not parse, another key, or sizes no chunk list bears out
+// (chunk_bytes 0 or above 512 MiB, one Redis string; a chunk count other
+// than bytes / chunk_bytes rounded up).
+std::string manifest_to_json(const Manifest& manifest);
+Manifest manifest_from_json(std::string_view text, const std::string& key);
+
 struct PublishReport {
   // false: another publisher's copy was complete first (SET NX lost); its
   // manifest is what readers see, this upload's chunks were removed.

@@ -21,17 +21,6 @@ std::string chunk_key(const Manifest& m, size_t i) {
   return fmt::format("{}:{}:{}", keys::snapshot(m.key), m.upload, i);
 }
 
-std::string manifest_json(const Manifest& m) {
-  return nlohmann::json{{"key", m.key},
-                        {"upload", m.upload},
-                        {"bytes", m.bytes},
-                        {"chunk_bytes", m.chunk_bytes},
-                        {"chunk_xxh3", m.chunk_xxh3},
-                        {"producer", m.producer},
-                        {"created_unix", m.created_unix}}
-      .dump();
-}
-
 // find_snapshot, but a manifest that does not parse is nullopt (a publisher
 // replacing it has nothing of it to clean up).
 std::optional<Manifest> find_snapshot_or_damaged(redis::Client& redis, const std::string& key) {
@@ -44,6 +33,46 @@ std::optional<Manifest> find_snapshot_or_damaged(redis::Client& redis, const std
 }
 
 }  // namespace
+
+std::string manifest_to_json(const Manifest& m) {
+  return nlohmann::json{{"key", m.key},
+                        {"upload", m.upload},
+                        {"bytes", m.bytes},
+                        {"chunk_bytes", m.chunk_bytes},
+                        {"chunk_xxh3", m.chunk_xxh3},
+                        {"producer", m.producer},
+                        {"created_unix", m.created_unix}}
+      .dump();
+}
+
+Manifest manifest_from_json(std::string_view text, const std::string& key) {
+  const auto damaged = [&](const std::string& why) {
+    return Error(ErrorCode::kCorruption,
+                 fmt::format("the manifest of snapshot {} is damaged: {}", key, why));
+  };
+  Manifest m;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    m.key = j.at("key").get<std::string>();
+    m.upload = j.at("upload").get<std::string>();
+    m.bytes = j.at("bytes").get<uint64_t>();
+    m.chunk_bytes = j.at("chunk_bytes").get<uint64_t>();
+    m.chunk_xxh3 = j.at("chunk_xxh3").get<std::vector<uint64_t>>();
+    m.producer = j.value("producer", "");
+    m.created_unix = j.value("created_unix", int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    throw damaged(e.what());
+  }
+  const uint64_t expect = m.chunk_bytes == 0 ? 0 : (m.bytes + m.chunk_bytes - 1) / m.chunk_bytes;
+  // A chunk is one Redis string, which holds at most 512 MiB.
+  if (m.key != key || m.chunk_bytes == 0 || m.chunk_bytes > (uint64_t{512} << 20) ||
+      m.chunk_xxh3.size() != expect) {
+    throw damaged(fmt::format(
+        "its key, chunk size or chunk count is inconsistent ({} bytes in {} chunks of {})", m.bytes,
+        m.chunk_xxh3.size(), m.chunk_bytes));
+  }
+  return m;
+}
 
 PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
                                std::span<const uint8_t> file, const BusOptions& options,
@@ -76,7 +105,7 @@ PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
   report.chunks = m.chunk_xxh3.size();
   if (mode == Publish::kReplace) {
     const std::optional<Manifest> old = find_snapshot_or_damaged(redis, key);
-    redis.command({"SET", keys::snapshot(key), manifest_json(m), "EX", ttl});
+    redis.command({"SET", keys::snapshot(key), manifest_to_json(m), "EX", ttl});
     report.published = true;
     if (old && old->upload != m.upload) {
       for (size_t i = 0; i < old->chunk_xxh3.size(); ++i)
@@ -84,7 +113,7 @@ PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
     }
   } else {
     const redis::Reply set =
-        redis.command({"SET", keys::snapshot(key), manifest_json(m), "NX", "EX", ttl});
+        redis.command({"SET", keys::snapshot(key), manifest_to_json(m), "NX", "EX", ttl});
     report.published = !set.is_nil();
   }
   if (!report.published) {
@@ -101,29 +130,9 @@ std::optional<Manifest> find_snapshot(redis::Client& redis, const std::string& k
   const redis::Reply r = redis.command({"GET", keys::snapshot(key)});
   if (r.is_nil()) return std::nullopt;
   try {
-    const nlohmann::json j = nlohmann::json::parse(r.str);
-    Manifest m;
-    m.key = j.at("key").get<std::string>();
-    m.upload = j.at("upload").get<std::string>();
-    m.bytes = j.at("bytes").get<uint64_t>();
-    m.chunk_bytes = j.at("chunk_bytes").get<uint64_t>();
-    m.chunk_xxh3 = j.at("chunk_xxh3").get<std::vector<uint64_t>>();
-    m.producer = j.value("producer", "");
-    m.created_unix = j.value("created_unix", int64_t{0});
-    const uint64_t expect = m.chunk_bytes == 0 ? 0 : (m.bytes + m.chunk_bytes - 1) / m.chunk_bytes;
-    // A chunk is one Redis string, which holds at most 512 MiB.
-    if (m.key != key || m.chunk_bytes == 0 || m.chunk_bytes > (uint64_t{512} << 20) ||
-        m.chunk_xxh3.size() != expect) {
-      throw Error(ErrorCode::kCorruption,
-                  fmt::format("its key, chunk size or chunk count is inconsistent ({} bytes in {} "
-                              "chunks of {})",
-                              m.bytes, m.chunk_xxh3.size(), m.chunk_bytes));
-    }
-    return m;
-  } catch (const std::exception& e) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: the manifest of snapshot {} is damaged: {}", redis.url().address(),
-                            key, e.what()));
+    return manifest_from_json(r.str, key);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", redis.url().address(), e.message()));
   }
 }
 
