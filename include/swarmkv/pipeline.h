@@ -127,8 +127,8 @@ struct PipelineSpec {
   // K and V cache; unset: kQ8_0 where flash attention runs (exact mode
   // turns it on), else kF16 (a quantised V cache needs flash attention).
   // Under the exact kernels q8_0 halves the KV memory and every snapshot at
-  // the prefill's and the agents' speed (bench/results/cluster-q8);
-  // engine_options resolves it.
+  // f16's speed on SmolLM2, within a tenth of it on Gemma 3
+  // (bench/results/cluster-q8); engine_options resolves it.
   std::optional<KvType> kv_type;
   ForkMode fork = ForkMode::kShared;
   // Batch-invariant decoding, on by default: every agent's answer equals,

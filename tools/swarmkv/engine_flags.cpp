@@ -23,9 +23,10 @@ void EngineFlags::add_to(CLI::App* app) {
   app->add_option("--kv-type", kv_type,
                   "K and V cache type (file key kv_type; default q8_0 where flash attention "
                   "runs, as exact mode has it, else f16). q8_0 halves the KV memory and every "
-                  "snapshot; on the exact kernels it prefills and decodes as fast as f16, on "
-                  "llama.cpp's stock ones (--no-exact --flash-attn on) at a third to a half of "
-                  "the speed; it needs flash attention (docs/engine-settings.md)")
+                  "snapshot; on the exact kernels a run takes what f16's takes on SmolLM2 and up "
+                  "to a tenth longer on Gemma 3, on llama.cpp's stock ones (--no-exact "
+                  "--flash-attn on) it prefills at a third to a half of f16's speed; it needs "
+                  "flash attention (docs/engine-settings.md)")
       ->check(CLI::IsMember({"f16", "q8_0"}));
   app->add_flag_function(
       "--exact,!--no-exact", [this](int64_t count) { exact = count > 0; },
