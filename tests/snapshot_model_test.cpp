@@ -348,6 +348,44 @@ TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
   });
 }
 
+// The same kind of entry in the store: it passes every file check, so the
+// lookup restores it and the run fails on it; then the entry is gone (it
+// stayed, and every later run failed the same way), and the next run
+// prefills and answers as a cold run does. On both forks.
+TEST_P(SnapshotModelTest, AStoreEntryWhoseStateFailsIsRemoved) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread restores here: release and ASan run it";
+#endif
+  if (GetParam().name != std::string("smollm2"))
+    GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
+  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
+    SCOPED_TRACE(to_string(fork));
+    fs::remove_all(dir_ / "store");
+    PipelineSpec spec = licence_spec(1000, 4);
+    spec.fork = fork;
+    const PipelineResult cold = run(spec, cached());
+    ASSERT_TRUE(cold.snapshot && cold.snapshot->published);
+    const std::string entry = cold.snapshot->path;
+    const SnapshotHeader h = read_snapshot_header(entry);
+    std::vector<uint8_t> payload = read_snapshot_payload(entry, h);
+    test::move_cells_one_position_on(payload);
+    write_snapshot(entry, h.meta, payload);
+
+    const PipelineResult failed = run_pipeline(spec, model_, cached());
+    EXPECT_FALSE(failed.ok());
+    ASSERT_TRUE(failed.snapshot);
+    EXPECT_EQ(failed.snapshot->source, SnapshotSource::kCache);
+    ASSERT_EQ(failed.snapshot->discarded.size(), 1u);
+    EXPECT_NE(failed.snapshot->discarded[0].message.find("after its restore sequence 0 holds"),
+              std::string::npos)
+        << failed.snapshot->discarded[0];
+    EXPECT_FALSE(fs::exists(entry));
+    const PipelineResult again = run(spec, cached());
+    EXPECT_EQ(again.snapshot->source, SnapshotSource::kPrefill);
+    expect_same_answers(cold, again, "after the damaged entry");
+  }
+}
+
 // A snapshot whose K/V values are NaN (checksums recomputed): the agents
 // answered nothing (0 tokens, status ok). Now each agent fails at its first
 // token with kCorruption, on both forks. The payload ends with the last

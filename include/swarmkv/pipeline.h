@@ -537,9 +537,17 @@ struct PrefillReport {
 PrefillReport prefill_document(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                                const RunOptions& options, const std::string& out_path = {});
 
+// The first error of a run from a snapshot that the snapshot's state caused
+// (kCorruption: its file damaged, its cells elsewhere after the restore,
+// non-finite logits), in the document node or an agent; null if none.
+const ErrorValue* state_error(const PipelineResult& result);
+
 // Runs the pipeline: prepare, then the fork strategy of spec.fork. Throws
 // only what prepare_pipeline throws; failures while running are reported per
-// node in the result.
+// node in the result. A store entry (options.snapshot.cache kOn) whose state
+// failed so, though it passed its checksums, is removed and listed in
+// result.snapshot->discarded: the next run prefills instead of failing on it
+// again (an explicit --snapshot file is left as it is).
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                             const RunOptions& options = {});
 // The same with the preparation done by the caller (to refuse a request

@@ -89,17 +89,6 @@ std::map<std::string, std::vector<Token>> job_reruns(const StreamEntry& job,
   return out;
 }
 
-// The first error of a run from a snapshot that its state caused
-// (kCorruption: the file damaged, cells elsewhere after the restore,
-// non-finite logits), in the document or an agent; null if none.
-const ErrorValue* state_error(const PipelineResult& r) {
-  if (r.document_error && r.document_error->code == ErrorCode::kCorruption)
-    return &*r.document_error;
-  for (const AgentResult& a : r.agents)
-    if (a.error && a.error->code == ErrorCode::kCorruption) return &*a.error;
-  return nullptr;
-}
-
 // A job's deliveries so far (XPENDING's count: XREADGROUP and XAUTOCLAIM
 // add one each, the heartbeat's JUSTID claims none). Past
 // keys::kMaxDeliveries it goes to keys::dead_letters(pool) (its id, its
@@ -550,7 +539,9 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
             PipelineResult r = run_pipeline(part, model, run);
             // State from this worker's store entry that fails the checks
             // after its restore (cells elsewhere, non-finite logits) though
-            // its checksums held: the entry goes, and the coordinator hears
+            // its checksums held: the entry goes, as run_pipeline drops a
+            // store entry it looked up (this one is named as a file, checked
+            // against the bus's key), and the coordinator hears
             // that the snapshot is unusable (it has it made and published
             // again, and gives these agents one more try).
             if (const ErrorValue* bad = state_error(r);

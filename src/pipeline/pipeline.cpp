@@ -17,6 +17,7 @@
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
+#include "swarmkv/snapshot.h"
 
 namespace swarmkv {
 namespace {
@@ -685,6 +686,14 @@ PrefillReport prefill_document(const PipelineSpec& given, const std::shared_ptr<
   return report;
 }
 
+const ErrorValue* state_error(const PipelineResult& r) {
+  if (r.document_error && r.document_error->code == ErrorCode::kCorruption)
+    return &*r.document_error;
+  for (const AgentResult& a : r.agents)
+    if (a.error && a.error->code == ErrorCode::kCorruption) return &*a.error;
+  return nullptr;
+}
+
 PipelineResult run_pipeline(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                             const RunOptions& options) {
   return detail::run_pipeline(spec, model, options, detail::RunFaults{});
@@ -854,6 +863,15 @@ PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<con
   for (size_t i = 0; i < result.agents.size(); ++i) {
     result.agents[i].status = dag.status(i + 1);
     result.agents[i].error = dag.error(i + 1);
+  }
+  if (const ErrorValue* bad = state_error(result);
+      bad && result.snapshot && result.snapshot->source == SnapshotSource::kCache &&
+      options.snapshot.cache == SnapshotCacheMode::kOn) {
+    SnapshotStore(snapshot_store_dir(options.snapshot.cache_dir))
+        .remove_path(result.snapshot->path);
+    log_warn("snapshot cache: removed entry {}: its state failed after the restore ({})",
+             result.snapshot->path, bad->to_string());
+    result.snapshot->discarded.push_back(*bad);
   }
   result.total_ms = run.ms();
   return result;

@@ -69,6 +69,9 @@ class SharedFork final : public ForkStrategy {
     PrefixState state = obtain_prefix_state(in.spec, prefix, in.options, in.model,
                                             /*exact_only=*/stream_if_missing);
     streaming = state.bytes.empty();
+    // Where the prefix came from, also when its restore fails below (a
+    // store entry that fails is removed by name: run_pipeline).
+    result.snapshot = state.use;
     ContextOptions options = engine_options(in.spec);
     options.n_ctx = in.prepared.budget.n_ctx;
     options.kv_unified = true;
@@ -96,7 +99,6 @@ class SharedFork final : public ForkStrategy {
     result.contexts = 1;
     result.kv_bytes_per_cell =
         static_cast<double>(state.bytes.size()) / static_cast<double>(prefix.size());
-    result.snapshot = std::move(state.use);
     if (streaming) {
       result.document_prefills = 1;
       log_info(
