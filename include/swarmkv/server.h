@@ -33,6 +33,12 @@ struct ServerOptions {
   int32_t max_cached = 16;                // finished sequences kept for prefix reuse
   int32_t max_concurrent = 64;            // requests in flight; more get 429 with Retry-After
   size_t max_body_bytes = 8u << 20;       // larger bodies get 413
+  // Connections: each holds a thread of its own; more than max_connections
+  // are answered 503 and closed. A request's line and headers must arrive
+  // within header_timeout_s (else 408), all of it within request_timeout_s.
+  int32_t max_connections = 256;
+  double header_timeout_s = 10;
+  double request_timeout_s = 60;
   int32_t max_messages = 256;
   int32_t max_tokens = 4096;  // the most max_tokens a request may ask for
   // When a request gives none (capped by the context): a few seconds of a

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/completion_engine.h"
+#include "server/http_server.h"
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
 #include "swarmkv/chat.h"
@@ -145,7 +146,7 @@ struct Server::Impl {
   }
   std::unique_ptr<server::CompletionEngine> engine;
   std::unique_ptr<server::PipelineRunner> pipelines;
-  httplib::Server http;
+  server::HttpServer http;
   int port = 0;
   int listen_fd = -1;  // the listening socket, as set_socket_options saw it
   std::atomic<int32_t> in_flight{0};
@@ -239,6 +240,14 @@ struct Server::Impl {
                            label_value(key.first), key.second, n);
       }
     }
+    metric("swarmkv_http_connections_open", "gauge", "HTTP connections open.",
+           http.open_connections());
+    metric("swarmkv_http_connections_refused_total", "counter",
+           "HTTP connections answered 503 and closed: over --max-connections.",
+           static_cast<double>(http.refused_over_limit()));
+    metric("swarmkv_http_head_timeouts_total", "counter",
+           "HTTP requests whose line and headers took longer than --header-timeout (408).",
+           static_cast<double>(http.timed_out_heads()));
     metric("swarmkv_requests_total", "counter", "Completion requests admitted to the engine.",
            static_cast<double>(s.requests));
     metric("swarmkv_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
@@ -621,6 +630,12 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                             o.max_concurrent, o.max_messages, o.max_tokens, o.default_max_tokens,
                             o.max_n, o.max_body_bytes, o.drain_s));
   }
+  if (o.max_connections < 1 || !(o.header_timeout_s > 0) || !(o.request_timeout_s > 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need max_connections >= 1, header_timeout_s and request_timeout_s "
+                            "> 0 (got {}, {}, {})",
+                            o.max_connections, o.header_timeout_s, o.request_timeout_s));
+  }
   if (o.max_pipelines < 0 || o.max_pipeline_agents < 1 || o.max_pipeline_ctx < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("need max_pipelines >= 0, max_pipeline_agents and max_pipeline_ctx "
@@ -647,10 +662,17 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                             .exact = o.exact});
   s.pipelines = std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots);
 
-  // Handler threads: every request in flight holds one (a stream for its
-  // whole answer), plus room to answer the ones over the limit with 429.
-  const size_t threads = static_cast<size_t>(o.max_concurrent) + 8;
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Each connection holds a thread of its own, up to max_connections.
+  s.http.set_connection_limits({.max_connections = o.max_connections,
+                                .header_timeout_s = o.header_timeout_s,
+                                .request_timeout_s = o.request_timeout_s},
+                               [](int status, const std::string& message) {
+                                 const bool timed_out = status == 408;
+                                 return dump(server::error_body(
+                                     {timed_out ? ErrorCode::kIo : ErrorCode::kAborted, message},
+                                     {status, timed_out ? "invalid_request_error" : "server_error",
+                                      timed_out ? "request_timeout" : "too_many_connections"}));
+                               });
   s.http.set_payload_max_length(o.max_body_bytes);
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
     trace = {.start = Clock::now(), .usage = std::nullopt};

@@ -83,6 +83,21 @@ ServeCommand::ServeCommand(CLI::App& app) {
   sub_->add_option("--max-body", options_.max_body_bytes, "largest request body in bytes (413)")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 30));
+  sub_->add_option("--max-connections", options_.max_connections,
+                   "HTTP connections open at once, each with a thread of its own; more are "
+                   "answered 503 and closed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  sub_->add_option("--header-timeout", options_.header_timeout_s,
+                   "seconds a request's line and headers may take to arrive (from the "
+                   "connection, or from a kept-alive connection's next byte); then 408 and the "
+                   "connection closes, so slow clients cannot hold the server")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 3600.0));
+  sub_->add_option("--request-timeout", options_.request_timeout_s,
+                   "seconds a whole request (line, headers, body) may take to arrive")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 86400.0));
   sub_->add_option("--max-tokens", options_.max_tokens, "the most max_tokens a request may ask")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

@@ -1,0 +1,57 @@
+// httplib's Server with connections that cannot hold it: each connection
+// has a thread of its own (httplib's pool has a fixed count, which clients
+// sending a header byte a second filled, so /health waited behind them),
+// a request's head must arrive within a deadline, the whole request within
+// another, an idle kept-alive connection closes, and connections over a cap
+// are answered 503 and closed at once.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace swarmkv::server {
+
+struct ConnectionLimits {
+  int32_t max_connections = 256;  // open at once; more are answered 503 and closed
+  // A request's line and headers, from the connection's accept (its first
+  // request) or from its first byte (a kept-alive connection's next ones);
+  // past it the client gets 408 and the connection closes.
+  double header_timeout_s = 10;
+  double request_timeout_s = 60;  // line, headers and body, from the first byte
+  double idle_timeout_s = 5;      // waiting for the next request on a kept-alive connection
+  int32_t max_requests = 100;     // per connection; the last one's answer says Connection: close
+};
+
+// The body of an error response the connection layer sends itself: 408 for
+// a head that did not arrive in time, 503 over max_connections.
+using ErrorBody = std::function<std::string(int status, const std::string& message)>;
+
+// Thread-safe as httplib::Server is: configure before listen, stop() from
+// any thread.
+class HttpServer : public httplib::Server {
+ public:
+  HttpServer();
+  // Before listen.
+  void set_connection_limits(const ConnectionLimits& limits, ErrorBody error_body);
+
+  int32_t open_connections() const noexcept { return open_.load(); }
+  // Connections closed by a limit: over max_connections, head too slow.
+  uint64_t refused_over_limit() const noexcept { return over_limit_.load(); }
+  uint64_t timed_out_heads() const noexcept { return timed_out_.load(); }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+  void refuse(socket_t sock, int status, const std::string& message) const;
+
+  ConnectionLimits limits_;
+  ErrorBody error_body_;
+  std::atomic<int32_t> open_{0};
+  std::atomic<uint64_t> over_limit_{0};
+  std::atomic<uint64_t> timed_out_{0};
+};
+
+}  // namespace swarmkv::server
