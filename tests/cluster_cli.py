@@ -372,56 +372,85 @@ def sigterm_drains_the_job_in_hand(c):
 
 @case
 def hostile_jobs_fail_and_the_worker_goes_on(c):
-    """Jobs whose 'agents' is not a list of names, and one whose snapshot
-    manifest claims 2^40 bytes in one chunk: each fails that job and is
+    """1,000 hostile jobs, 50 of each of 20 kinds, interleaved: 'agents' not
+    a list of names, fields missing, a run whose pipeline is not one, an
+    agent the run lacks, snapshot manifests that lie (2^40 bytes in one
+    chunk, a chunk failing its checksum, not JSON), prompts and reruns of
+    the wrong shape. Each fails its job with its own reason and is
     acknowledged (the worker used to exit, and every restarted one claimed
-    the job again and died); then the same worker runs a real pipeline."""
+    the job again and died); then the same worker runs the real pipeline
+    and answers as a local run does."""
     c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1")
     stream = c.redis_cmd_key("jobs")
-    bad_agents = ("not json", '{"a":1}', "[1,2]", "[]")
-    for agents in bad_agents:
-        c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", agents)
     spec = {"pipeline": {"document": {"text": "A short document."}, "fork": "host",
                          "agents": [{"name": "a", "prompt": "Say hi."}]},
             "document_source": "text", "guard": "serialized"}
     c.redis_cmd("SET", "swarmkv:run:hostile:spec", json.dumps(spec))
-    key = "f" * 32
-    c.redis_cmd("SET", "swarmkv:snap:" + key,
-                json.dumps({"key": key, "upload": "u", "bytes": 1 << 40, "chunk_bytes": 1 << 40,
+    c.redis_cmd("SET", "swarmkv:run:notjson:spec", "<html>")
+    c.redis_cmd("SET", "swarmkv:run:typed:spec", json.dumps({"pipeline": 5}))
+    huge, checksum, garbled = "f" * 32, "e" * 32, "d" * 32
+    c.redis_cmd("SET", "swarmkv:snap:" + huge,
+                json.dumps({"key": huge, "upload": "u", "bytes": 1 << 40, "chunk_bytes": 1 << 40,
                             "chunk_xxh3": [1]}))
-    c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", '["a"]', "snapshot", key)
-    bad_prompts = ("not json", '{"zz": "a prompt for no agent of the job"}', '{"a": 7}')
-    for prompts in bad_prompts:
-        c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", '["a"]', "snapshot", key,
-                    "prompts", prompts)
-    bad_reruns = ("[1]", '{"zz": [1]}', '{"a": ["x"]}', '{"a": [-1]}')
-    for rerun in bad_reruns:
-        c.redis_cmd("XADD", stream, "*", "run", "hostile", "agents", '["a"]', "snapshot", key,
-                    "rerun", rerun)
-    wait_for("the worker to fail the hostile jobs",
-             lambda: c.log("w1").count("failed: corruption: job") ==
-             len(bad_agents) + len(bad_prompts) + len(bad_reruns) and
-             "the manifest of snapshot " + key + " is damaged" in c.log("w1") or
-             c.workers["w1"].poll() is not None, 60)
-    assert c.workers["w1"].poll() is None, c.log("w1")
-    for agents in bad_agents:
-        assert f"'agents' is not a JSON array of agent names (it is '{agents}')" in c.log("w1")
-    assert "'prompts' is not a JSON object of agent names to prompts (it is 'not json')" in c.log("w1")
-    assert "'prompts' has an entry for 'zz' that is not a prompt of one of its agents" in c.log("w1")
-    assert "'prompts' has an entry for 'a' that is not a prompt" in c.log("w1")
-    assert "'rerun' is not a JSON object of agent names to token arrays" in c.log("w1")
-    assert "'rerun' names 'zz', which is not one of its agents" in c.log("w1")
-    assert c.log("w1").count("'rerun' of 'a' holds something other than token ids") == 2
-    results = c.redis_cmd("XRANGE", "swarmkv:run:hostile:results", "-", "+")
+    c.redis_cmd("SET", "swarmkv:snap:" + checksum,
+                json.dumps({"key": checksum, "upload": "u", "bytes": 5, "chunk_bytes": 5,
+                            "chunk_xxh3": [1]}))
+    c.redis_cmd("SET", "swarmkv:snap:" + checksum + ":u:0", "abcde")
+    c.redis_cmd("SET", "swarmkv:snap:" + garbled, "{not json")
+    a = ("run", "hostile", "agents", '["a"]')
+    nested = "[" * 100000
+    not_names = "'agents' is not a JSON array of agent names (it is "
+    kinds = [  # (the job's fields, what the worker says of it)
+        (("run", "hostile", "agents", "not json"), not_names + "'not json')"),
+        (("run", "hostile", "agents", '{"a":1}'), not_names + "'{\"a\":1}')"),
+        (("run", "hostile", "agents", "[1,2]"), not_names + "'[1,2]')"),
+        (("run", "hostile", "agents", "[]"), not_names + "'[]')"),
+        (("run", "hostile", "agents", nested), not_names + "'" + nested[:200] + "')"),
+        (("agents", '["a"]'), "has no 'run' field"),
+        (("run", "hostile"), "has no 'agents' field"),
+        (("run", "notjson", "agents", '["a"]'), "[json.exception.parse_error.101] parse error at "
+         "line 1, column 1: syntax error while parsing value - invalid literal; last read: '<'"),
+        (("run", "typed", "agents", '["a"]'),
+         "failed: corruption: a pipeline message does not parse"),
+        (("run", "hostile", "agents", '["zz"]'), "names agent 'zz', which run hostile does not have"),
+        ((*a, "snapshot", huge), f"the manifest of snapshot {huge} is damaged"),
+        ((*a, "snapshot", checksum), f"snapshot {checksum}: chunk 0 of 1 fails its checksum twice"),
+        ((*a, "snapshot", garbled), f"the manifest of snapshot {garbled} is damaged"),
+        ((*a, "prompts", "not json"),
+         "'prompts' is not a JSON object of agent names to prompts (it is 'not json')"),
+        ((*a, "prompts", '{"zz": "a prompt for no agent of the job"}'),
+         "'prompts' has an entry for 'zz' that is not a prompt of one of its agents"),
+        ((*a, "prompts", '{"a": 7}'), "'prompts' has an entry for 'a' that is not a prompt"),
+        ((*a, "rerun", "[1]"), "'rerun' is not a JSON object of agent names to token arrays"),
+        ((*a, "rerun", '{"zz": [1]}'), "'rerun' names 'zz', which is not one of its agents"),
+        ((*a, "rerun", '{"a": ["x", -1]}'), "'rerun' of 'a' holds something other than token ids"),
+        ((*a, "rerun", '{"a": 5}'), "'rerun' of 'a' is not a token array"),
+    ]
+    assert len(kinds) == 20
+    each = 50
+    for _ in range(each):
+        for fields, _ in kinds:
+            c.redis_cmd("XADD", stream, "*", *fields)
+    wait_for("the worker to fail the 1,000 hostile jobs",
+             lambda: c.log("w1").count(" failed: ") >= each * len(kinds) or
+             c.workers["w1"].poll() is not None, 300)
+    assert c.workers["w1"].poll() is None, c.log("w1")[-3000:]
+    log = c.log("w1")
+    assert log.count(" failed: ") == each * len(kinds), log.count(" failed: ")
+    for fields, said in kinds:
+        assert log.count(said) == each, (fields[:6], said, log.count(said))
+    results = c.redis_cmd("XRANGE", "swarmkv:run:hostile:results", "-", "+", "COUNT", "40")
     assert b"chunk size or chunk count is inconsistent (1099511627776 bytes in 1 chunks of " \
-        b"1099511627776)" in results, results
-    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
-    assert rc == 0, err
-    assert all(a["status"] == "ok" and a["worker"] == "w1" for a in json.loads(out)["agents"])
+        b"1099511627776)" in results, results[:2000]
     pending = c.redis_cmd("XPENDING", stream, "workers")
     assert pending.startswith(b"*4\r\n:0\r\n"), pending
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+    assert rc == 0, err
+    remote = json.loads(out)
+    assert all(a["status"] == "ok" and a["worker"] == "w1" for a in remote["agents"])
+    expect_equal_answers(remote, c.local("host"))
 
 
 @case
