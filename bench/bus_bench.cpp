@@ -50,11 +50,12 @@ int main(int argc, char** argv) {
       const swarmkv::cluster::PublishReport p =
           swarmkv::cluster::publish_snapshot(redis, key, bytes, bus);
       swarmkv::cluster::FetchReport f;
-      const std::vector<uint8_t> back = swarmkv::cluster::fetch_snapshot(redis, key, &f);
+      const std::vector<uint8_t> back =
+          swarmkv::cluster::fetch_snapshot(redis, key, bus.cluster_key, &f);
       if (back != bytes)
         throw swarmkv::Error(swarmkv::ErrorCode::kInternal, "fetched bytes differ");
       const std::optional<swarmkv::cluster::Manifest> m =
-          swarmkv::cluster::find_snapshot(redis, key);
+          swarmkv::cluster::find_snapshot(redis, key, bus.cluster_key);
       for (size_t i = 0; m && i < m->chunk_xxh3.size(); ++i)
         redis.command({"DEL", fmt::format("swarmkv:snap:{}:{}:{}", key, m->upload, i)});
       redis.command({"DEL", "swarmkv:snap:" + key});

@@ -34,7 +34,7 @@ SWARMKV_APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev libcpp-httplib-dev libxxhash-dev libssl-dev python3-matplotlib python3-prometheus-client
   libhiredis-dev redis-server ccache
-  python3-venv curl  # the README's serve block (tests/readme_blocks_test.py)
+  python3-venv curl openssl  # the README's serve and cluster blocks (tests/readme_blocks_test.py)
 )
 
 # Installs the missing Debian packages (as root), saying what it installs.

@@ -9,6 +9,8 @@ every process it started, also when the case fails. Every wait is bounded.
 The pipeline is the README's (examples/pipelines/apache-license.yaml) for
 the answer cases and a smaller cut of it for the fault cases; a worker runs with one thread so that two of them share this machine's cores.
 """
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -241,6 +243,94 @@ def host_answers_equal_local(c):
     stop_worker(c, "w2")
     assert "claimed job" in c.log("w1") and "claimed job" in c.log("w2"), c.log("w1")
     assert sum("fetched snapshot" in c.log(w) for w in ("w1", "w2")) == 1
+
+
+def signed(key, text):
+    """HMAC-SHA256 as swarmkv::cluster::ClusterKey::sign computes it."""
+    return hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def entry_signature(key, stream, fields):
+    """What a stream entry's signature covers (cluster_key.cpp: entry_signed_text)."""
+    text = "swarmkv stream entry\n" + f"{len(stream.encode())}:{stream}"
+    for name in sorted(fields):
+        value = fields[name]
+        text += f"{len(name.encode())}:{name}{len(value.encode())}:{value}"
+    return signed(key, text)
+
+
+@case
+def a_keyed_cluster_answers_as_an_open_one_and_refuses_other_keys(c):
+    """Two workers and the run holding one cluster key: the answers a local
+    run's, and the workers' pool one of their own. A job in that pool signed
+    with another key, or unsigned, is refused by name and never run; a
+    snapshot manifest on the bus signed with another key is refused and
+    published again; a run whose key no worker holds fails at once naming
+    the key's id."""
+    c.use_small_pipeline()
+    c.start_redis()
+    key, other = "a" * 64, "b" * 64
+    files = {}
+    for name, value in (("key", key), ("other", other), ("third", "c" * 64)):
+        files[name] = os.path.join(c.tmp, name)
+        with open(files[name], "w") as f:
+            f.write(value + "\n")
+    c.start_worker("w1", "--cluster-key-file", files["key"])
+    c.start_worker("w2", "--cluster-key-file", files["key"])
+    c.start_worker("intruder", "--cluster-key-file", files["other"])
+    for w in ("w1", "w2", "intruder"):
+        assert "no cluster key" not in c.log(w), c.log(w)
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300",
+                         "--cluster-key-file", files["key"])
+    assert rc == 0, err
+    assert "no cluster key" not in err, err
+    first = json.loads(out)
+    expect_equal_answers(first, c.local("host"))
+    assert {a["worker"] for a in first["agents"]} == {"w1", "w2"}, first["agents"]
+    assert "claimed job" not in c.log("intruder") and "refusing" not in c.log("intruder")
+
+    # Jobs written into the keyed pool by someone without its key.
+    key_id = signed(key, "swarmkv key id")[:16]
+    stream = c.redis_cmd_key("jobs") + ":" + key_id
+    spec = {"pipeline": {"document": {"text": "A short document."}, "fork": "none",
+                         "agents": [{"name": "a", "prompt": "Say hi.", "max_tokens": 4}]},
+            "document_source": "text", "guard": "serialized"}
+    c.redis_cmd("SET", "swarmkv:run:forged:spec", json.dumps(spec))
+    forged = {"run": "forged", "agents": '["a"]'}
+    other_signed = dict(forged, sig=entry_signature(other, stream, forged))
+    ids = [c.redis_cmd("XADD", stream, "*", *[x for kv in other_signed.items() for x in kv]),
+           c.redis_cmd("XADD", stream, "*", *[x for kv in forged.items() for x in kv])]
+    ids = [i.split(b"\r\n")[1].decode() for i in ids]
+    logs = lambda: c.log("w1") + c.log("w2")  # noqa: E731
+    wait_for("both forged jobs refused", lambda: all(i in logs() for i in ids), 60)
+    assert f"refusing job {ids[0]} (run 'forged'): it is signed with another cluster key; not run" \
+        in logs(), logs()
+    assert f"refusing job {ids[1]} (run 'forged'): it is unsigned; not run" in logs(), logs()
+    assert c.redis_cmd("XRANGE", "swarmkv:run:forged:results", "-", "+") == b"*0\r\n"
+
+    # The document's manifest re-signed with another key: refused, published again.
+    snap = "swarmkv:snap:" + first["snapshot"]["key"]
+    manifest = json.loads(c.redis_cmd("GET", snap).split(b"\r\n", 1)[1].rsplit(b"\r\n", 1)[0])
+    manifest.pop("sig")
+    text = "swarmkv manifest\n" + json.dumps(manifest, separators=(",", ":"), sort_keys=True)
+    manifest["sig"] = signed(other, text)
+    c.redis_cmd("SET", snap, json.dumps(manifest, separators=(",", ":"), sort_keys=True))
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300",
+                         "--cluster-key-file", files["key"])
+    assert rc == 0, err
+    assert f"the manifest of snapshot {first['snapshot']['key']} is refused: it is signed with " \
+        "another cluster key; publishing the snapshot again" in err, err
+    expect_equal_answers(json.loads(out), first)
+
+    # No worker holds the run's key: refused at once, the key named by its id.
+    start = time.monotonic()
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--timeout", "300",
+                         "--cluster-key-file", files["third"])
+    assert rc != 0 and time.monotonic() - start < 60, (rc, err)
+    third_id = signed("c" * 64, "swarmkv key id")[:16]
+    assert "no live exact swarmkv worker holds model" in err and \
+        f"and this run's cluster key (id {third_id})" in err and \
+        "--cluster-key-file <this run's key>" in err, err
 
 
 @case

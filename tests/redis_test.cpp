@@ -261,7 +261,7 @@ TEST_F(SnapshotBusTest, PublishThenFetchGivesTheSameBytes) {
   EXPECT_EQ(p.chunks, 5u);  // 4 x 1000 + 500
   EXPECT_EQ(keys_matching("swarmkv:snap:k1:*"), 5);
   cluster::FetchReport f;
-  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k1", &f), file);
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k1", {}, &f), file);
   EXPECT_EQ(f.bytes, 4500u);
   EXPECT_EQ(f.refetched_chunks, 0);
   // Every key expires.
@@ -276,51 +276,52 @@ TEST_F(SnapshotBusTest, TheSecondPublisherOfAKeyLosesAndLeavesNothing) {
   EXPECT_TRUE(cluster::publish_snapshot(redis_, "k", first, small_chunks()).published);
   EXPECT_FALSE(cluster::publish_snapshot(redis_, "k", second, small_chunks()).published);
   EXPECT_EQ(keys_matching("swarmkv:snap:k:*"), 3);  // the first upload's chunks only
-  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k"), first);
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k", {}), first);
 }
 
 TEST_F(SnapshotBusTest, ADamagedChunkIsNamed) {
   cluster::publish_snapshot(redis_, "k", random_bytes(2500), small_chunks());
-  const cluster::Manifest m = *cluster::find_snapshot(redis_, "k");
+  const cluster::Manifest m = *cluster::find_snapshot(redis_, "k", {});
   redis_.command({"SETRANGE", fmt::format("swarmkv:snap:k:{}:1", m.upload), "10", "X"});
-  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k"); });
+  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); });
   EXPECT_EQ(e.code, ErrorCode::kCorruption);
   EXPECT_EQ(e.message, server_.url() +
                            ": snapshot k: chunk 1 of 3 fails its checksum twice (1000 bytes, "
                            "expected 1000)");
   redis_.command({"DEL", fmt::format("swarmkv:snap:k:{}:2", m.upload)});
   redis_.command({"SET", fmt::format("swarmkv:snap:k:{}:1", m.upload), "short"});
-  EXPECT_EQ(error_of([&] { cluster::fetch_snapshot(redis_, "k"); }).message,
+  EXPECT_EQ(error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); }).message,
             server_.url() +
                 ": snapshot k: chunk 1 of 3 fails its checksum twice (5 bytes, "
                 "expected 1000)");
 }
 
 TEST_F(SnapshotBusTest, MissingSnapshotsAndChunksAreNamed) {
-  const ErrorValue none = error_of([&] { cluster::fetch_snapshot(redis_, "nope"); });
+  const ErrorValue none = error_of([&] { cluster::fetch_snapshot(redis_, "nope", {}); });
   EXPECT_EQ(none.code, ErrorCode::kNotFound);
   EXPECT_EQ(none.message, server_.url() + ": the snapshot bus has no snapshot nope");
   cluster::publish_snapshot(redis_, "k", random_bytes(2500), small_chunks());
-  const cluster::Manifest m = *cluster::find_snapshot(redis_, "k");
+  const cluster::Manifest m = *cluster::find_snapshot(redis_, "k", {});
   redis_.command({"DEL", fmt::format("swarmkv:snap:k:{}:2", m.upload)});
-  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k"); });
+  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); });
   EXPECT_EQ(e.code, ErrorCode::kCorruption);
   EXPECT_EQ(e.message, server_.url() +
                            ": snapshot k: chunk 2 of 3 is missing (expired or removed); the "
                            "coordinator publishes it again on its next run");
   redis_.command({"SET", "swarmkv:snap:bad", "{not json"});
-  EXPECT_EQ(error_of([&] { cluster::find_snapshot(redis_, "bad"); }).code, ErrorCode::kCorruption);
+  EXPECT_EQ(error_of([&] { cluster::find_snapshot(redis_, "bad", {}); }).code,
+            ErrorCode::kCorruption);
 }
 
 TEST_F(SnapshotBusTest, ReplacingNeverLeavesTheKeyWithoutAManifest) {
   const std::vector<uint8_t> first = random_bytes(2500, 1);
   const std::vector<uint8_t> second = random_bytes(2500, 2);
   cluster::publish_snapshot(redis_, "k", first, small_chunks());
-  const cluster::Manifest old = *cluster::find_snapshot(redis_, "k");
+  const cluster::Manifest old = *cluster::find_snapshot(redis_, "k", {});
   EXPECT_TRUE(
       cluster::publish_snapshot(redis_, "k", second, small_chunks(), cluster::Publish::kReplace)
           .published);
-  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k"), second);
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k", {}), second);
   // The old upload's chunks stay a minute for fetches in progress.
   const long long ttl =
       redis_.command({"TTL", fmt::format("swarmkv:snap:k:{}:0", old.upload)}).integer;
@@ -336,7 +337,7 @@ TEST_F(SnapshotBusTest, AFetchWaitsForASnapshotBeingPublishedAgain) {
     cluster::publish_snapshot(other, "late", file, small_chunks());
   });
   std::vector<uint8_t> got;
-  const ErrorValue e = error_of([&] { got = cluster::fetch_snapshot(redis_, "late"); });
+  const ErrorValue e = error_of([&] { got = cluster::fetch_snapshot(redis_, "late", {}); });
   publisher.join();
   EXPECT_EQ(e.code, ErrorCode::kInternal) << e.message;  // no error
   EXPECT_EQ(got, file);
@@ -346,10 +347,115 @@ TEST_F(SnapshotBusTest, TouchRenewsEveryKey) {
   cluster::BusOptions o = small_chunks();
   o.ttl_s = 5;
   cluster::publish_snapshot(redis_, "k", random_bytes(1500), o);
-  cluster::touch_snapshot(redis_, *cluster::find_snapshot(redis_, "k"), 1000);
+  cluster::touch_snapshot(redis_, *cluster::find_snapshot(redis_, "k", {}), 1000);
   EXPECT_GT(redis_.command({"TTL", "swarmkv:snap:k"}).integer, 900);
   for (const redis::Reply& k : redis_.command({"KEYS", "swarmkv:snap:k:*"}).elements)
     EXPECT_GT(redis_.command({"TTL", k.str}).integer, 900);
+}
+
+// ------------------------------------------------------------------ signatures
+
+const cluster::ClusterKey kKey(std::string(32, 'k'));
+const cluster::ClusterKey kOtherKey(std::string(32, 'o'));
+
+TEST(ClusterKeyTest, AKeyIsAtLeast16BytesAndAFileLosesItsNewline) {
+  const ErrorValue short_key = error_of([] { cluster::ClusterKey("fifteen bytes..").sign("m"); });
+  EXPECT_EQ(short_key.code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(short_key.message,
+            "a cluster key needs at least 16 bytes (got 15); make one with: openssl rand -hex 32 "
+            "> cluster.key");
+  const fs::path file = fs::temp_directory_path() / fmt::format("swarmkv-key-{}", ::getpid());
+  std::ofstream(file) << std::string(32, 'k') << "\n";
+  EXPECT_EQ(cluster::ClusterKey::from_file(file.string()).sign("m"), kKey.sign("m"));
+  fs::remove(file);
+  EXPECT_EQ(error_of([&] { cluster::ClusterKey::from_file(file.string()); }).code,
+            ErrorCode::kNotFound);
+  // HMAC-SHA256 as Python's hmac module computes it (the tests that sign
+  // from Python rely on it): hmac.new(key, msg, hashlib.sha256).hexdigest().
+  EXPECT_EQ(cluster::ClusterKey("0123456789abcdef").sign("what do ya want for nothing?"),
+            "e9265dc1bf18d4ec36915d9e82226c7ea0fa4e7f8077f611515bd5e29ec9988c");
+  EXPECT_TRUE(kKey.verifies("m", kKey.sign("m")));
+  EXPECT_FALSE(kKey.verifies("m", kOtherKey.sign("m")));
+  EXPECT_FALSE(kKey.verifies("m", ""));
+  EXPECT_FALSE(cluster::ClusterKey().verifies("m", ""));
+}
+
+// A stream entry's signature covers its stream and every field: moved to
+// another stream, a field changed, added or dropped, it is refused.
+TEST(ClusterKeyTest, AnEntryIsRefusedUnsignedOrChangedOrMoved) {
+  const std::vector<std::pair<std::string, std::string>> fields = {{"run", "r1"},
+                                                                   {"agents", "[\"a\"]"}};
+  const std::vector<std::string> command = cluster::xadd(kKey, "jobs", 10, fields);
+  ASSERT_EQ(command.size(), 6u + 2 * 3);
+  EXPECT_EQ(command[10], "sig");
+  cluster::StreamEntry e{.id = "1-0", .fields = {}};
+  for (size_t i = 6; i + 1 < command.size(); i += 2) e.fields[command[i]] = command[i + 1];
+  EXPECT_EQ(cluster::entry_refusal(kKey, "jobs", e), std::nullopt);
+  EXPECT_EQ(cluster::entry_refusal(cluster::ClusterKey(), "jobs", e), std::nullopt);
+  EXPECT_EQ(cluster::entry_refusal(kOtherKey, "jobs", e), "it is signed with another cluster key");
+  EXPECT_EQ(cluster::entry_refusal(kKey, "results", e), "it is signed with another cluster key");
+  cluster::StreamEntry changed = e;
+  changed.fields["agents"] = "[\"b\"]";
+  EXPECT_NE(cluster::entry_refusal(kKey, "jobs", changed), std::nullopt);
+  cluster::StreamEntry added = e;
+  added.fields["rerun"] = "{}";
+  EXPECT_NE(cluster::entry_refusal(kKey, "jobs", added), std::nullopt);
+  cluster::StreamEntry unsigned_entry = e;
+  unsigned_entry.fields.erase("sig");
+  EXPECT_EQ(cluster::entry_refusal(kKey, "jobs", unsigned_entry), "it is unsigned");
+  EXPECT_EQ(cluster::xadd(cluster::ClusterKey(), "jobs", 10, fields).size(), 6u + 2 * 2);
+}
+
+TEST(ClusterKeyTest, AJsonMessageIsBoundToItsKey) {
+  nlohmann::json doc = {{"pipeline", {{"agents", nlohmann::json::array()}}}, {"guard", "x"}};
+  cluster::sign_json(kKey, "swarmkv:run:r1:spec", doc);
+  ASSERT_TRUE(doc.contains("sig"));
+  nlohmann::json read = nlohmann::json::parse(doc.dump());
+  EXPECT_EQ(cluster::json_refusal(kKey, "swarmkv:run:r1:spec", read), std::nullopt);
+  EXPECT_FALSE(read.contains("sig"));  // what the reader parses is the message alone
+  read = nlohmann::json::parse(doc.dump());
+  EXPECT_EQ(cluster::json_refusal(kKey, "swarmkv:run:r2:spec", read),
+            "it is signed with another cluster key");
+  read = nlohmann::json::parse(doc.dump());
+  read["guard"] = "y";
+  EXPECT_EQ(cluster::json_refusal(kKey, "swarmkv:run:r1:spec", read),
+            "it is signed with another cluster key");
+  nlohmann::json not_object = nlohmann::json::array();
+  EXPECT_EQ(cluster::json_refusal(kKey, "k", not_object), "it is unsigned");
+}
+
+TEST_F(SnapshotBusTest, UnderAKeyOnlyASignedManifestAndItsOwnChunksAreTaken) {
+  cluster::BusOptions keyed = small_chunks();
+  keyed.cluster_key = kKey;
+  const std::vector<uint8_t> file = random_bytes(2500);
+  cluster::publish_snapshot(redis_, "k", file, keyed);
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k", kKey), file);
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k", {}), file);  // an unkeyed reader looks at nothing
+  const ErrorValue other = error_of([&] { cluster::fetch_snapshot(redis_, "k", kOtherKey); });
+  EXPECT_EQ(other.code, ErrorCode::kUnauthenticated);
+  EXPECT_EQ(other.message, server_.url() +
+                               ": the manifest of snapshot k is refused: it is signed with "
+                               "another cluster key");
+  cluster::publish_snapshot(redis_, "plain", file, small_chunks());
+  EXPECT_EQ(error_of([&] { cluster::find_snapshot(redis_, "plain", kKey); }).message,
+            server_.url() + ": the manifest of snapshot plain is refused: it is unsigned");
+
+  // A manifest signed with the key whose SHA-256 list does not fit its
+  // chunks (a writer with the key and a bug, or chunks swapped for ones
+  // with the same XXH3): the chunk is refused, not taken.
+  cluster::Manifest m = *cluster::find_snapshot(redis_, "k", kKey);
+  m.chunk_sha256[1] = std::string(64, '0');
+  m.sig.clear();
+  m.sig = kKey.sign("swarmkv manifest\n" + cluster::manifest_to_json(m));
+  redis_.command({"SET", "swarmkv:snap:k", cluster::manifest_to_json(m)});
+  const ErrorValue sha = error_of([&] { cluster::fetch_snapshot(redis_, "k", kKey); });
+  EXPECT_EQ(sha.code, ErrorCode::kUnauthenticated);
+  EXPECT_EQ(sha.message, server_.url() +
+                             ": snapshot k: chunk 1 of 3 is refused: its SHA-256 is not the one "
+                             "its signed manifest gives");
+  // Republished under the key, the bus's copy is one the key takes again.
+  cluster::publish_snapshot(redis_, "k", file, keyed, cluster::Publish::kReplace);
+  EXPECT_EQ(cluster::fetch_snapshot(redis_, "k", kKey), file);
 }
 
 // ------------------------------------------------------------------ job messages

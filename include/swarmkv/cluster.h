@@ -30,9 +30,45 @@
 
 namespace swarmkv::cluster {
 
+// The cluster's shared secret. With one, every message the cluster code
+// writes is signed with it (HMAC-SHA256): the coordinator's jobs and run
+// specs, the workers' results and heartbeats, and the snapshot manifests,
+// which then carry a SHA-256 of every chunk (XXH3 catches accidents, not
+// forgeries); every message read is checked first, and one that is unsigned
+// or signed with another key is refused (Error(kUnauthenticated) naming it,
+// or a logged refusal where nobody waits for an answer). Without one the
+// cluster runs unauthenticated: signatures are neither written nor looked
+// at. Thread-compatible; copies share nothing.
+class ClusterKey {
+ public:
+  ClusterKey() = default;  // none
+  // Throws Error(kInvalidArgument) for a secret under 16 bytes.
+  explicit ClusterKey(std::string secret);
+  // A key file's bytes, one trailing newline dropped (`openssl rand -hex 32
+  // > key` makes one). Throws Error(kNotFound), Error(kIo), and what the
+  // constructor throws.
+  static ClusterKey from_file(const std::string& path);
+  // The command line's key: from_file(file) when one is named, else the
+  // bytes of $SWARMKV_CLUSTER_KEY when set, else none.
+  static ClusterKey resolve(const std::string& file);
+
+  bool empty() const noexcept { return secret_.empty(); }
+  // A public name of the key (16 hex digits of sign("swarmkv key id")),
+  // which tells keys apart without revealing them; "" without a key.
+  std::string id() const;
+  // The HMAC-SHA256 of `message` in lower-case hex; "" without a key.
+  std::string sign(std::string_view message) const;
+  // Whether `signature` is sign(message), compared in constant time.
+  bool verifies(std::string_view message, std::string_view signature) const;
+
+ private:
+  std::string secret_;
+};
+
 struct BusOptions {
   uint64_t chunk_bytes = 4ull << 20;  // one GET/SET per chunk
   int64_t ttl_s = 24 * 3600;          // a snapshot no run used for this long expires
+  ClusterKey cluster_key;             // signs what is published, checks what is read
 };
 
 // What the bus holds for one snapshot key.
@@ -44,10 +80,15 @@ struct Manifest {
   std::vector<uint64_t> chunk_xxh3;  // XXH3-64 of each chunk
   std::string producer;
   int64_t created_unix = 0;
+  // Signed manifests (a cluster key): the SHA-256 of each chunk, in hex,
+  // and the signature of all the rest. Empty when unsigned.
+  std::vector<std::string> chunk_sha256;
+  std::string sig;
 };
 
 // A manifest as the bus holds it (JSON: key, upload, bytes, chunk_bytes,
-// chunk_xxh3, producer, created_unix), and back. manifest_from_json throws
+// chunk_xxh3, producer, created_unix; chunk_sha256 and sig when signed),
+// and back. manifest_from_json throws
 // Error(kCorruption) "the manifest of snapshot <key> is damaged: <why>" for
 // text that does not parse, another key, or sizes no chunk list bears out
 // (chunk_bytes 0 or above 512 MiB, one Redis string; a chunk count other
@@ -82,8 +123,11 @@ PublishReport publish_snapshot(redis::Client& redis, const std::string& key,
                                Publish mode = Publish::kIfAbsent);
 
 // The manifest of `key`, or nullopt. Throws Error(kIo), Error(kCorruption)
-// for a manifest that does not parse.
-std::optional<Manifest> find_snapshot(redis::Client& redis, const std::string& key);
+// for a manifest that does not parse, Error(kUnauthenticated) under a
+// cluster key for one unsigned, signed with another key, or without its
+// chunks' SHA-256.
+std::optional<Manifest> find_snapshot(redis::Client& redis, const std::string& key,
+                                      const ClusterKey& cluster_key);
 
 // Renews the TTL of the manifest and its chunks. Throws Error(kIo).
 void touch_snapshot(redis::Client& redis, const Manifest& manifest, int64_t ttl_s);
@@ -99,9 +143,11 @@ struct FetchReport {
 // coordinator publishing it again after a Redis restart) is looked for
 // again after 0.5 s, 1 s and 2 s. Throws Error(kNotFound) when the bus has
 // no such key, Error(kCorruption) naming the chunk that failed twice or a
-// chunk that is missing (expired), Error(kIo).
+// chunk that is missing (expired), Error(kIo); under a cluster key what
+// find_snapshot throws, and Error(kUnauthenticated) naming a chunk whose
+// SHA-256 is not its signed manifest's.
 std::vector<uint8_t> fetch_snapshot(redis::Client& redis, const std::string& key,
-                                    FetchReport* report = nullptr);
+                                    const ClusterKey& cluster_key, FetchReport* report = nullptr);
 
 struct WorkerOptions {
   std::string name;  // empty: <hostname>-<pid>
@@ -117,6 +163,9 @@ struct WorkerOptions {
   // Set (by a signal handler): finish and acknowledge the job in hand, then return.
   const std::atomic<bool>* stop = nullptr;
   uint64_t max_jobs = 0;  // return after this many jobs (0: run until stopped)
+  // Jobs, run specs and manifests not signed with it are refused; results,
+  // heartbeats and manifests are signed with it. Empty: unauthenticated.
+  ClusterKey cluster_key;
 };
 
 struct WorkerReport {
@@ -140,6 +189,8 @@ struct CoordinatorOptions {
   double timeout_s = 600;
   // A snapshot the coordinator publishes itself (run.snapshot.file; a
   // worker's prefill job publishes with the defaults) and the TTL it renews.
+  // Its cluster_key signs the run's spec and jobs, and only workers whose
+  // heartbeat and results bear it count.
   BusOptions bus;
   // run.snapshot.file: a snapshot file to publish instead of a worker's
   // prefill; the rest is the runner's (guard, callbacks).

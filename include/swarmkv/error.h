@@ -40,6 +40,7 @@ enum class ErrorCode {
   kIncompatible,      // a snapshot was made for another model, engine, layout or document
   kGraph,             // pipeline graph: cycle, unknown dependency, duplicate name
   kDependencyFailed,  // a node did not run because a node it depends on failed
+  kUnauthenticated,   // a cluster message unsigned, or signed with another cluster key
   kInternal,          // a broken invariant inside SwarmKV
 };
 

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 
@@ -24,8 +25,12 @@
 namespace swarmkv::cluster {
 namespace {
 
-// Names of the workers whose heartbeat key for this pool is alive.
-std::vector<std::string> live_workers(redis::Client& redis, const std::string& pool) {
+// Names of the workers whose heartbeat key for this pool is alive and,
+// under a cluster key, signed with it; `refused` gets the others' names
+// (with why), which a run without any accepted worker reports.
+std::vector<std::string> live_workers(redis::Client& redis, const std::string& pool,
+                                      const ClusterKey& cluster_key,
+                                      std::map<std::string, std::string>* refused = nullptr) {
   const std::string prefix = keys::worker(pool, "");
   std::vector<std::string> names;
   std::string cursor = "0";
@@ -33,8 +38,19 @@ std::vector<std::string> live_workers(redis::Client& redis, const std::string& p
     const redis::Reply r = redis.command({"SCAN", cursor, "MATCH", prefix + "*", "COUNT", "1000"});
     if (r.elements.size() < 2) break;
     cursor = r.elements[0].str;
-    for (const redis::Reply& k : r.elements[1].elements)
-      names.push_back(k.str.substr(prefix.size()));
+    for (const redis::Reply& k : r.elements[1].elements) {
+      const std::string name = k.str.substr(prefix.size());
+      if (!cluster_key.empty()) {
+        const redis::Reply info = redis.command({"GET", k.str});
+        if (info.is_nil()) continue;  // expired since the SCAN
+        nlohmann::json doc = nlohmann::json::parse(info.str, nullptr, false);
+        if (const std::optional<std::string> why = json_refusal(cluster_key, k.str, doc)) {
+          if (refused != nullptr) (*refused)[name] = *why;
+          continue;
+        }
+      }
+      names.push_back(name);
+    }
   } while (cursor != "0");
   return names;
 }
@@ -77,7 +93,7 @@ class Coordinator final : public AgentExecutor {
         url_(url),
         options_(options),
         fp_(model_fingerprint(model->path())),
-        pool_(keys::pool(fp_, spec.exact)),
+        pool_(keys::pool(fp_, spec.exact, options.bus.cluster_key.id())),
         model_file_(std::filesystem::path(model->path()).filename().string()),
         run_id_(random_id()),
         stream_(keys::jobs(pool_)),
@@ -92,6 +108,12 @@ class Coordinator final : public AgentExecutor {
     // After check(): a refused pipeline never connects. A Redis outage is
     // ridden out for as long as the run may take.
     redis_.emplace(url_, redis::ClientOptions{.reconnect_for_s = options_.timeout_s});
+    if (options_.bus.cluster_key.empty()) {
+      log_warn(
+          "coordinator: no cluster key (--cluster-key-file, $SWARMKV_CLUSTER_KEY): the jobs, "
+          "results and snapshots on {} are not authenticated",
+          url_.address());
+    }
     live_ = require_workers("");
     // What a worker decodes for each agent: its prompt and, at most, its answer.
     cost_.resize(spec_.agents.size());
@@ -172,6 +194,7 @@ class Coordinator final : public AgentExecutor {
       entries = stream_entries(r.elements[0].elements[1]);
     for (StreamEntry& e : entries) {
       last_id_ = e.id;
+      if (refused(e)) continue;
       if (std::optional<std::pair<size_t, AgentResult>> answer = take(e))
         done.push_back(std::move(*answer));
     }
@@ -188,24 +211,59 @@ class Coordinator final : public AgentExecutor {
 
  private:
   std::vector<std::string> require_workers(std::string_view when) {
-    std::vector<std::string> live = live_workers(*redis_, pool_);
+    std::map<std::string, std::string> refused;
+    std::vector<std::string> live =
+        live_workers(*redis_, pool_, options_.bus.cluster_key, &refused);
     if (live.empty()) {
       const bool exact = spec_.exact;
-      throw Error(ErrorCode::kNotFound,
-                  fmt::format("no live {} swarmkv worker holds model {} (sha256 {}) at {}{}; "
-                              "start one with: swarmkv worker --redis URL --model {}{}",
-                              exact ? "exact" : "--no-exact", model_file_, fp_.substr(0, 12),
-                              url_.address(), when, model_file_, exact ? "" : " --no-exact"));
+      const ClusterKey& key = options_.bus.cluster_key;
+      std::string others;
+      for (const auto& [name, why] : refused)
+        others +=
+            fmt::format("{}worker '{}' is refused: {}", others.empty() ? "" : "; ", name, why);
+      throw Error(
+          refused.empty() ? ErrorCode::kNotFound : ErrorCode::kUnauthenticated,
+          fmt::format(
+              "no live {} swarmkv worker holds model {} (sha256 {}){} at {}{}{}; start "
+              "one with: swarmkv worker --redis URL --model {}{}{}",
+              exact ? "exact" : "--no-exact", model_file_, fp_.substr(0, 12),
+              key.empty() ? "" : fmt::format(" and this run's cluster key (id {})", key.id()),
+              url_.address(), when, refused.empty() ? "" : " (" + others + ")", model_file_,
+              exact ? "" : " --no-exact",
+              key.empty() ? "" : " --cluster-key-file <this run's key>"));
     }
     return live;
+  }
+
+  // A result entry not signed with the run's cluster key: logged, never
+  // taken (a worker with the key answers the agent; else the run times out
+  // naming it).
+  bool refused(const StreamEntry& e) {
+    const std::optional<std::string> why = entry_refusal(options_.bus.cluster_key, results_key_, e);
+    if (!why) return false;
+    const auto worker = e.fields.find("worker");
+    log_warn("coordinator: refusing result entry {} (worker '{}'): {}", e.id,
+             worker == e.fields.end() ? std::string() : worker->second.substr(0, 100), *why);
+    return true;
   }
 
   // The document's snapshot on the bus: found there, else what the runner
   // obtains (local store or prefill), published.
   void put_snapshot_on_bus(Publish mode) {
     const std::string& key = document_.snapshot_key;
-    if (std::optional<Manifest> m =
-            mode == Publish::kReplace ? std::nullopt : find_snapshot(*redis_, key)) {
+    std::optional<Manifest> m;
+    if (mode != Publish::kReplace) {
+      try {
+        m = find_snapshot(*redis_, key, options_.bus.cluster_key);
+      } catch (const Error& e) {
+        // A manifest that does not parse, or that this run's key refuses:
+        // replaced by one this run can use.
+        if (e.code() != ErrorCode::kCorruption && e.code() != ErrorCode::kUnauthenticated) throw;
+        log_warn("coordinator: {}; publishing the snapshot again", e.message());
+        mode = Publish::kReplace;
+      }
+    }
+    if (m) {
       touch_snapshot(*redis_, *m, options_.bus.ttl_s);
       transfer_.bytes = m->bytes;
       return;
@@ -232,8 +290,10 @@ class Coordinator final : public AgentExecutor {
     const std::string& key = document_.snapshot_key;
     const std::string job =
         redis_
-            ->command({"XADD", stream_, "MAXLEN", "~", "10000", "*", "run", run_id_, "snapshot",
-                       key, "prefill", mode == Publish::kReplace ? "replace" : "if_absent"})
+            ->command(xadd(options_.bus.cluster_key, stream_, 10000,
+                           {{"run", run_id_},
+                            {"snapshot", key},
+                            {"prefill", mode == Publish::kReplace ? "replace" : "if_absent"}}))
             .str;
     log_info("coordinator: prefill job {}: a worker makes snapshot {}", job, key);
     std::string from = "0-0";
@@ -252,7 +312,7 @@ class Coordinator final : public AgentExecutor {
       if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2) {
         for (StreamEntry& e : stream_entries(r.elements[0].elements[1])) {
           from = e.id;
-          if (e.fields["job"] != job || e.fields.count("prefill") == 0) continue;
+          if (e.fields["job"] != job || e.fields.count("prefill") == 0 || refused(e)) continue;
           std::optional<ErrorValue> failed;
           try {
             failed = error_from_json(nlohmann::json::parse(e.fields["prefill"]));
@@ -273,7 +333,7 @@ class Coordinator final : public AgentExecutor {
           return;
         }
       }
-      if (!live_workers(*redis_, pool_).empty()) {
+      if (!live_workers(*redis_, pool_, options_.bus.cluster_key).empty()) {
         since_seen.restart();
       } else if (since_seen.ms() > kNoWorkerGraceS * 1000) {
         require_workers(
@@ -283,8 +343,10 @@ class Coordinator final : public AgentExecutor {
   }
 
   void put_run() {
-    redis_->command({"SET", keys::run_spec(run_id_), spec_to_json(spec_, options_.run.guard).dump(),
-                     "EX", std::to_string(keys::kRunTtlS)});
+    nlohmann::json doc = spec_to_json(spec_, options_.run.guard);
+    sign_json(options_.bus.cluster_key, keys::run_spec(run_id_), doc);
+    redis_->command(
+        {"SET", keys::run_spec(run_id_), doc.dump(), "EX", std::to_string(keys::kRunTtlS)});
     ensure_job_group(*redis_, stream_);
   }
 
@@ -324,19 +386,15 @@ class Coordinator final : public AgentExecutor {
         if (!prompt_placeholders(a.prompt).empty())
           prompts[a.name] = render_prompt(a.prompt, answers_);
       }
-      std::vector<std::string> entry = {
-          "XADD",   stream_,    "MAXLEN", "~",        "10000",
-          "*",      "run",      run_id_,  "snapshot", document_.snapshot_key,
-          "agents", list.dump()};
+      std::vector<std::pair<std::string, std::string>> fields = {
+          {"run", run_id_}, {"snapshot", document_.snapshot_key}, {"agents", list.dump()}};
       if (!prompts.empty()) {
-        entry.emplace_back("prompts");
-        entry.push_back(prompts.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        fields.emplace_back("prompts",
+                            prompts.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       }
-      if (!expect.empty()) {
-        entry.emplace_back("rerun");
-        entry.push_back(expect.dump());
-      }
-      const redis::Reply id = redis_->command(entry);
+      if (!expect.empty()) fields.emplace_back("rerun", expect.dump());
+      const redis::Reply id =
+          redis_->command(xadd(options_.bus.cluster_key, stream_, 10000, fields));
       log_info("coordinator: job {}: {}", id.str, list.dump());
     }
   }
@@ -403,7 +461,8 @@ class Coordinator final : public AgentExecutor {
   void check_live_workers() {
     if (since_check_.ms() <= 1000 || in_flight_.empty()) return;
     since_check_.restart();
-    if (std::vector<std::string> now = live_workers(*redis_, pool_); !now.empty()) {
+    if (std::vector<std::string> now = live_workers(*redis_, pool_, options_.bus.cluster_key);
+        !now.empty()) {
       live_ = std::move(now);
       since_seen_.restart();
     } else if (since_seen_.ms() > kNoWorkerGraceS * 1000) {

@@ -5,12 +5,15 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "swarmkv/cluster.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/redis.h"
 
@@ -22,9 +25,11 @@ inline std::string snapshot(const std::string& key) {
 }
 // The workers that can run a job: same model file, same kernels (a job of
 // an exact run goes to workers whose model has batch-invariant kernels
-// only, so that no worker has to refuse it and hand it on).
-inline std::string pool(const std::string& model_sha256, bool exact) {
-  return model_sha256 + (exact ? ":exact" : ":stock");
+// only, so that no worker has to refuse it and hand it on), same cluster
+// key (ClusterKey::id; none: unauthenticated), so that a worker holding
+// another key never takes, and refuses, a job meant for the others.
+inline std::string pool(const std::string& model_sha256, bool exact, const std::string& key_id) {
+  return model_sha256 + (exact ? ":exact" : ":stock") + (key_id.empty() ? "" : ":" + key_id);
 }
 inline std::string jobs(const std::string& pool) {
   return "swarmkv:jobs:" + pool;
@@ -46,6 +51,9 @@ inline std::string run_results(const std::string& run) {
   return "swarmkv:run:" + run + ":results";
 }
 inline constexpr int64_t kRunTtlS = 3600;
+// The field (of a stream entry) or member (of a JSON message) that carries
+// its signature under a cluster key.
+inline constexpr const char* kSignatureField = "sig";
 }  // namespace keys
 
 inline int64_t unix_now() {
@@ -62,6 +70,28 @@ struct StreamEntry {
 // The entries of a list of stream entries ([[id, [field, value, ...]], ...]):
 // an XREAD / XREADGROUP reply's per-stream list, or XAUTOCLAIM's second element.
 std::vector<StreamEntry> stream_entries(const redis::Reply& list);
+
+// Signatures under a cluster key (cluster_key.cpp). Each kind of message
+// signs a text of its own that names where it lives (the stream, the Redis
+// key), so that one cannot pass for another: an entry its stream and its
+// fields but the signature, sorted; a JSON message its key and its JSON but
+// the signature. Without a key nothing is signed and nothing refused.
+std::string entry_signed_text(const std::string& stream,
+                              const std::map<std::string, std::string>& fields);
+// XADD <stream> MAXLEN ~ <max_len> * <fields...> [sig <signature>].
+std::vector<std::string> xadd(const ClusterKey& key, const std::string& stream, int64_t max_len,
+                              const std::vector<std::pair<std::string, std::string>>& fields);
+// nullopt: the entry may be used; else why it may not ("it is unsigned",
+// "it is signed with another cluster key").
+std::optional<std::string> entry_refusal(const ClusterKey& key, const std::string& stream,
+                                         const StreamEntry& entry);
+// Sets `doc`'s "sig" member (removes it without a key).
+void sign_json(const ClusterKey& key, const std::string& where, nlohmann::json& doc);
+// As entry_refusal, for a JSON message read from `where`; removes its "sig".
+std::optional<std::string> json_refusal(const ClusterKey& key, const std::string& where,
+                                        nlohmann::json& doc);
+// SHA-256 in lower-case hex: what a signed manifest holds per chunk.
+std::string sha256_hex(std::string_view bytes);
 
 // XGROUP CREATE <stream> workers 0 MKSTREAM, an existing group kept (the
 // coordinator may enqueue before any worker started). Throws Error(kIo).

@@ -97,7 +97,7 @@ std::map<std::string, std::vector<Token>> job_reruns(const StreamEntry& job,
 // dies in a job, every time, thus cannot take the cluster down with it.
 std::optional<ErrorValue> dead_letter(redis::Client& redis, const std::string& stream,
                                       const std::string& pool, const StreamEntry& job,
-                                      const std::string& name) {
+                                      const std::string& name, const ClusterKey& cluster_key) {
   const redis::Reply r =
       redis.try_command({"XPENDING", stream, keys::kWorkersGroup, job.id, job.id, "1"});
   if (r.is_error() || r.elements.empty() || r.elements[0].elements.size() < 4) return std::nullopt;
@@ -108,19 +108,35 @@ std::optional<ErrorValue> dead_letter(redis::Client& redis, const std::string& s
                fmt::format("job {} was delivered {} times and no worker finished it (each one "
                            "stopped or died in it): not run again; it is in {}",
                            job.id, deliveries, dead)};
-  std::vector<std::string> add = {
-      "XADD",   dead,  "MAXLEN", "~",          "10000",
-      "*",      "job", job.id,   "deliveries", std::to_string(deliveries),
-      "worker", name,  "reason", e.message};
-  for (const auto& [key, value] : job.fields) {
-    add.push_back("job." + key);
-    add.push_back(value);
-  }
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"job", job.id},
+      {"deliveries", std::to_string(deliveries)},
+      {"worker", name},
+      {"reason", e.message}};
+  for (const auto& [key, value] : job.fields) fields.emplace_back("job." + key, value);
   // Not recorded (the key holds another type): the job still fails, logged.
-  if (const redis::Reply added = redis.try_command(add); added.is_error())
+  if (const redis::Reply added = redis.try_command(xadd(cluster_key, dead, 10000, fields));
+      added.is_error())
     log_warn("worker {}: could not add job {} to {}: {}", name, job.id, dead, added.str);
   log_warn("worker {}: {}", name, e.message);
   return e;
+}
+
+// The pipeline of `run_id` as Redis holds it, its signature checked under
+// a cluster key (and removed); nullopt when the run has none (finished,
+// expired). Throws Error(kUnauthenticated) for one the key refuses, what
+// the JSON parser throws for one that does not parse, Error(kIo).
+std::optional<nlohmann::json> run_spec_message(redis::Client& redis, const std::string& run_id,
+                                               const ClusterKey& cluster_key) {
+  const std::string where = keys::run_spec(run_id);
+  const redis::Reply s = redis.command({"GET", where});
+  if (s.is_nil()) return std::nullopt;
+  nlohmann::json doc = nlohmann::json::parse(s.str);
+  if (const std::optional<std::string> why = json_refusal(cluster_key, where, doc)) {
+    throw Error(ErrorCode::kUnauthenticated,
+                fmt::format("the pipeline of run {} in Redis is refused: {}", run_id, *why));
+  }
+  return doc;
 }
 
 // A prefill job: the coordinator never decodes. The run's document from
@@ -141,12 +157,12 @@ void run_prefill_job(redis::Client& redis, const std::string& stream, const Stre
     run_id = field(job, "run");
     if (dead) throw Error(dead->code, dead->message);
     const std::string key = field(job, "snapshot");
-    const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
-    if (s.is_nil()) {
+    const std::optional<nlohmann::json> doc = run_spec_message(redis, run_id, options.cluster_key);
+    if (!doc) {
       throw Error(ErrorCode::kNotFound,
                   fmt::format("prefill job {}: run {} has no pipeline in Redis", job.id, run_id));
     }
-    PipelineSpec spec = spec_from_json(nlohmann::json::parse(s.str), nullptr);
+    PipelineSpec spec = spec_from_json(*doc, nullptr);
     spec.n_threads = options.n_threads;
     RunOptions run;  // this worker's store: looked up, then the prefilled state published there
     run.snapshot.cache = SnapshotCacheMode::kOn;
@@ -165,7 +181,8 @@ void run_prefill_job(redis::Client& redis, const std::string& stream, const Stre
     bytes = file.size();
     publish_ms =
         publish_snapshot(
-            redis, key, std::span(reinterpret_cast<const uint8_t*>(file.data()), file.size()), {},
+            redis, key, std::span(reinterpret_cast<const uint8_t*>(file.data()), file.size()),
+            BusOptions{.cluster_key = options.cluster_key},
             field(job, "prefill") == "replace" ? Publish::kReplace : Publish::kIfAbsent)
             .ms;
     log_info("worker {}: published snapshot {} ({:.1f} MiB; prefill {:.0f} ms)", name, key,
@@ -179,16 +196,14 @@ void run_prefill_job(redis::Client& redis, const std::string& stream, const Stre
   }
   if (failure) log_warn("worker {}: prefill job {} failed: {}", name, job.id, failure->to_string());
   if (!run_id.empty()) {
-    redis.command({"XADD",       keys::run_results(run_id),
-                   "MAXLEN",     "~",
-                   "100000",     "*",
-                   "agent",      "",
-                   "worker",     name,
-                   "job",        job.id,
-                   "prefill",    error_json(failure).dump(),
-                   "prefill_ms", fmt::format("{:.3f}", made.prefill_ms),
-                   "publish_ms", fmt::format("{:.3f}", publish_ms),
-                   "bytes",      std::to_string(bytes)});
+    redis.command(xadd(options.cluster_key, keys::run_results(run_id), 100000,
+                       {{"agent", ""},
+                        {"worker", name},
+                        {"job", job.id},
+                        {"prefill", error_json(failure).dump()},
+                        {"prefill_ms", fmt::format("{:.3f}", made.prefill_ms)},
+                        {"publish_ms", fmt::format("{:.3f}", publish_ms)},
+                        {"bytes", std::to_string(bytes)}}));
   }
   redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
 }
@@ -371,15 +386,23 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
   const std::string name = options.name.empty() ? default_name() : options.name;
   const std::string fp = model_fingerprint(model->path());
   const bool exact = model->options().batch_invariant;
-  const std::string pool = keys::pool(fp, exact);
+  const std::string pool = keys::pool(fp, exact, options.cluster_key.id());
   const std::string stream = keys::jobs(pool);
   const std::string model_file = std::filesystem::path(model->path()).filename().string();
   redis::Client redis(url, riding_out(options.stop));
   create_group(redis, stream);
-  const nlohmann::json info = {{"name", name},
-                               {"model_file", model_file},
-                               {"pid", ::getpid()},
-                               {"started_unix", unix_now()}};
+  nlohmann::json info = {{"name", name},
+                         {"model_file", model_file},
+                         {"pid", ::getpid()},
+                         {"started_unix", unix_now()}};
+  // Signed: a coordinator with the cluster key counts only workers that have it.
+  sign_json(options.cluster_key, keys::worker(pool, name), info);
+  if (options.cluster_key.empty()) {
+    log_warn(
+        "worker {}: no cluster key (--cluster-key-file, $SWARMKV_CLUSTER_KEY): it runs any "
+        "job on {} and its results and snapshots are not authenticated",
+        name, url.address());
+  }
   Heartbeat heartbeat(url, keys::worker(pool, name), stream, name, info.dump(),
                       options.heartbeat_s);
   SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
@@ -424,8 +447,17 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
       }
       if (jobs.empty()) continue;
       const StreamEntry& job = jobs.front();
+      // Under a cluster key a job that is not signed with it is never run,
+      // and nobody it names hears of it: acknowledged and logged.
+      if (const std::optional<std::string> why = entry_refusal(options.cluster_key, stream, job)) {
+        const auto run = job.fields.find("run");
+        log_warn("worker {}: refusing job {} (run '{}'): {}; not run", name, job.id,
+                 run == job.fields.end() ? std::string() : run->second.substr(0, 100), *why);
+        redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
+        continue;
+      }
       const std::optional<ErrorValue> dead =
-          stale ? dead_letter(redis, stream, pool, job, name) : std::nullopt;
+          stale ? dead_letter(redis, stream, pool, job, name, options.cluster_key) : std::nullopt;
       heartbeat.set_job(job.id);
       const Stopwatch took;
       if (job.fields.count("prefill") > 0) {
@@ -449,8 +481,9 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         const std::vector<std::string> names = job_agents(job);
         // A run that finished (or was lost) has no pipeline key: its jobs are
         // leftovers nobody waits for.
-        const redis::Reply s = redis.command({"GET", keys::run_spec(run_id)});
-        if (s.is_nil()) {
+        const std::optional<nlohmann::json> doc =
+            run_spec_message(redis, run_id, options.cluster_key);
+        if (!doc) {
           log_warn(
               "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, expired or "
               "lost in a restart)",
@@ -463,7 +496,7 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         if (it == runs.end()) {
           if (runs.size() >= 8) runs.erase(runs.begin());
           GuardPolicy guard = GuardPolicy::kSerialized;
-          PipelineSpec spec = spec_from_json(nlohmann::json::parse(s.str), &guard);
+          PipelineSpec spec = spec_from_json(*doc, &guard);
           it = runs.emplace(run_id, std::make_pair(std::move(spec), guard)).first;
         }
         const PipelineSpec& full = it->second.first;
@@ -511,11 +544,12 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
           if (!local) {
             std::vector<uint8_t> file;
             try {
-              file = fetch_snapshot(redis, key, &fetched);
+              file = fetch_snapshot(redis, key, options.cluster_key, &fetched);
             } catch (const Error& e) {
               // Redis being away (kIo) is no fault of the bus's copy.
-              snapshot_unavailable =
-                  e.code() == ErrorCode::kCorruption || e.code() == ErrorCode::kNotFound;
+              snapshot_unavailable = e.code() == ErrorCode::kCorruption ||
+                                     e.code() == ErrorCode::kNotFound ||
+                                     e.code() == ErrorCode::kUnauthenticated;
               throw;
             }
             path = store.adopt(key, file);
@@ -591,27 +625,16 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         const std::string results_key = keys::run_results(run_id);
         for (AgentResult& a : results) {
           a.worker = name;
-          redis.command(
-              {"XADD",
-               results_key,
-               "MAXLEN",
-               "~",
-               "100000",
-               "*",
-               "agent",
-               a.name,
-               "worker",
-               name,
-               "job",
-               job.id,
-               "fetch_bytes",
-               std::to_string(fetched.bytes),
-               "fetch_ms",
-               fmt::format("{:.3f}", fetched.ms),
-               "snapshot_unavailable",
-               snapshot_unavailable ? "1" : "0",
-               "result",
-               agent_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
+          redis.command(xadd(
+              options.cluster_key, results_key, 100000,
+              {{"agent", a.name},
+               {"worker", name},
+               {"job", job.id},
+               {"fetch_bytes", std::to_string(fetched.bytes)},
+               {"fetch_ms", fmt::format("{:.3f}", fetched.ms)},
+               {"snapshot_unavailable", snapshot_unavailable ? "1" : "0"},
+               {"result",
+                agent_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}}));
         }
         redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
       }

@@ -41,6 +41,8 @@ std::string_view to_string(ErrorCode code) noexcept {
       return "graph";
     case ErrorCode::kDependencyFailed:
       return "dependency_failed";
+    case ErrorCode::kUnauthenticated:
+      return "unauthenticated";
     case ErrorCode::kInternal:
       return "internal";
   }

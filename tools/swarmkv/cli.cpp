@@ -170,6 +170,7 @@ struct RunArgs {
   bool json = false;
   bool check = false;
   std::optional<std::string> redis;  // set: coordinator; "" = $SWARMKV_REDIS
+  std::string cluster_key_file;      // "": $SWARMKV_CLUSTER_KEY, else none
   double timeout_s = 600;
   int agents_per_job = 0;
 };
@@ -281,7 +282,14 @@ int run_pipeline_cmd(const RunArgs& args) {
                          "in every agent by definition; use --fork shared or host");
   }
   options.on_prefill_progress = swarmkv::cli::prefill_progress();
-  if (args.redis) swarmkv::redis::resolve_url(*args.redis);  // a bad URL before the model loads
+  swarmkv::cluster::ClusterKey cluster_key;  // a bad URL or key before the model loads
+  if (args.redis) {
+    swarmkv::redis::resolve_url(*args.redis);
+    cluster_key = swarmkv::cluster::ClusterKey::resolve(args.cluster_key_file);
+  } else if (!args.cluster_key_file.empty()) {
+    throw swarmkv::Error(swarmkv::ErrorCode::kInvalidArgument,
+                         "--cluster-key-file signs a run on the cluster: it needs --redis");
+  }
   const std::string model_path = swarmkv::resolve_model_path(spec.model);
   const swarmkv::Stopwatch load;
   swarmkv::ModelOptions model_options = swarmkv::model_options(spec);
@@ -295,6 +303,7 @@ int run_pipeline_cmd(const RunArgs& args) {
     coordinator.timeout_s = args.timeout_s;
     coordinator.agents_per_job = args.agents_per_job;
     coordinator.run = options;
+    coordinator.bus.cluster_key = cluster_key;
     result = swarmkv::cluster::run_distributed(
         spec, model, swarmkv::redis::resolve_url(*args.redis), coordinator);
   } else {
@@ -526,6 +535,11 @@ int run(int argc, char** argv) {
                   "agent's worker and the transfer figures")
       ->expected(0, 1)
       ->default_str("");
+  run->add_option("--cluster-key-file", run_args.cluster_key_file,
+                  "--redis: the cluster's shared secret (at least 16 bytes; default: the value of "
+                  "$SWARMKV_CLUSTER_KEY). The run signs its jobs, pipeline and snapshot "
+                  "(HMAC-SHA256) and takes only workers, results and snapshots signed with it; "
+                  "without one the cluster is unauthenticated (docs/cluster.md)");
   run->add_option("--timeout", run_args.timeout_s,
                   "--redis: seconds the whole run may take before it fails naming the agents "
                   "still unanswered")

@@ -32,6 +32,12 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
       "unless --log-level says otherwise. See docs/cluster.md.");
   sub_->add_option("--redis", redis_,
                    "redis://[user:password@]host:port[/db] (default: $SWARMKV_REDIS)");
+  sub_->add_option("--cluster-key-file", cluster_key_file_,
+                   "the cluster's shared secret (at least 16 bytes; default: the value of "
+                   "$SWARMKV_CLUSTER_KEY): jobs, pipelines and snapshots not signed with it "
+                   "(HMAC-SHA256) are refused and logged, never run; results, heartbeats and "
+                   "snapshots are signed with it. Without one the worker runs any job, "
+                   "unauthenticated (docs/cluster.md)");
   sub_->add_option("-m,--model", model_,
                    "GGUF model (default: see above); the worker serves the jobs of runs on the "
                    "same model file (by its SHA-256)");
@@ -64,6 +70,8 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
 
 int WorkerCommand::run() {
   const redis::Url url = redis::resolve_url(redis_);
+  cluster::WorkerOptions options = options_;
+  options.cluster_key = cluster::ClusterKey::resolve(cluster_key_file_);
   validate_threads(options_.n_threads);
   // Before the model loads: a SIGTERM during the load is a drain too (exit 0).
   struct sigaction sa {};
@@ -74,7 +82,6 @@ int WorkerCommand::run() {
   const std::string model_path = resolve_model_path(model_);
   auto model = Model::load(model_path, ModelOptions{.n_gpu_layers = n_gpu_layers_.value_or(0),
                                                     .batch_invariant = exact_});
-  cluster::WorkerOptions options = options_;
   options.stop = &g_stop;
   const cluster::WorkerReport r = cluster::run_worker(url, model, options);
   std::cerr << fmt::format(

@@ -20,6 +20,7 @@ class WorkerCommand {
  private:
   CLI::App* sub_ = nullptr;
   std::string redis_;
+  std::string cluster_key_file_;
   std::string model_;
   cluster::WorkerOptions options_;
   bool exact_ = true;
