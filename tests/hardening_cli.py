@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -500,13 +501,18 @@ def prometheus_samples(text):
 # build is a metric; each request is one info line in the log.
 @case
 def metrics_parse_whatever_paths_clients_ask_for(ctx):
-    p, port = serve_process(ctx)  # serve logs at info by default
+    p, port = serve_process(ctx, "--header-timeout", "0.5")  # serve logs at info by default
     try:
         for path in ("/a%22b%5C", "/x%0Ay", "/v1/nope", "/health"):
             http_status(port, path)
         status, _ = http(port, "/v1/chat/completions",
                          {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
         assert status == 200
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET /hea")  # and no more: 408 after --header-timeout
+            answer = slow.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout"), answer
+        assert b'"code":"request_timeout"' in answer, answer
         samples = prometheus_samples(http(port, "/metrics")[1])
     finally:
         p.terminate()
@@ -521,6 +527,10 @@ def metrics_parse_whatever_paths_clients_ask_for(ctx):
     assert re.fullmatch(r"[0-9a-f]{7,40}", build[0][3]["llama_commit"]), build
     names = {s[0] for s in samples}
     assert "swarmkv_kv_cells_capacity" in names and "swarmkv_kv_cells_total" not in names, names
+    value = {s[2]: s[4] for s in samples if not s[3]}
+    assert value["swarmkv_http_head_timeouts_total"] == 1.0, value
+    assert value["swarmkv_http_connections_refused_total"] == 0.0, value
+    assert value["swarmkv_http_connections_open"] >= 1.0, value  # the /metrics request's own
     assert re.search(r"http GET other 404 \d+\.\d ms", log), log
     assert re.search(r"http POST /v1/chat/completions 200 \d+\.\d ms prompt_tokens \d+ "
                      r"cached_tokens \d+ completion_tokens 2\b", log), log
