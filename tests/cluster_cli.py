@@ -291,7 +291,7 @@ def a_keyed_cluster_answers_as_an_open_one_and_refuses_other_keys(c):
 
     # Jobs written into the keyed pool by someone without its key.
     key_id = signed(key, "swarmkv key id")[:16]
-    stream = c.redis_cmd_key("jobs") + ":" + key_id
+    stream = f"swarmkv:jobs:{model_sha256(c.model)}:k{key_id}:exact"
     spec = {"pipeline": {"document": {"text": "A short document."}, "fork": "none",
                          "agents": [{"name": "a", "prompt": "Say hi.", "max_tokens": 4}]},
             "document_source": "text", "guard": "serialized"}
@@ -322,15 +322,25 @@ def a_keyed_cluster_answers_as_an_open_one_and_refuses_other_keys(c):
         "another cluster key; publishing the snapshot again" in err, err
     expect_equal_answers(json.loads(out), first)
 
-    # No worker holds the run's key: refused at once, the key named by its id.
+    # No worker holds the run's key, or the run has none and every worker
+    # one: refused at once, saying so (a run without a key used to count
+    # the keyed workers as its own, enqueue where none of them reads, and
+    # wait for its timeout).
     start = time.monotonic()
-    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--timeout", "300",
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--timeout", "120",
                          "--cluster-key-file", files["third"])
     assert rc != 0 and time.monotonic() - start < 60, (rc, err)
     third_id = signed("c" * 64, "swarmkv key id")[:16]
     assert "no live exact swarmkv worker holds model" in err and \
         f"and this run's cluster key (id {third_id})" in err and \
+        "3 live worker(s) of this model hold another cluster key, or none" in err and \
         "--cluster-key-file <this run's key>" in err, err
+    start = time.monotonic()
+    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--timeout", "120")
+    assert rc != 0 and time.monotonic() - start < 60, (rc, err)
+    assert "no live exact swarmkv worker holds model" in err and \
+        "3 live worker(s) of this model hold a cluster key: give the run theirs with " \
+        "--cluster-key-file" in err, err
 
 
 @case

@@ -55,6 +55,31 @@ std::vector<std::string> live_workers(redis::Client& redis, const std::string& p
   return names;
 }
 
+// Live workers of this model and kernels in the pools of other cluster
+// keys, or of none (keys::pool: the key's part, "k<id>", comes first).
+size_t workers_of_other_keys(redis::Client& redis, const std::string& fp, bool exact,
+                             const std::string& key_id) {
+  const std::string prefix = "swarmkv:worker:" + fp + ":";
+  const std::string kernels = exact ? "exact:" : "stock:";
+  size_t n = 0;
+  std::string cursor = "0";
+  do {
+    const redis::Reply r = redis.command({"SCAN", cursor, "MATCH", prefix + "*", "COUNT", "1000"});
+    if (r.elements.size() < 2) break;
+    cursor = r.elements[0].str;
+    for (const redis::Reply& k : r.elements[1].elements) {
+      std::string rest = k.str.substr(prefix.size());
+      std::string id;
+      if (rest.rfind('k', 0) == 0 && rest.find(':') != std::string::npos) {
+        id = rest.substr(1, rest.find(':') - 1);
+        rest = rest.substr(rest.find(':') + 1);
+      }
+      if (rest.rfind(kernels, 0) == 0 && id != key_id) ++n;
+    }
+  } while (cursor != "0");
+  return n;
+}
+
 // The number (milliseconds, bytes) a worker wrote into a result entry's
 // field `name`; 0, with a warning, for anything else: a figure is not worth
 // the run.
@@ -221,6 +246,12 @@ class Coordinator final : public AgentExecutor {
       for (const auto& [name, why] : refused)
         others +=
             fmt::format("{}worker '{}' is refused: {}", others.empty() ? "" : "; ", name, why);
+      if (const size_t elsewhere = workers_of_other_keys(*redis_, fp_, exact, key.id())) {
+        others += fmt::format(
+            "{}{} live worker(s) of this model hold {}", others.empty() ? "" : "; ", elsewhere,
+            key.empty() ? "a cluster key: give the run theirs with --cluster-key-file"
+                        : "another cluster key, or none");
+      }
       throw Error(
           refused.empty() ? ErrorCode::kNotFound : ErrorCode::kUnauthenticated,
           fmt::format(
@@ -228,7 +259,7 @@ class Coordinator final : public AgentExecutor {
               "one with: swarmkv worker --redis URL --model {}{}{}",
               exact ? "exact" : "--no-exact", model_file_, fp_.substr(0, 12),
               key.empty() ? "" : fmt::format(" and this run's cluster key (id {})", key.id()),
-              url_.address(), when, refused.empty() ? "" : " (" + others + ")", model_file_,
+              url_.address(), when, others.empty() ? "" : " (" + others + ")", model_file_,
               exact ? "" : " --no-exact",
               key.empty() ? "" : " --cluster-key-file <this run's key>"));
     }

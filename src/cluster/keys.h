@@ -27,9 +27,11 @@ inline std::string snapshot(const std::string& key) {
 // an exact run goes to workers whose model has batch-invariant kernels
 // only, so that no worker has to refuse it and hand it on), same cluster
 // key (ClusterKey::id; none: unauthenticated), so that a worker holding
-// another key never takes, and refuses, a job meant for the others.
+// another key never takes, and refuses, a job meant for the others. The
+// key's part comes before the kernels', so that no pool's name is the
+// start of another's (a SCAN of one pool's workers matches no other's).
 inline std::string pool(const std::string& model_sha256, bool exact, const std::string& key_id) {
-  return model_sha256 + (exact ? ":exact" : ":stock") + (key_id.empty() ? "" : ":" + key_id);
+  return model_sha256 + (key_id.empty() ? "" : ":k" + key_id) + (exact ? ":exact" : ":stock");
 }
 inline std::string jobs(const std::string& pool) {
   return "swarmkv:jobs:" + pool;
