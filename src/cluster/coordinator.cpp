@@ -25,6 +25,21 @@
 namespace swarmkv::cluster {
 namespace {
 
+// The keys that start with `prefix` (SCAN, a thousand at a time): their
+// part after the prefix.
+std::vector<std::string> keys_under(redis::Client& redis, const std::string& prefix) {
+  std::vector<std::string> rests;
+  std::string cursor = "0";
+  do {
+    const redis::Reply r = redis.command({"SCAN", cursor, "MATCH", prefix + "*", "COUNT", "1000"});
+    if (r.elements.size() < 2) break;
+    cursor = r.elements[0].str;
+    for (const redis::Reply& k : r.elements[1].elements)
+      rests.push_back(k.str.substr(prefix.size()));
+  } while (cursor != "0");
+  return rests;
+}
+
 // Names of the workers whose heartbeat key for this pool is alive and,
 // under a cluster key, signed with it; `refused` gets the others' names
 // (with why), which a run without any accepted worker reports.
@@ -33,25 +48,19 @@ std::vector<std::string> live_workers(redis::Client& redis, const std::string& p
                                       std::map<std::string, std::string>* refused = nullptr) {
   const std::string prefix = keys::worker(pool, "");
   std::vector<std::string> names;
-  std::string cursor = "0";
-  do {
-    const redis::Reply r = redis.command({"SCAN", cursor, "MATCH", prefix + "*", "COUNT", "1000"});
-    if (r.elements.size() < 2) break;
-    cursor = r.elements[0].str;
-    for (const redis::Reply& k : r.elements[1].elements) {
-      const std::string name = k.str.substr(prefix.size());
-      if (!cluster_key.empty()) {
-        const redis::Reply info = redis.command({"GET", k.str});
-        if (info.is_nil()) continue;  // expired since the SCAN
-        nlohmann::json doc = nlohmann::json::parse(info.str, nullptr, false);
-        if (const std::optional<std::string> why = json_refusal(cluster_key, k.str, doc)) {
-          if (refused != nullptr) (*refused)[name] = *why;
-          continue;
-        }
+  for (std::string& name : keys_under(redis, prefix)) {
+    if (!cluster_key.empty()) {
+      const std::string key = prefix + name;
+      const redis::Reply info = redis.command({"GET", key});
+      if (info.is_nil()) continue;  // expired since the SCAN
+      nlohmann::json doc = nlohmann::json::parse(info.str, nullptr, false);
+      if (const std::optional<std::string> why = json_refusal(cluster_key, key, doc)) {
+        if (refused != nullptr) (*refused)[name] = *why;
+        continue;
       }
-      names.push_back(name);
     }
-  } while (cursor != "0");
+    names.push_back(std::move(name));
+  }
   return names;
 }
 
@@ -59,24 +68,16 @@ std::vector<std::string> live_workers(redis::Client& redis, const std::string& p
 // keys, or of none (keys::pool: the key's part, "k<id>", comes first).
 size_t workers_of_other_keys(redis::Client& redis, const std::string& fp, bool exact,
                              const std::string& key_id) {
-  const std::string prefix = "swarmkv:worker:" + fp + ":";
   const std::string kernels = exact ? "exact:" : "stock:";
   size_t n = 0;
-  std::string cursor = "0";
-  do {
-    const redis::Reply r = redis.command({"SCAN", cursor, "MATCH", prefix + "*", "COUNT", "1000"});
-    if (r.elements.size() < 2) break;
-    cursor = r.elements[0].str;
-    for (const redis::Reply& k : r.elements[1].elements) {
-      std::string rest = k.str.substr(prefix.size());
-      std::string id;
-      if (rest.rfind('k', 0) == 0 && rest.find(':') != std::string::npos) {
-        id = rest.substr(1, rest.find(':') - 1);
-        rest = rest.substr(rest.find(':') + 1);
-      }
-      if (rest.rfind(kernels, 0) == 0 && id != key_id) ++n;
+  for (std::string rest : keys_under(redis, "swarmkv:worker:" + fp + ":")) {
+    std::string id;
+    if (rest.rfind('k', 0) == 0 && rest.find(':') != std::string::npos) {
+      id = rest.substr(1, rest.find(':') - 1);
+      rest = rest.substr(rest.find(':') + 1);
     }
-  } while (cursor != "0");
+    if (rest.rfind(kernels, 0) == 0 && id != key_id) ++n;
+  }
   return n;
 }
 
