@@ -126,8 +126,6 @@ class ConnectionStream final : public httplib::Stream {
     return Head::kReady;
   }
 
-  bool has_unread_bytes() const { return buffered() > 0; }
-
   bool is_readable() const override { return buffered() > 0 || wait(POLLIN, read_deadline()) > 0; }
 
   // Writable, and not closed by the client (a hang-up cancels the work a
