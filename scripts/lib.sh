@@ -33,7 +33,7 @@ SWARMKV_APT_PACKAGES=(
   g++ cmake ninja-build pkg-config python3 python3-pip unzip patch clang-format
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev libcpp-httplib-dev libxxhash-dev libssl-dev python3-matplotlib python3-prometheus-client
-  libhiredis-dev redis-server ccache
+  redis-server ccache
   python3-venv curl openssl  # the README's serve and cluster blocks (tests/readme_blocks_test.py)
 )
 
@@ -104,6 +104,31 @@ CMAKE
   export SWARMKV_LLAMA_PREFIX
 }
 
+# Sets SWARMKV_HIREDIS_SOURCE to a folder holding hiredis/ssl.c and the
+# rest of hiredis 1.5.0's sources, from the pinned PyPI sdist (cached).
+ensure_hiredis() {
+  local dir="$SWARMKV_CACHE/hiredis/$HIREDIS_PY_VERSION"
+  if [ ! -f "$dir/hiredis/ssl.c" ]; then
+    local sdist_dir="$SWARMKV_CACHE/downloads" sdist tmp
+    sdist="$sdist_dir/hiredis-$HIREDIS_PY_VERSION.tar.gz"
+    if ! sha256_ok "$sdist" "$HIREDIS_PY_SHA256"; then
+      rm -f "$sdist"
+      log "downloading the hiredis $HIREDIS_PY_VERSION sdist from PyPI (its vendored hiredis: TLS to Redis)"
+      pip_download "hiredis==$HIREDIS_PY_VERSION" "$sdist_dir" --no-binary :all:
+      sha256_ok "$sdist" "$HIREDIS_PY_SHA256" || die "sha256 mismatch for $sdist (expected $HIREDIS_PY_SHA256)"
+    fi
+    tmp=$(mktemp -d)
+    tar -xzf "$sdist" -C "$tmp" "hiredis-$HIREDIS_PY_VERSION/vendor/hiredis" ||
+      die "$sdist holds no vendor/hiredis"
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    mv "$tmp/hiredis-$HIREDIS_PY_VERSION/vendor" "$dir"
+    rm -rf "$tmp"
+  fi
+  SWARMKV_HIREDIS_SOURCE=$dir
+  export SWARMKV_HIREDIS_SOURCE
+}
+
 # configure_and_build PRESET: configures (idempotent) and builds one preset.
 configure_and_build() {
   local preset=$1 var val cache="$SWARMKV_ROOT/build/$1/CMakeCache.txt"
@@ -139,6 +164,7 @@ configure_and_build() {
 setup_release() {
   ensure_system_packages
   ensure_llama
+  ensure_hiredis
   SWARMKV_RUN_MODEL=${SWARMKV_MODEL:-$("$SWARMKV_ROOT/scripts/fetch-model.sh" "$SWARMKV_DEFAULT_MODEL")}
   export SWARMKV_RUN_MODEL
   configure_and_build release

@@ -12,6 +12,7 @@ set -euo pipefail
 t0=$(date +%s)
 ensure_system_packages
 ensure_llama
+ensure_hiredis
 SWARMKV_TEST_MODEL=$("$SWARMKV_ROOT/scripts/fetch-model.sh" "$SWARMKV_DEFAULT_MODEL")
 SWARMKV_TEST_MODEL_GEMMA3=$("$SWARMKV_ROOT/scripts/fetch-model.sh" gemma3)
 export SWARMKV_TEST_MODEL SWARMKV_TEST_MODEL_GEMMA3
