@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -47,6 +49,31 @@ inline bool port_open(int port) {
   return ok;
 }
 
+// The certificates tests/make_test_certificates.sh makes in `dir`: a test
+// CA's for 127.0.0.1 (server), a client's, and another CA's for 127.0.0.1
+// (stranger).
+struct TestCertificates {
+  std::string ca, server_cert, server_key, client_cert, client_key, stranger_cert, stranger_key;
+
+  explicit TestCertificates(const std::filesystem::path& dir) {
+    const std::string d = dir.string();
+    std::filesystem::create_directories(dir);
+    if (std::system(fmt::format("bash '{}' '{}' >'{}/openssl.log' 2>&1",
+                                SWARMKV_TEST_CERTIFICATES_SCRIPT, d, d)
+                        .c_str()) != 0) {
+      throw std::runtime_error("openssl could not make the test certificates (see " + d +
+                               "/openssl.log)");
+    }
+    ca = d + "/test-ca.pem";
+    server_cert = d + "/server.pem";
+    server_key = d + "/server.key";
+    client_cert = d + "/client.pem";
+    client_key = d + "/client.key";
+    stranger_cert = d + "/stranger.pem";
+    stranger_key = d + "/stranger.key";
+  }
+};
+
 class RedisServer {
  public:
   // `extra`: more redis-server arguments, e.g. {"--requirepass", "pw"}.
@@ -54,19 +81,51 @@ class RedisServer {
       : port_(port > 0 ? port : free_loopback_port()), extra_(std::move(extra)) {
     start();
   }
+  // TLS only (no plain port), with this certificate and key; clients'
+  // certificates are checked against `ca` when `auth_clients` is "yes"
+  // ("optional": when they give one; "no": never).
+  static RedisServer tls_only(const std::string& cert, const std::string& key,
+                              const std::string& ca, const std::string& auth_clients,
+                              std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"--port",
+                                  "0",
+                                  "--tls-cert-file",
+                                  cert,
+                                  "--tls-key-file",
+                                  key,
+                                  "--tls-ca-cert-file",
+                                  ca,
+                                  "--tls-auth-clients",
+                                  auth_clients};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RedisServer(std::move(args), 0, true);
+  }
+  RedisServer(RedisServer&& other) noexcept
+      : port_(other.port_), extra_(std::move(other.extra_)), tls_(other.tls_), pid_(other.pid_) {
+    other.pid_ = -1;
+  }
   ~RedisServer() { stop(); }
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
 
   int port() const { return port_; }
   std::string url(const std::string& userinfo = "") const {
-    return fmt::format("redis://{}127.0.0.1:{}", userinfo.empty() ? "" : userinfo + "@", port_);
+    return fmt::format("{}://{}127.0.0.1:{}", tls_ ? "rediss" : "redis",
+                       userinfo.empty() ? "" : userinfo + "@", port_);
   }
 
   void start() {
-    std::vector<std::string> args{
-        SWARMKV_REDIS_SERVER, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly",       "no",     "--loglevel",          "warning"};
+    std::vector<std::string> args{SWARMKV_REDIS_SERVER,
+                                  tls_ ? "--tls-port" : "--port",
+                                  std::to_string(port_),
+                                  "--bind",
+                                  "127.0.0.1",
+                                  "--save",
+                                  "",
+                                  "--appendonly",
+                                  "no",
+                                  "--loglevel",
+                                  "warning"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -101,8 +160,14 @@ class RedisServer {
   }
 
  private:
+  RedisServer(std::vector<std::string> extra, int port, bool tls)
+      : port_(port > 0 ? port : free_loopback_port()), extra_(std::move(extra)), tls_(tls) {
+    start();
+  }
+
   int port_;
   std::vector<std::string> extra_;
+  bool tls_ = false;
   pid_t pid_ = -1;
 };
 

@@ -66,8 +66,8 @@ TEST(RedisUrlTest, PartsAreParsed) {
 
 TEST(RedisUrlTest, MalformedUrlsAreNamedWithoutThePassword) {
   EXPECT_EQ(error_of([] { redis::parse_url("http://h:1"); }).message,
-            "redis URL 'http://h:1' must start with redis:// (redis://[user[:password]@]host[:port]"
-            "[/db]; rediss:// TLS is not supported)");
+            "redis URL 'http://h:1' must start with redis:// or, for TLS, rediss:// "
+            "(redis[s]://[user[:password]@]host[:port][/db])");
   EXPECT_EQ(error_of([] { redis::parse_url("redis://u:topsecret@h:99999"); }).message,
             "redis URL 'redis://u:***@h:99999': port 99999 is outside 1-65535");
   EXPECT_EQ(error_of([] { redis::parse_url("redis://h:port"); }).message,
@@ -78,6 +78,43 @@ TEST(RedisUrlTest, MalformedUrlsAreNamedWithoutThePassword) {
             "redis URL 'redis://bob@h:1' names user 'bob' without a password "
             "(redis://user:password@host:port)");
   EXPECT_EQ(error_of([] { redis::parse_url("redis://h:1"); }).code, ErrorCode::kInternal);
+}
+
+TEST(RedisUrlTest, TlsUrlsNameTheirFiles) {
+  const redis::Url u = redis::parse_url(
+      "rediss://:pw@10.0.0.5:6390/1?cacert=/etc/ca.pem&cert=/home/a%40b/c.pem&key=k%26.pem");
+  EXPECT_TRUE(u.tls);
+  EXPECT_EQ(u.host, "10.0.0.5");
+  EXPECT_EQ(u.port, 6390);
+  EXPECT_EQ(u.db, 1);
+  EXPECT_EQ(u.password, "pw");
+  EXPECT_EQ(u.ca_file, "/etc/ca.pem");
+  EXPECT_EQ(u.cert_file, "/home/a@b/c.pem");
+  EXPECT_EQ(u.key_file, "k&.pem");
+  EXPECT_EQ(u.address(), "rediss://10.0.0.5:6390/1");
+  EXPECT_FALSE(redis::parse_url("redis://h").tls);
+  EXPECT_TRUE(redis::parse_url("redis://10.0.0.5").clear_text_off_host());
+  EXPECT_TRUE(redis::parse_url("redis://redis.example").clear_text_off_host());
+  EXPECT_FALSE(redis::parse_url("rediss://10.0.0.5").clear_text_off_host());
+  EXPECT_FALSE(redis::parse_url("redis://127.0.0.2").clear_text_off_host());
+  EXPECT_FALSE(redis::parse_url("redis://[::1]:7000").clear_text_off_host());
+  EXPECT_FALSE(redis::parse_url("redis://localhost").clear_text_off_host());
+  EXPECT_EQ(redis::parse_url("rediss://h").ca_file, "");  // the system's CAs
+
+  const auto message = [](const char* url) {
+    return error_of([&] { redis::parse_url(url); }).message;
+  };
+  EXPECT_EQ(message("redis://h?cacert=ca.pem"),
+            "redis URL 'redis://h?cacert=ca.pem': 'cacert' is for TLS: write rediss://");
+  EXPECT_EQ(message("rediss://u:secret@h?ca=x"),
+            "redis URL 'rediss://u:***@h?ca=x': unknown parameter 'ca' (rediss:// takes cacert, "
+            "cert and key, each a file)");
+  EXPECT_EQ(message("rediss://h?cacert="),
+            "redis URL 'rediss://h?cacert=': 'cacert' names no file");
+  EXPECT_EQ(message("rediss://h?cert=c.pem"),
+            "redis URL 'rediss://h?cert=c.pem': a client certificate needs both cert= and key=");
+  EXPECT_EQ(message("rediss://h?cacert=a%4"),
+            "redis URL 'rediss://h?cacert=a%4': '%' in 'a%4' is not followed by two hex digits");
 }
 
 TEST(RedisUrlTest, TheEnvironmentIsTheFallback) {
@@ -212,6 +249,147 @@ TEST(RedisClientTest, AnUnboundedClientRidesOutAnOutageAndStopsWhenTold) {
 // Two long answers and six short ones over two workers: each worker gets one
 // long answer (cut by count in order, the first job held both), and the
 // jobs' costs differ by less than the costliest agent.
+// ------------------------------------------------------------------ TLS
+
+class RedisTlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        fmt::format("swarmkv-tls-{}-{}", ::getpid(), std::random_device{}()));
+    certs_ = new swarmkv::testing::TestCertificates(*dir_);
+  }
+  static void TearDownTestSuite() {
+    delete certs_;
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+  static const swarmkv::testing::TestCertificates& certs() { return *certs_; }
+  static RedisServer server(const std::string& auth_clients = "no") {
+    return RedisServer::tls_only(certs_->server_cert, certs_->server_key, certs_->ca, auth_clients);
+  }
+  static redis::ClientOptions quick() {
+    redis::ClientOptions o;
+    o.reconnect_for_s = 0.5;
+    return o;
+  }
+
+ private:
+  static fs::path* dir_;
+  static swarmkv::testing::TestCertificates* certs_;
+};
+fs::path* RedisTlsTest::dir_ = nullptr;
+swarmkv::testing::TestCertificates* RedisTlsTest::certs_ = nullptr;
+
+TEST_F(RedisTlsTest, AServerWithACertificateOfTheGivenCaAnswers) {
+  RedisServer s = server();
+  redis::Client c(redis::parse_url(s.url() + "?cacert=" + certs().ca));
+  EXPECT_EQ(c.url().address(), fmt::format("rediss://127.0.0.1:{}", s.port()));
+  const std::string value(3u << 20, '\x7f');  // several TLS records each way
+  EXPECT_EQ(c.command({"SET", "k", value}).str, "OK");
+  EXPECT_EQ(c.command({"GET", "k"}).str, value);
+  EXPECT_NE(c.command({"INFO", "server"}).str.find("redis_version:"), std::string::npos);
+}
+
+TEST_F(RedisTlsTest, ACertificateThatDoesNotVerifyIsRefusedAsUnauthenticated) {
+  RedisServer s = server();
+  // Not signed by the system's CAs.
+  const ErrorValue system = error_of([&] { redis::Client c(redis::parse_url(s.url()), quick()); });
+  EXPECT_EQ(system.code, ErrorCode::kUnauthenticated) << system.message;
+  EXPECT_EQ(system.message,
+            s.url() +
+                ": the server's certificate does not verify: self-signed certificate in "
+                "certificate chain (checked against the system's CAs; cacert=FILE names others)");
+  // Signed by the CA, but for 127.0.0.1, not "localhost".
+  const std::string by_name = fmt::format("rediss://localhost:{}?cacert={}", s.port(), certs().ca);
+  const ErrorValue name = error_of([&] { redis::Client c(redis::parse_url(by_name), quick()); });
+  EXPECT_EQ(name.code, ErrorCode::kUnauthenticated) << name.message;
+  EXPECT_EQ(name.message, fmt::format("rediss://localhost:{}: the server's certificate does not "
+                                      "verify: hostname mismatch (CAs: {})",
+                                      s.port(), certs().ca));
+  // The right address, a certificate from another CA.
+  RedisServer stranger =
+      RedisServer::tls_only(certs().stranger_cert, certs().stranger_key, certs().ca, "no");
+  const ErrorValue other = error_of([&] {
+    redis::Client c(redis::parse_url(stranger.url() + "?cacert=" + certs().ca), quick());
+  });
+  EXPECT_EQ(other.code, ErrorCode::kUnauthenticated) << other.message;
+  EXPECT_NE(other.message.find("does not verify: unable to get local issuer certificate"),
+            std::string::npos)
+      << other.message;
+}
+
+// A plain server never answers a TLS hello (it waits for the end of an
+// inline command): the handshake is bounded by the connect timeout.
+TEST_F(RedisTlsTest, PlainAndTlsDoNotMixAndSayWhy) {
+  RedisServer tls = server();
+  const std::string plain_to_tls = fmt::format("redis://127.0.0.1:{}", tls.port());
+  const auto t0 = std::chrono::steady_clock::now();
+  const ErrorValue a = error_of([&] { redis::Client c(redis::parse_url(plain_to_tls), quick()); });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(a.code, ErrorCode::kIo) << a.message;
+  EXPECT_EQ(a.message.rfind(plain_to_tls + ": cannot connect: PING: ", 0), 0u) << a.message;
+  EXPECT_NE(a.message.find("(if the server's port speaks TLS, write rediss://)"), std::string::npos)
+      << a.message;
+
+  RedisServer plain;
+  const std::string tls_to_plain =
+      fmt::format("rediss://127.0.0.1:{}?cacert={}", plain.port(), certs().ca);
+  const auto t1 = std::chrono::steady_clock::now();
+  const ErrorValue b = error_of([&] { redis::Client c(redis::parse_url(tls_to_plain), quick()); });
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(5));  // connect: 2 s
+  EXPECT_EQ(b.code, ErrorCode::kIo) << b.message;
+  EXPECT_EQ(b.message.rfind(fmt::format("rediss://127.0.0.1:{}: cannot connect: TLS handshake "
+                                        "failed: no answer within 2.0 s",
+                                        plain.port()),
+                            0),
+            0u)
+      << b.message;
+}
+
+TEST_F(RedisTlsTest, AServerThatAsksForAClientCertificateGetsOne) {
+  RedisServer s = server("yes");
+  const std::string with_cert = fmt::format("{}?cacert={}&cert={}&key={}", s.url(), certs().ca,
+                                            certs().client_cert, certs().client_key);
+  EXPECT_EQ(redis::Client(redis::parse_url(with_cert)).command({"PING"}).str, "PONG");
+  const ErrorValue without = error_of(
+      [&] { redis::Client c(redis::parse_url(s.url() + "?cacert=" + certs().ca), quick()); });
+  EXPECT_EQ(without.code, ErrorCode::kIo) << without.message;
+  // The server drops it after the handshake (TLS 1.3: the client's part is
+  // done before the server checks it), with a FIN or a reset.
+  EXPECT_EQ(without.message.rfind(s.url() + ": cannot connect: PING: ", 0), 0u) << without.message;
+  EXPECT_TRUE(without.message.ends_with(
+      " (if the server asks for a client certificate, give cert=FILE&key=FILE)"))
+      << without.message;
+
+  const ErrorValue no_file = error_of(
+      [&] { redis::Client c(redis::parse_url(s.url() + "?cacert=/nonexistent/ca.pem"), quick()); });
+  EXPECT_EQ(no_file.code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(no_file.message.rfind(s.url() + ": cannot load the CA file '/nonexistent/ca.pem' "
+                                            "(cacert=): ",
+                                  0),
+            0u)
+      << no_file.message;
+  const std::string wrong_key = fmt::format("{}?cacert={}&cert={}&key={}", s.url(), certs().ca,
+                                            certs().client_cert, certs().server_key);
+  const ErrorValue mismatch =
+      error_of([&] { redis::Client c(redis::parse_url(wrong_key), quick()); });
+  EXPECT_EQ(mismatch.code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(mismatch.message, s.url() + ": cannot load the private key '" + certs().server_key +
+                                  "' (key=): error:05800074:x509 certificate routines::key "
+                                  "values mismatch");
+}
+
+TEST_F(RedisTlsTest, ALostConnectionIsReestablishedOverTls) {
+  RedisServer s = server();
+  const redis::Url url = redis::parse_url(s.url() + "?cacert=" + certs().ca);
+  redis::Client c(url);
+  redis::Client admin(url);
+  c.command({"CLIENT", "SETNAME", "victim"});
+  admin.command({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+  EXPECT_EQ(c.command({"PING"}).str, "PONG");
+  EXPECT_EQ(c.reconnects(), 1u);
+}
+
 TEST(JobSplitTest, JobsAreCutByCostNotByCount) {
   const std::vector<int64_t> cost = {520, 530, 20, 20, 20, 20, 20, 20};
   const std::vector<size_t> agents = {0, 1, 2, 3, 4, 5, 6, 7};

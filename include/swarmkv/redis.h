@@ -1,11 +1,15 @@
-// A small synchronous Redis client over hiredis 0.14 (Debian 12's): the one
-// place that includes hiredis.h. The snapshot bus and the job queue
-// (swarmkv/cluster.h) speak to Redis only through it.
+// A small synchronous Redis client over hiredis 1.x: the one place that
+// includes hiredis.h. The snapshot bus and the job queue (swarmkv/cluster.h)
+// speak to Redis only through it. rediss:// URLs speak TLS (OpenSSL): the
+// server's certificate is checked against the given or the system's CAs and
+// against the URL's host name or address.
 //
 // Every failure is an Error naming the server's address (never its password)
-// and the command: kInvalidArgument for a malformed URL or refused
-// credentials, kIo for everything else (unreachable, timed out, connection
-// lost and not re-established, an error reply).
+// and the command: kInvalidArgument for a malformed URL, a CA or certificate
+// file that does not load, or refused credentials; kUnauthenticated for a
+// server whose certificate does not verify; kIo for everything else
+// (unreachable, timed out, connection lost and not re-established, an error
+// reply).
 //
 // Thread rules: a Client is thread-compatible: one thread uses it at a time;
 // give every thread its own Client.
@@ -21,18 +25,28 @@
 namespace swarmkv::redis {
 
 struct Url {
+  bool tls = false;  // rediss://
   std::string host;
   int port = 6379;
   std::string user;      // empty: the default user (AUTH password)
   std::string password;  // empty: no AUTH
   int db = 0;
-  // "redis://host:port[/db]", with the user but never the password: for messages.
+  // rediss:// only, from the query (?cacert=FILE&cert=FILE&key=FILE):
+  std::string ca_file;    // PEM CAs the server's certificate must chain to; empty: the system's
+  std::string cert_file;  // PEM client certificate (servers with tls-auth-clients), with key_file
+  std::string key_file;
+  // "redis[s]://host:port[/db]", with the user but never the password: for messages.
   std::string address() const;
+  // Plain text to a host other than this one (not 127.0.0.0/8, ::1 or
+  // localhost): whoever is on the path reads the traffic.
+  bool clear_text_off_host() const;
 };
 
-// Parses redis://[user[:password]@]host[:port][/db]; a password may also be
-// given alone as redis://:password@host. Throws Error(kInvalidArgument)
-// naming what is wrong (the password is never echoed).
+// Parses redis[s]://[user[:password]@]host[:port][/db][?query]; a password
+// may also be given alone as redis://:password@host. The query, for rediss://
+// only, names files: cacert, cert and key (%XX escapes decoded, so %40 and
+// %26 stand for '@' and '&'). Throws Error(kInvalidArgument) naming what is
+// wrong (the password is never echoed).
 Url parse_url(std::string_view text);
 
 // `explicit_url` when not empty, else $SWARMKV_REDIS. Throws
@@ -65,11 +79,15 @@ struct Reply {
 
 class Client {
  public:
-  // Connects once (no retry: a server that is down fails at once), then AUTH
-  // and SELECT as the URL says and a PING. Throws Error(kIo) "redis://h:p:
-  // cannot connect: <reason>", Error(kInvalidArgument) "redis://h:p: AUTH
-  // refused: <server's reason>" or, without a password, "... requires a
-  // password: give it in the URL, redis://[user:]PASSWORD@host:port".
+  // Connects once (no retry: a server that is down fails at once), under
+  // rediss:// completes the TLS handshake, then AUTH and SELECT as the URL
+  // says and a PING. Throws Error(kIo) "redis://h:p: cannot connect:
+  // <reason>" (or "TLS handshake failed: <reason>"), Error(kUnauthenticated)
+  // "rediss://h:p: the server's certificate does not verify: <OpenSSL's
+  // reason>", Error(kInvalidArgument) for a CA, certificate or key file that
+  // does not load, "redis://h:p: AUTH refused: <server's reason>" or, without
+  // a password, "... requires a password: give it in the URL,
+  // redis://[user:]PASSWORD@host:port".
   explicit Client(Url url, ClientOptions options = {});
   ~Client();
   Client(const Client&) = delete;
@@ -94,11 +112,13 @@ class Client {
 
  private:
   struct Connection;
+  struct Tls;
   void connect();
   void reconnect(const std::string& command, const std::string& reason);
 
   Url url_;
   ClientOptions options_;
+  std::unique_ptr<Tls> tls_;  // rediss:// only: the SSL_CTX every (re)connect uses
   std::unique_ptr<Connection> conn_;
   uint64_t reconnects_ = 0;
 };

@@ -140,6 +140,12 @@ class Coordinator final : public AgentExecutor {
           "results and snapshots on {} are not authenticated",
           url_.address());
     }
+    if (url_.clear_text_off_host()) {
+      log_warn(
+          "coordinator: {} is plain text: the document, prompts, answers and KV cross the "
+          "network readable (rediss:// speaks TLS)",
+          url_.address());
+    }
     live_ = require_workers("");
     // What a worker decodes for each agent: its prompt and, at most, its answer.
     cost_.resize(spec_.agents.size());

@@ -403,6 +403,12 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         "job on {} and its results and snapshots are not authenticated",
         name, url.address());
   }
+  if (url.clear_text_off_host()) {
+    log_warn(
+        "worker {}: {} is plain text: the documents, prompts, answers and KV cross the "
+        "network readable (rediss:// speaks TLS)",
+        name, url.address());
+  }
   Heartbeat heartbeat(url, keys::worker(pool, name), stream, name, info.dump(),
                       options.heartbeat_s);
   SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);

@@ -1,15 +1,23 @@
-// hiredis behind swarmkv::redis::Client: connection, AUTH, timeouts,
+// hiredis behind swarmkv::redis::Client: connection, TLS, AUTH, timeouts,
 // bounded reconnects, replies copied into values.
 #include "swarmkv/redis.h"
 
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/hiredis_ssl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
-#include <hiredis/hiredis.h>
 
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -64,10 +72,113 @@ int parse_int(std::string_view text, std::string_view what, std::string_view url
   return v;
 }
 
+// The URL's %XX escapes decoded (a query value's '@', '&', '%').
+std::string percent_decoded(std::string_view text, std::string_view url) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') {
+      out += text[i];
+      continue;
+    }
+    int v = -1;
+    if (i + 2 < text.size()) {
+      const auto [end, ec] = std::from_chars(text.data() + i + 1, text.data() + i + 3, v, 16);
+      if (ec != std::errc() || end != text.data() + i + 3) v = -1;
+    }
+    if (v < 0) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("redis URL '{}': '%' in '{}' is not followed by two hex digits", url, text));
+    }
+    out += static_cast<char>(v);
+    i += 2;
+  }
+  return out;
+}
+
+// The query of a rediss:// URL into url's TLS files.
+void parse_query(std::string_view query, Url& url, std::string_view shown) {
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (pair.empty()) continue;
+    const size_t eq = pair.find('=');
+    const std::string_view name = pair.substr(0, eq);
+    const std::string value =
+        eq == std::string_view::npos ? std::string() : percent_decoded(pair.substr(eq + 1), shown);
+    std::string* field = name == "cacert" ? &url.ca_file
+                         : name == "cert" ? &url.cert_file
+                         : name == "key"  ? &url.key_file
+                                          : nullptr;
+    if (field == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("redis URL '{}': unknown parameter '{}' (rediss:// takes cacert, "
+                              "cert and key, each a file)",
+                              shown, name));
+    }
+    if (!url.tls) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("redis URL '{}': '{}' is for TLS: write rediss://", shown, name));
+    }
+    if (value.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("redis URL '{}': '{}' names no file", shown, name));
+    }
+    *field = value;
+  }
+  if (url.cert_file.empty() != url.key_file.empty()) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("redis URL '{}': a client certificate needs both cert= and key=", shown));
+  }
+}
+
+bool is_ip_address(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+// OpenSSL's queued errors as one text, the queue emptied.
+std::string openssl_errors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out.empty() ? std::string("no reason given") : out;
+}
+
+// One command on a context: its reply, or nothing with `reason` set (the
+// context is unusable then).
+std::optional<Reply> send(redisContext* ctx, const std::vector<std::string>& args, double timeout_s,
+                          std::string& reason) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  void* raw = redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
+  if (raw == nullptr) {
+    reason = ctx->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK)
+                 ? fmt::format("no reply within {:.1f} s", timeout_s)
+                 : std::string(ctx->errstr);
+    return std::nullopt;
+  }
+  auto* reply = static_cast<redisReply*>(raw);
+  Reply out = to_value(reply);
+  freeReplyObject(reply);
+  return out;
+}
+
 }  // namespace
 
 std::string Url::address() const {
-  std::string out = "redis://";
+  std::string out = tls ? "rediss://" : "redis://";
   if (!user.empty()) out += user + "@";
   out += host.find(':') != std::string::npos ? "[" + host + "]" : host;
   out += fmt::format(":{}", port);
@@ -75,30 +186,46 @@ std::string Url::address() const {
   return out;
 }
 
+bool Url::clear_text_off_host() const {
+  if (tls) return false;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) != 127;
+  return host != "::1" && host != "localhost";
+}
+
 Url parse_url(std::string_view text) {
-  constexpr std::string_view kScheme = "redis://";
   Url url;
   // The URL as messages may show it: without what follows a ':' in the userinfo.
   std::string shown(text);
+  const size_t scheme_end = text.find("://");
   const size_t at = text.rfind('@');
-  if (at != std::string_view::npos &&
-      text.substr(0, at).find(':', kScheme.size()) != std::string_view::npos) {
-    shown = std::string(text.substr(0, text.substr(0, at).find(':', kScheme.size()))) + ":***" +
+  if (scheme_end != std::string_view::npos && at != std::string_view::npos &&
+      text.substr(0, at).find(':', scheme_end + 3) != std::string_view::npos) {
+    shown = std::string(text.substr(0, text.substr(0, at).find(':', scheme_end + 3))) + ":***" +
             std::string(text.substr(at));
   }
-  if (text.substr(0, kScheme.size()) != kScheme) {
+  std::string_view rest;
+  if (text.substr(0, 8) == "redis://") {
+    rest = text.substr(8);
+  } else if (text.substr(0, 9) == "rediss://") {
+    url.tls = true;
+    rest = text.substr(9);
+  } else {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("redis URL '{}' must start with redis:// (redis://[user[:password]@]"
-                            "host[:port][/db]; rediss:// TLS is not supported)",
+                fmt::format("redis URL '{}' must start with redis:// or, for TLS, rediss:// "
+                            "(redis[s]://[user[:password]@]host[:port][/db])",
                             shown));
   }
-  std::string_view rest = text.substr(kScheme.size());
   if (const size_t a = rest.rfind('@'); a != std::string_view::npos) {
     const std::string_view userinfo = rest.substr(0, a);
     rest = rest.substr(a + 1);
     const size_t colon = userinfo.find(':');
     url.user = std::string(userinfo.substr(0, colon));
     if (colon != std::string_view::npos) url.password = std::string(userinfo.substr(colon + 1));
+  }
+  if (const size_t q = rest.find('?'); q != std::string_view::npos) {
+    parse_query(rest.substr(q + 1), url, shown);
+    rest = rest.substr(0, q);
   }
   if (const size_t slash = rest.find('/'); slash != std::string_view::npos) {
     const std::string_view db = rest.substr(slash + 1);
@@ -160,11 +287,86 @@ Url resolve_url(std::string_view explicit_url) {
 struct Client::Connection {
   redisContext* ctx = nullptr;
   ~Connection() {
-    if (ctx != nullptr) redisFree(ctx);
+    if (ctx != nullptr) redisFree(ctx);  // frees its SSL too (hiredis owns it once connected)
+  }
+};
+
+struct Client::Tls {
+  struct Free {
+    void operator()(SSL_CTX* c) const noexcept { SSL_CTX_free(c); }
+  };
+  // Owned by a member, so that a constructor that throws still frees it.
+  std::unique_ptr<SSL_CTX, Free> owner;
+  SSL_CTX* ctx;
+
+  // Peer verification on (the given CAs or the system's), TLS 1.2 at least,
+  // and the client certificate when the URL names one.
+  explicit Tls(const Url& url) : owner(SSL_CTX_new(TLS_client_method())), ctx(owner.get()) {
+    const auto refuse = [&](const std::string& what) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: {}: {}", url.address(), what, openssl_errors()));
+    };
+    if (ctx == nullptr) refuse("cannot set up TLS");
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+    if (!url.ca_file.empty()) {
+      if (SSL_CTX_load_verify_locations(ctx, url.ca_file.c_str(), nullptr) != 1)
+        refuse(fmt::format("cannot load the CA file '{}' (cacert=)", url.ca_file));
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+      refuse("cannot load the system's CAs (give cacert=FILE)");
+    }
+    if (!url.cert_file.empty()) {
+      if (SSL_CTX_use_certificate_chain_file(ctx, url.cert_file.c_str()) != 1)
+        refuse(fmt::format("cannot load the client certificate '{}' (cert=)", url.cert_file));
+      if (SSL_CTX_use_PrivateKey_file(ctx, url.key_file.c_str(), SSL_FILETYPE_PEM) != 1)
+        refuse(fmt::format("cannot load the private key '{}' (key=)", url.key_file));
+      if (SSL_CTX_check_private_key(ctx) != 1)
+        refuse(fmt::format("the key '{}' is not the certificate's", url.key_file));
+    }
+  }
+  // The handshake on a connected context: the certificate must verify and
+  // name the URL's host (DNS name or address). Throws kUnauthenticated when
+  // it does not, kIo when the handshake fails otherwise.
+  void handshake(redisContext* c, const Url& url, double timeout_s) const {
+    SSL* ssl = SSL_new(ctx);
+    if (ssl == nullptr) {
+      throw Error(ErrorCode::kIo,
+                  fmt::format("{}: cannot connect: TLS: {}", url.address(), openssl_errors()));
+    }
+    X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+    if (is_ip_address(url.host)) {
+      X509_VERIFY_PARAM_set1_ip_asc(param, url.host.c_str());
+    } else {
+      // SNI (SSL_set_tlsext_host_name, a macro with a C cast).
+      SSL_ctrl(ssl, SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
+               const_cast<char*>(url.host.c_str()));
+      X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+      X509_VERIFY_PARAM_set1_host(param, url.host.c_str(), url.host.size());
+    }
+    ERR_clear_error();
+    if (redisInitiateSSL(c, ssl) == REDIS_OK) return;  // c owns ssl now
+    const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
+    const long verify = SSL_get_verify_result(ssl);
+    const std::string reason = c->errstr;
+    SSL_free(ssl);
+    ERR_clear_error();
+    if (verify != X509_V_OK) {
+      throw Error(ErrorCode::kUnauthenticated,
+                  fmt::format("{}: the server's certificate does not verify: {}{}", url.address(),
+                              X509_verify_cert_error_string(verify),
+                              url.ca_file.empty() ? " (checked against the system's CAs; "
+                                                    "cacert=FILE names others)"
+                                                  : fmt::format(" (CAs: {})", url.ca_file)));
+    }
+    throw Error(
+        ErrorCode::kIo,
+        fmt::format("{}: cannot connect: TLS handshake failed: {}", url.address(),
+                    timed_out ? fmt::format("no answer within {:.1f} s", timeout_s) : reason));
   }
 };
 
 Client::Client(Url url, ClientOptions options) : url_(std::move(url)), options_(options) {
+  if (url_.tls) tls_ = std::make_unique<Tls>(url_);
   connect();
 }
 
@@ -181,19 +383,35 @@ void Client::connect() {
     throw Error(ErrorCode::kIo,
                 fmt::format("{}: cannot connect: {}", url_.address(), conn->ctx->errstr));
   }
+  if (tls_) {  // part of connecting: under the connect timeout
+    redisSetTimeout(conn->ctx, to_timeval(options_.connect_timeout_s));
+    tls_->handshake(conn->ctx, url_, options_.connect_timeout_s);
+  }
   redisSetTimeout(conn->ctx, to_timeval(options_.command_timeout_s));
-  conn_ = std::move(conn);
+  // AUTH, SELECT and PING on the new context, never through try_command: a
+  // server that accepts and then drops every connection must fail this
+  // attempt, not start a reconnect loop inside the reconnect loop.
   const auto handshake = [&](const std::vector<std::string>& args, const std::string& what) {
-    const Reply r = try_command(args);
-    if (!r.is_error()) return;
-    if (r.str.rfind("NOAUTH", 0) == 0 || r.str.find("NOAUTH") != std::string::npos) {
+    std::string reason;
+    const std::optional<Reply> r = send(conn->ctx, args, options_.command_timeout_s, reason);
+    if (!r) {
+      throw Error(ErrorCode::kIo,
+                  fmt::format("{}: cannot connect: {}: {}{}", url_.address(), what, reason,
+                              !url_.tls ? " (if the server's port speaks TLS, write rediss://)"
+                              : url_.cert_file.empty()
+                                  ? " (if the server asks for a client certificate, give "
+                                    "cert=FILE&key=FILE)"
+                                  : ""));
+    }
+    if (!r->is_error()) return;
+    if (r->str.find("NOAUTH") != std::string::npos) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("{}: the server requires a password: give it in the URL, "
                               "redis://[user:]PASSWORD@host:port ({})",
-                              url_.address(), r.str));
+                              url_.address(), r->str));
     }
     throw Error(what == "AUTH" ? ErrorCode::kInvalidArgument : ErrorCode::kIo,
-                fmt::format("{}: {} refused: {}", url_.address(), what, r.str));
+                fmt::format("{}: {} refused: {}", url_.address(), what, r->str));
   };
   if (!url_.password.empty()) {
     handshake(url_.user.empty() ? std::vector<std::string>{"AUTH", url_.password}
@@ -202,6 +420,7 @@ void Client::connect() {
   }
   if (url_.db != 0) handshake({"SELECT", std::to_string(url_.db)}, "SELECT");
   handshake({"PING"}, "PING");
+  conn_ = std::move(conn);
 }
 
 void Client::reconnect(const std::string& command, const std::string& reason) {
@@ -232,7 +451,7 @@ void Client::reconnect(const std::string& command, const std::string& reason) {
                url_.address(), elapsed_s(), attempt, reason);
       return;
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::kInvalidArgument) throw;
+      if (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kUnauthenticated) throw;
       last = e.message();
     }
     if (!said && elapsed_s() >= 2) {  // an outage, not a blip: say so once
@@ -252,27 +471,12 @@ void Client::reconnect(const std::string& command, const std::string& reason) {
 }
 
 Reply Client::try_command(const std::vector<std::string>& args) {
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
   const std::string name = args.empty() ? std::string("(empty)") : args.front();
   for (int pass = 0;; ++pass) {
     std::string reason = "not connected";
     if (conn_) {
-      void* raw =
-          redisCommandArgv(conn_->ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
-      if (raw != nullptr) {
-        auto* reply = static_cast<redisReply*>(raw);
-        Reply out = to_value(reply);
-        freeReplyObject(reply);
-        return out;
-      }
-      reason = conn_->ctx->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK)
-                   ? fmt::format("no reply within {:.1f} s", options_.command_timeout_s)
-                   : std::string(conn_->ctx->errstr);
+      if (std::optional<Reply> r = send(conn_->ctx, args, options_.command_timeout_s, reason))
+        return *std::move(r);
       conn_.reset();  // a context that failed once is unusable (hiredis)
     }
     if (pass > 0) {

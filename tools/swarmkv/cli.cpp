@@ -529,7 +529,8 @@ int run(int argc, char** argv) {
   run->add_option("--cache-dir", run_args.cache_dir, "snapshot store (default <cache>/snapshots)");
   run->add_option("--redis", run_args.redis,
                   "coordinate: run the agents on `swarmkv worker`s through Redis "
-                  "(redis://[user:password@]host:port[/db]; given without a URL, after the "
+                  "(redis://[user:password@]host:port[/db], or rediss://... with "
+                  "?cacert=FILE[&cert=FILE&key=FILE] for TLS; given without a URL, after the "
                   "pipeline file: $SWARMKV_REDIS). The snapshot is taken from Redis, the local "
                   "store or a prefill, and published; output as a local run's plus each "
                   "agent's worker and the transfer figures")

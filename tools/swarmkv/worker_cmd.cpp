@@ -31,7 +31,10 @@ WorkerCommand::WorkerCommand(CLI::App& app) {
       "Redis going away is waited out, however long, reconnecting with backoff. Logs at info level "
       "unless --log-level says otherwise. See docs/cluster.md.");
   sub_->add_option("--redis", redis_,
-                   "redis://[user:password@]host:port[/db] (default: $SWARMKV_REDIS)");
+                   "redis://[user:password@]host:port[/db], or for TLS rediss://... with "
+                   "?cacert=FILE (the CAs the server's certificate must chain to; default: the "
+                   "system's) and &cert=FILE&key=FILE (a client certificate) (default: "
+                   "$SWARMKV_REDIS)");
   sub_->add_option("--cluster-key-file", cluster_key_file_,
                    "the cluster's shared secret (at least 16 bytes; default: the value of "
                    "$SWARMKV_CLUSTER_KEY): jobs, pipelines and snapshots not signed with it "
