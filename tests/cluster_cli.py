@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,7 @@ class Cluster:
         self.port = free_port()
         self.redis = None
         self.redis_args = []
+        self.tls = None  # use_tls(): the folder of the test certificates
         self.workers = {}
         self.children = []
 
@@ -88,8 +90,22 @@ class Cluster:
         with open(self.pipeline, "w") as f:
             f.write(f"document: {{file: {doc}}}\n" + body)
 
+    def use_tls(self):
+        """Redis on a TLS port only, asking every client for a certificate of
+        the test CA; url() carries the CA and the client certificate."""
+        self.tls = os.path.join(self.tmp, "certs")
+        subprocess.run(["bash", os.path.join(self.source, "tests", "make_test_certificates.sh"),
+                        self.tls], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def tls_file(self, name):
+        return os.path.join(self.tls, name)
+
     def url(self, userinfo=""):
-        return f"redis://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.port}"
+        auth = userinfo + "@" if userinfo else ""
+        if not self.tls:
+            return f"redis://{auth}127.0.0.1:{self.port}"
+        return (f"rediss://{auth}127.0.0.1:{self.port}?cacert={self.tls_file('test-ca.pem')}"
+                f"&cert={self.tls_file('client.pem')}&key={self.tls_file('client.key')}")
 
     def env(self):
         env = dict(os.environ)
@@ -101,8 +117,14 @@ class Cluster:
 
     def start_redis(self, *extra):
         self.redis_args = list(extra) or self.redis_args
+        listen = ["--port", str(self.port)]
+        if self.tls:
+            listen = ["--port", "0", "--tls-port", str(self.port),
+                      "--tls-cert-file", self.tls_file("server.pem"),
+                      "--tls-key-file", self.tls_file("server.key"),
+                      "--tls-ca-cert-file", self.tls_file("test-ca.pem"), "--tls-auth-clients", "yes"]
         self.redis = subprocess.Popen(
-            [self.redis_server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [self.redis_server, *listen, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--loglevel", "warning", *self.redis_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.children.append(self.redis)
@@ -120,15 +142,27 @@ class Cluster:
         self.redis.wait(10)
 
     def redis_cmd(self, *args, password=None):
-        """One command over a raw socket (RESP), for the fault cases."""
-        with socket.create_connection(("127.0.0.1", self.port), 5) as s:
+        """One command over a raw socket (RESP), for the fault cases; over
+        TLS with the client certificate after use_tls()."""
+        raw = socket.create_connection(("127.0.0.1", self.port), 5)
+        if self.tls:
+            ctx = ssl.create_default_context(cafile=self.tls_file("test-ca.pem"))
+            ctx.load_cert_chain(self.tls_file("client.pem"), self.tls_file("client.key"))
+            raw = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        with raw as s:
             def send(parts):
                 out = f"*{len(parts)}\r\n".encode()
                 for p in parts:
                     p = p if isinstance(p, bytes) else str(p).encode()
                     out += f"${len(p)}\r\n".encode() + p + b"\r\n"
                 s.sendall(out)
-                return s.recv(1 << 20)
+                reply = s.recv(1 << 20)
+                # A bulk reply may come in several reads (TLS records of 16 KiB).
+                if reply.startswith(b"$") and not reply.startswith(b"$-1"):
+                    head, _, _ = reply.partition(b"\r\n")
+                    while len(reply) < len(head) + 2 + int(head[1:]) + 2:
+                        reply += s.recv(1 << 20)
+                return reply
             if password:
                 send(["AUTH", password])
             return send(list(args))
@@ -261,13 +295,15 @@ def entry_signature(key, stream, fields):
 
 @case
 def a_keyed_cluster_answers_as_an_open_one_and_refuses_other_keys(c):
-    """Two workers and the run holding one cluster key: the answers a local
-    run's, and the workers' pool one of their own. A job in that pool signed
-    with another key, or unsigned, is refused by name and never run; a
-    snapshot manifest on the bus signed with another key is refused and
-    published again; a run whose key no worker holds fails at once naming
-    the key's id."""
+    """Two workers and the run holding one cluster key, all speaking TLS to
+    a Redis that has no plain port and asks for client certificates: the
+    answers a local run's, and the workers' pool one of their own. A job in
+    that pool signed with another key, or unsigned, is refused by name and
+    never run; a snapshot manifest on the bus signed with another key is
+    refused and published again; a run whose key no worker holds fails at
+    once naming the key's id."""
     c.use_small_pipeline()
+    c.use_tls()
     c.start_redis()
     key, other = "a" * 64, "b" * 64
     files = {}
@@ -280,6 +316,7 @@ def a_keyed_cluster_answers_as_an_open_one_and_refuses_other_keys(c):
     c.start_worker("intruder", "--cluster-key-file", files["other"])
     for w in ("w1", "w2", "intruder"):
         assert "no cluster key" not in c.log(w), c.log(w)
+        assert f"from rediss://127.0.0.1:{c.port}" in c.log(w), c.log(w)
     rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300",
                          "--cluster-key-file", files["key"])
     assert rc == 0, err
