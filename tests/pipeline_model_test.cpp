@@ -871,6 +871,8 @@ TEST_F(PipelineModelTest, EveryStrategyReportsEachAgentsStartTokensAndOutcome) {
       EXPECT_EQ(log.status[i], NodeStatus::kOk) << i;
       EXPECT_FALSE(log.token_after_done[i]) << i;
     }
+    EXPECT_EQ(r.agents[1].depends_on, std::vector<std::string>{"agent0"}) << "the graph, reported";
+    EXPECT_TRUE(r.agents[0].depends_on.empty());
   }
 }
 
@@ -930,6 +932,7 @@ class ScriptedExecutor final : public AgentExecutor {
       if (i == 0) a.error = ErrorValue{ErrorCode::kIo, "worker lost"};
       a.answer = "answer " + std::to_string(i);
       a.worker = "w1";
+      a.depends_on = {"a worker's own job graph"};
       out.emplace_back(i, std::move(a));
     }
     pending.clear();
@@ -972,6 +975,11 @@ TEST_F(PipelineModelTest, AnExecutorRunsOnlyWhatItIsHandedAndTheRunnerKeepsTheDa
     EXPECT_EQ(r.agents[2].status, NodeStatus::kOk);
     EXPECT_EQ(r.agents[2].answer, "answer 2");
     EXPECT_EQ(r.agents[2].worker, "w1");
+    for (size_t i = 0; i < spec.agents.size(); ++i) {  // the graph is the run's, not the worker's
+      EXPECT_EQ(r.agents[i].depends_on, spec.agents[i].depends_on) << i;
+      EXPECT_EQ(result_json(r)["agents"][i]["depends_on"], spec.agents[i].depends_on) << i;
+    }
+    EXPECT_EQ(r.agents[1].depends_on, std::vector<std::string>{"agent0"});
     EXPECT_EQ(log.started, (std::map<size_t, int>{{0, 1}, {2, 1}}));
     EXPECT_EQ(log.done, (std::map<size_t, int>{{0, 1}, {1, 1}, {2, 1}}));
   }

@@ -71,7 +71,11 @@ inline std::vector<AgentResult> results_with_every_field_set() {
   ok.prompt_tokens = 9;
   ok.timings_ms = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   ok.worker = "w1";
+  ok.depends_on = {"up", "other"};
+  ok.fork_from = "up";
   AgentResult failed = ok;
+  failed.fork_from.clear();
+  failed.needs.until = "Section 2";
   failed.name = "b";
   failed.status = NodeStatus::kFailed;
   failed.error = ErrorValue{ErrorCode::kNoKvSlot, "no slot"};

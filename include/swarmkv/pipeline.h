@@ -209,6 +209,9 @@ PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
 // except document_source (which becomes "text"). `model` is left out when
 // empty. The cluster's job messages and POST /v1/pipelines carry this form.
 nlohmann::json pipeline_json(const PipelineSpec& spec);
+// An agent's `needs` as the pipeline file writes it: {"tokens": N} or
+// {"until": "text"}; null when it has none (the whole document).
+nlohmann::json needs_json(const DocumentNeeds& needs);
 
 }  // namespace swarmkv
 
@@ -334,6 +337,10 @@ struct AgentResult {
   int32_t prompt_tokens = 0;  // the agent's prompt, template wrapping included
   AgentTimings timings_ms;
   std::string worker;  // run_distributed: the worker that ran it; "" in a local run
+  // The agent's place in the graph, from its AgentSpec: who it waited on.
+  std::vector<std::string> depends_on;
+  std::string fork_from;
+  DocumentNeeds needs;
   bool operator==(const AgentResult&) const = default;
 };
 

@@ -26,8 +26,10 @@ std::optional<ErrorValue> error_from_json(const nlohmann::json& j);
 nlohmann::json timings_json(const AgentTimings& t);
 // {"name", "status", "error", "answer", "n_tokens", "tokens", "stop_reason",
 //  "prompt_tokens", "prompt_rendered", "started_at_ms", "first_token_at_ms",
-//  "done_at_ms", "token_at_ms", "timings_ms", "worker"} ("worker": the swarmkv worker that
-//  ran it under run --redis, else null; the *_at_ms from the run's start).
+//  "done_at_ms", "token_at_ms", "timings_ms", "worker", "depends_on",
+//  "fork_from", "needs"} ("worker": the swarmkv worker that ran it under run
+//  --redis, else null; the *_at_ms from the run's start; "depends_on" [names],
+//  "fork_from" a name or null and "needs" (needs_json) as its AgentSpec says).
 // "stop_reason" is null unless the agent's status is ok. "token_at_ms": when
 // each of "tokens" was sampled, from the run's start.
 nlohmann::json agent_json(const AgentResult& a);

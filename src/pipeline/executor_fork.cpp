@@ -62,6 +62,10 @@ class ExecutorFork final : public ForkStrategy {
       for (auto& [agent, answer] : executor_.collect()) {
         const bool ok = answer.status == NodeStatus::kOk;
         const std::optional<ErrorValue> error = answer.error;
+        // Its place in the graph is this run's (a worker's job has its own).
+        answer.depends_on = std::move(result.agents[agent].depends_on);
+        answer.fork_from = std::move(result.agents[agent].fork_from);
+        answer.needs = std::move(result.agents[agent].needs);
         result.agents[agent] = std::move(answer);
         if (ok) {
           dag.succeed(agent + 1);

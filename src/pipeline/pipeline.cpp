@@ -822,6 +822,9 @@ PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<con
   result.agents.resize(spec.agents.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     result.agents[i].name = spec.agents[i].name;
+    result.agents[i].depends_on = spec.agents[i].depends_on;
+    result.agents[i].fork_from = spec.agents[i].fork_from;
+    result.agents[i].needs = spec.agents[i].needs;
     result.agents[i].prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
     if (prompt_placeholders(spec.agents[i].prompt).empty())
       result.agents[i].prompt_rendered = spec.agents[i].prompt;

@@ -325,6 +325,14 @@ PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
   return parse_text(yaml, origin, base_dir, "pipeline");
 }
 
+nlohmann::json needs_json(const DocumentNeeds& needs) {
+  if (!needs.any()) return nullptr;
+  nlohmann::json j = nlohmann::json::object();
+  if (needs.tokens > 0) j["tokens"] = needs.tokens;
+  if (!needs.until.empty()) j["until"] = needs.until;
+  return j;
+}
+
 nlohmann::json pipeline_json(const PipelineSpec& spec) {
   nlohmann::json agents = nlohmann::json::array();
   for (const AgentSpec& a : spec.agents) {
@@ -334,8 +342,7 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
     for_each_sampling_field(
         a.sampling, [&](const char* key, const auto& value, int64_t) { agent[key] = value; });
     if (!a.fork_from.empty()) agent["fork_from"] = a.fork_from;
-    if (a.needs.tokens > 0) agent["needs"]["tokens"] = a.needs.tokens;
-    if (!a.needs.until.empty()) agent["needs"]["until"] = a.needs.until;
+    if (a.needs.any()) agent["needs"] = needs_json(a.needs);
     agents.push_back(std::move(agent));
   }
   nlohmann::json j = {{"name", spec.name},

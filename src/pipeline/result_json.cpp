@@ -52,23 +52,27 @@ nlohmann::json timings_json(const AgentTimings& t) {
 }
 
 nlohmann::json agent_json(const AgentResult& a) {
-  return {{"name", a.name},
-          {"status", std::string(to_string(a.status))},
-          {"error", error_json(a.error)},
-          {"answer", a.answer},
-          {"n_tokens", a.tokens.size()},
-          {"tokens", a.tokens},
-          {"stop_reason", a.status == NodeStatus::kOk
-                              ? nlohmann::json(std::string(to_string(a.stop_reason)))
-                              : nlohmann::json(nullptr)},
-          {"prompt_tokens", a.prompt_tokens},
-          {"prompt_rendered", a.prompt_rendered},
-          {"started_at_ms", a.timings_ms.started_at},
-          {"first_token_at_ms", a.timings_ms.first_token_at},
-          {"done_at_ms", a.timings_ms.done_at},
-          {"token_at_ms", a.token_at_ms},
-          {"timings_ms", timings_json(a.timings_ms)},
-          {"worker", a.worker.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.worker)}};
+  return {
+      {"name", a.name},
+      {"status", std::string(to_string(a.status))},
+      {"error", error_json(a.error)},
+      {"answer", a.answer},
+      {"n_tokens", a.tokens.size()},
+      {"tokens", a.tokens},
+      {"stop_reason", a.status == NodeStatus::kOk
+                          ? nlohmann::json(std::string(to_string(a.stop_reason)))
+                          : nlohmann::json(nullptr)},
+      {"prompt_tokens", a.prompt_tokens},
+      {"prompt_rendered", a.prompt_rendered},
+      {"started_at_ms", a.timings_ms.started_at},
+      {"first_token_at_ms", a.timings_ms.first_token_at},
+      {"done_at_ms", a.timings_ms.done_at},
+      {"token_at_ms", a.token_at_ms},
+      {"timings_ms", timings_json(a.timings_ms)},
+      {"worker", a.worker.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.worker)},
+      {"depends_on", a.depends_on},
+      {"fork_from", a.fork_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.fork_from)},
+      {"needs", needs_json(a.needs)}};
 }
 
 AgentResult agent_from_json(const nlohmann::json& j) {
@@ -89,6 +93,16 @@ AgentResult agent_from_json(const nlohmann::json& j) {
     j.at("first_token_at_ms").get_to(t.first_token_at);
     j.at("done_at_ms").get_to(t.done_at);
     if (!j.at("worker").is_null()) j.at("worker").get_to(a.worker);
+    // Results saved before these keys existed have none.
+    if (j.contains("depends_on")) j.at("depends_on").get_to(a.depends_on);
+    if (j.contains("fork_from") && !j.at("fork_from").is_null())
+      j.at("fork_from").get_to(a.fork_from);
+    if (j.contains("needs") && !j.at("needs").is_null()) {
+      const nlohmann::json& n = j.at("needs");
+      if (!n.is_object()) throw Error(ErrorCode::kCorruption, "a result's needs is not an object");
+      if (n.contains("tokens")) n.at("tokens").get_to(a.needs.tokens);
+      if (n.contains("until")) n.at("until").get_to(a.needs.until);
+    }
     return a;
   } catch (const Error&) {
     throw;
