@@ -57,6 +57,23 @@ TEST_F(PipelineFileTest, TheReadmePipelineLoads) {
   }
 }
 
+// The run page's 50-agent example: valid as written, every kind of edge.
+TEST_F(PipelineFileTest, TheFiftyAgentExampleIsValidAndUsesEveryEdge) {
+  const PipelineSpec spec =
+      load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) + "/examples/pipelines/fifty-agents.yaml");
+  validate_pipeline(spec);
+  ASSERT_EQ(spec.agents.size(), 50u);
+  size_t depends = 0, forks = 0, needs = 0;
+  for (const AgentSpec& a : spec.agents) {
+    depends += a.depends_on.empty() ? 0 : 1;
+    forks += a.fork_from.empty() ? 0 : 1;
+    needs += a.needs.any() ? 1 : 0;
+  }
+  EXPECT_EQ(depends, 8u);
+  EXPECT_EQ(forks, 2u);
+  EXPECT_EQ(needs, 12u);
+}
+
 TEST_F(PipelineFileTest, AgentSettingsOverrideDefaultsAndPathsAreRelativeToTheFile) {
   const std::string path = write("p.yaml", R"(
 name: t

@@ -1,6 +1,7 @@
 """`swarmkv run` on the README pipeline with the default fork (shared), cold
-and then warm from a fresh snapshot store, and with --fork host without the
-store: every agent ok with a non-empty answer and real timings, the warm run
+and then warm from a fresh snapshot store (writing its page, --html, which
+`swarmkv report` of the saved result writes again), and with --fork host
+without the store: every agent ok with a non-empty answer and real timings, the warm run
 restoring the cold run's snapshot (no document token prefilled) and
 answering identically, `swarmkv prefill` and `swarmkv snapshot ls|verify|rm`
 on that store, and every shared answer equal to host's: both are exact by
@@ -11,6 +12,7 @@ usage: run_readme_pipeline.py SWARMKV_BINARY PIPELINE MODEL
 """
 import atexit
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,7 +37,8 @@ def run(*extra):
 
 
 shared = run()
-again = run()
+page = os.path.join(store, "run.html")
+again = run("--html", page)
 host = run("--fork", "host", "--snapshot-cache", "off")
 errors = []
 cold, warm = shared["snapshot"], again["snapshot"]
@@ -91,6 +94,25 @@ if not (shared["exact"] and host["exact"]):
 for a, h in zip(shared["agents"], host["agents"]):
     if a["tokens"] != h["tokens"]:
         errors.append(f"{a['name']}: shared and host answer differently:\n  {a['answer']!r}\n  {h['answer']!r}")
+# The run's page: every agent in the graph, the timeline and the texts, and
+# `report` of the saved result draws the same (its header names the file).
+with open(page) as f:
+    html = f.read()
+for i, a in enumerate(again["agents"]):
+    for anchor in (f'id="node-{i}"', f'id="bar-{i}"', f'id="agent-{i}"'):
+        if anchor not in html:
+            errors.append(f"the page lacks {anchor} ({a['name']})")
+saved = os.path.join(store, "run.json")
+with open(saved, "w") as f:
+    json.dump(again, f)
+cli("report", saved, "--html", page + ".again")
+with open(page + ".again") as f:
+    again_html = f.read()
+if again_html.replace(f"<dt>result file</dt><dd>{saved}</dd>\n", "") != html:
+    errors.append("report of the saved result draws another page than run --html")
+bad = cli("report", pipeline, "--html", page, check=False)
+if bad.returncode != 1 or "is not JSON (a `swarmkv run --json` result?)" not in bad.stderr:
+    errors.append(f"report of a YAML file: exit {bad.returncode}: {bad.stderr}")
 if errors:
     sys.exit("\n".join(errors))
 print(f"ok: {len(shared['agents'])} agents, shared cold == warm (load {warm['load_ms']:.0f} ms vs "

@@ -362,6 +362,8 @@ struct TransferFigures {
 };
 
 struct PipelineResult {
+  std::string pipeline;  // PipelineSpec::name
+  std::string model;     // the model file, as loaded (Model::path)
   ForkMode fork = ForkMode::kShared;
   bool exact = false;                // PipelineSpec::exact, as the run really was
   std::string exact_unavailable;     // why exact was asked for but is off, or empty

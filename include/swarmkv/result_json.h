@@ -57,7 +57,8 @@ nlohmann::json engine_json(const ContextOptions& options, int32_t n_gpu_layers,
 // {"agents", "queue_ms", "ttft_ms", "inter_token_ms", "completion_ms"}, each
 // of the last four {"p50", "p95", "p99"}.
 nlohmann::json latency_json(const LatencySummary& latency);
-// The whole result: "schema_version", "fork", "guard" (null without branch workers),
+// The whole result: "schema_version", "pipeline" (its name), "model" (the
+// file), "fork", "guard" (null without branch workers),
 // "ok", "engine" (engine_json), "n_ctx", "n_seq_max", "prefix_tokens", "document_prefills",
 // "snapshot_bytes", "snapshot" (snapshot_json), "prepare_ms", "prefill_done_at_ms",
 // "latency" (latency_json of latency_summary), "prefill_ms",

@@ -819,6 +819,8 @@ PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<con
   result.prefix_tokens = prepared.budget.prefix_tokens;
   result.n_ctx = prepared.budget.n_ctx;  // the strategy replaces it with llama.cpp's padded value
   result.prepare_ms = run.ms();
+  result.pipeline = spec.name;
+  result.model = model->path();
   result.agents.resize(spec.agents.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     result.agents[i].name = spec.agents[i].name;

@@ -159,6 +159,8 @@ nlohmann::json result_json(const PipelineResult& r) {
   nlohmann::json agents = nlohmann::json::array();
   for (const AgentResult& a : r.agents) agents.push_back(agent_json(a));
   return {{"schema_version", kResultSchemaVersion},
+          {"pipeline", r.pipeline},
+          {"model", r.model},
           {"fork", std::string(to_string(r.fork))},
           {"exact", r.exact},
           {"exact_unavailable", r.exact_unavailable.empty() ? nlohmann::json(nullptr)

@@ -14,6 +14,7 @@
 #include "bench.h"
 #include "engine_flags.h"
 #include "progress.h"
+#include "report_cmd.h"
 #include "serve_cmd.h"
 #include "snapshot_cmd.h"
 #include "swarmkv/chat.h"
@@ -168,6 +169,7 @@ struct RunArgs {
   std::string snapshot_cache = "on";
   std::string cache_dir;
   bool json = false;
+  std::string html;  // the run's page (run_page.h), when not empty
   bool check = false;
   std::optional<std::string> redis;  // set: coordinator; "" = $SWARMKV_REDIS
   std::string cluster_key_file;      // "": $SWARMKV_CLUSTER_KEY, else none
@@ -265,6 +267,7 @@ int run_pipeline_cmd(const RunArgs& args) {
   if (args.threads) spec.n_threads = *args.threads;
   args.engine.apply(spec);
   swarmkv::validate_pipeline(spec);  // the command line's values too, before the model loads
+  if (!args.html.empty()) swarmkv::cli::check_page_path(args.html);
   if (args.check) {
     std::cout << fmt::format("{}: pipeline '{}' is valid: {} agents, fork {}, document {} bytes\n",
                              args.pipeline, spec.name, spec.agents.size(),
@@ -309,15 +312,14 @@ int run_pipeline_cmd(const RunArgs& args) {
   } else {
     result = swarmkv::run_pipeline(spec, model, options);
   }
+  nlohmann::json out = swarmkv::result_json(result);
+  out["load_ms"] = load_ms;
   if (args.json) {
-    nlohmann::json out = swarmkv::result_json(result);
-    out["pipeline"] = spec.name;
-    out["model"] = model_path;
-    out["load_ms"] = load_ms;
     std::cout << swarmkv::dump_json(out) << "\n";
   } else {
     print_text(spec, result, model_path, load_ms);
   }
+  if (!args.html.empty()) swarmkv::cli::write_run_page(args.html, out, "");
   if (!result.ok()) {
     if (result.document_status != swarmkv::NodeStatus::kOk) {
       std::cerr << "swarmkv: error: document: " << result.document_error->to_string() << "\n";
@@ -551,6 +553,9 @@ int run(int argc, char** argv) {
                   "of about equal cost: prompt tokens + max_tokens)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 16));
+  run->add_option("--html", run_args.html,
+                  "also write the run's page to this file: the agents' graph, a timeline and "
+                  "every prompt and answer, self-contained (see `swarmkv report --help`)");
   run->add_flag(
       "--json", run_args.json,
       "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
@@ -639,6 +644,7 @@ int run(int argc, char** argv) {
   swarmkv::cli::SnapshotCommands snapshot_commands(app);
   swarmkv::cli::WorkerCommand worker_command(app);
   swarmkv::cli::ServeCommand serve_command(app);
+  swarmkv::cli::ReportCommand report_command(app);
 
   std::string info_model;
   CLI::App* info =
@@ -704,6 +710,8 @@ int run(int argc, char** argv) {
       status = worker_command.run();
     } else if (serve_command.chosen()) {
       status = serve_command.run();
+    } else if (report_command.chosen()) {
+      status = report_command.run();
     } else if (const std::optional<int> s = snapshot_commands.run()) {
       status = *s;
     }

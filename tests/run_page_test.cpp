@@ -1,0 +1,158 @@
+// The run page (swarmkv/run_page.h) from results made by hand: every agent
+// in the graph, the timeline and the texts; edges by kind; nothing fetched;
+// text escaped; a result that is not one refused by name. No model.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "swarmkv/error.h"
+#include "swarmkv/pipeline.h"
+#include "swarmkv/result_json.h"
+#include "swarmkv/run_page.h"
+
+namespace swarmkv {
+namespace {
+
+using nlohmann::json;
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// 50 agents: 40 from the document (the first 8 with `needs`), 8 reviews of
+// five each, a fork_from follow-up, a verdict; one failed, its dependents
+// not run; as result_json writes them.
+json fifty() {
+  PipelineResult r;
+  r.pipeline = "fifty";
+  r.model = "/models/m.gguf";
+  r.prefix_tokens = 2000;
+  r.prefill_done_at_ms = 8000;
+  r.prefill_ms = 7900;
+  r.total_ms = 30000;
+  r.snapshot = SnapshotUse{};
+  r.snapshot->prefilled_tokens = 2000;
+  for (int i = 0; i < 50; ++i) {
+    AgentResult a;
+    a.name = fmt::format("agent-{}", i);
+    a.answer = fmt::format("answer {}", i);
+    a.prompt_rendered = fmt::format("question {}", i);
+    a.timings_ms.wait = 100;
+    a.timings_ms.started_at = 1000 + 300 * i;
+    a.timings_ms.first_token_at = a.timings_ms.started_at + 500;
+    a.timings_ms.done_at = a.timings_ms.first_token_at + 2000;
+    a.tokens = {1, 2, 3};
+    a.token_at_ms = {a.timings_ms.first_token_at, a.timings_ms.first_token_at + 900,
+                     a.timings_ms.done_at};
+    if (i < 8) a.needs.until = "Section 2";
+    if (i >= 40 && i < 48) {
+      for (int k = 0; k < 5; ++k) a.depends_on.push_back(fmt::format("agent-{}", (i - 40) * 5 + k));
+    }
+    if (i == 48) a.fork_from = "agent-40";
+    if (i == 49) a.depends_on = {"agent-41", "agent-48"};
+    r.agents.push_back(a);
+  }
+  r.agents[1].status = NodeStatus::kFailed;
+  r.agents[1].error = ErrorValue{ErrorCode::kNoKvSlot, "no slot"};
+  r.agents[40].status = NodeStatus::kDependencyFailed;  // it waits for agent-1
+  r.agents[40].error = ErrorValue{ErrorCode::kDependencyFailed, "dependency 'agent-1' failed"};
+  r.agents[40].timings_ms = {};
+  r.agents[40].token_at_ms.clear();
+  return result_json(r);
+}
+
+TEST(RunPageTest, EveryAgentIsInTheGraphTheTimelineAndTheTexts) {
+  const std::string page = run_page_html(fifty(), "saved.json");
+  for (int i = 0; i < 50; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(count(page, fmt::format("id=\"node-{}\"", i)), 1u);
+    EXPECT_EQ(count(page, fmt::format("id=\"bar-{}\"", i)), 1u);
+    EXPECT_EQ(count(page, fmt::format("id=\"agent-{}\"", i)), 1u);
+    EXPECT_NE(page.find(fmt::format("answer {}</pre>", i)), std::string::npos);
+  }
+  EXPECT_NE(page.find("id=\"bar-document\""), std::string::npos) << "the prefill's bar";
+  EXPECT_NE(page.find("<title>fifty — 50 agents</title>"), std::string::npos);
+  EXPECT_NE(page.find("<dd>/models/m.gguf</dd>"), std::string::npos);
+  EXPECT_NE(page.find("<dd>saved.json</dd>"), std::string::npos);
+  EXPECT_NE(page.find("48 ok, 1 failed, 1 not run"), std::string::npos);
+}
+
+TEST(RunPageTest, EdgesAreDrawnByKindAndStatusIsWrittenOut) {
+  const std::string page = run_page_html(fifty());
+  EXPECT_EQ(count(page, "class=\"edge depends\""), 8u * 5 + 2 + 1);  // + the legend's sample
+  EXPECT_EQ(count(page, "class=\"edge fork\""), 1u + 1);
+  EXPECT_EQ(count(page, "class=\"edge needs\""), 8u + 1);
+  EXPECT_EQ(count(page, "class=\"edge doc\""), 40u - 8 + 1);
+  EXPECT_NE(page.find("agent-48 continues agent-40&#39;s conversation (fork_from)"),
+            std::string::npos);
+  EXPECT_NE(page.find("needs up to &quot;Section 2&quot;"), std::string::npos);
+  // Status in words, not only in colour; the error and the cause shown.
+  EXPECT_NE(page.find("<span class=\"status\">FAILED</span>"), std::string::npos);
+  EXPECT_NE(page.find("not run: a dependency failed"), std::string::npos);
+  EXPECT_NE(page.find("no_kv_slot: no slot"), std::string::npos);
+  // Distinct dash patterns in the style for the edges that colour alone would tell apart.
+  EXPECT_NE(page.find(".edge.fork{stroke-width:2.6;stroke-dasharray:8 4}"), std::string::npos);
+  EXPECT_NE(page.find(".edge.needs{stroke:#555;stroke-width:1.6;stroke-dasharray:2 3}"),
+            std::string::npos);
+}
+
+TEST(RunPageTest, NothingIsFetchedAndNoScriptRuns) {
+  const std::string page = run_page_html(fifty());
+  for (const char* bad : {"<script", "http://", "https://", "src=", "@import", "url(http"}) {
+    EXPECT_EQ(page.find(bad), std::string::npos) << bad;
+  }
+  // Every url() is a reference inside the page.
+  const std::regex url(R"(url\(([^)]*)\))");
+  for (std::sregex_iterator it(page.begin(), page.end(), url), end; it != end; ++it) {
+    EXPECT_EQ((*it)[1].str().front(), '#') << it->str();
+  }
+}
+
+TEST(RunPageTest, TextFromTheRunIsEscaped) {
+  json r = fifty();
+  r["agents"][0]["name"] = "<b>&\"x\"";
+  r["agents"][0]["answer"] = "</pre><script>alert(1)</script>";
+  r["pipeline"] = "<i>";
+  const std::string page = run_page_html(r);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(page.find("<b>&"), std::string::npos);
+  EXPECT_NE(page.find("&lt;b&gt;&amp;&quot;x&quot;"), std::string::npos);
+  EXPECT_NE(page.find("&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
+  EXPECT_NE(page.find("<title>&lt;i&gt; — 50 agents</title>"), std::string::npos);
+}
+
+TEST(RunPageTest, AResultThatIsNotOneIsRefusedByName) {
+  const auto message = [](const json& j) {
+    try {
+      run_page_html(j);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+      return e.message();
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_EQ(message(json::array()),
+            "the result is not a JSON object (not a swarmkv run --json result?)");
+  EXPECT_EQ(message(json::object()),
+            "the result has no 'agents' (not a swarmkv run --json result?)");
+  EXPECT_EQ(message(json{{"agents", 3}}), "the result's 'agents' is not a list");
+  EXPECT_EQ(message(json{{"agents", {{{"status", "ok"}}}}}),
+            "the result has no 'name' in agent 0 (not a swarmkv run --json result?)");
+  json r = fifty();
+  r["agents"][2]["started_at_ms"] = "soon";
+  EXPECT_EQ(message(r).rfind("agent 2 of the result does not read: ", 0), 0u) << message(r);
+  // A cycle or an unknown name (a hand-edited file) is drawn, not refused.
+  json odd = fifty();
+  odd["agents"][0]["depends_on"] = {"agent-1", "nobody"};
+  odd["agents"][1]["depends_on"] = {"agent-0"};
+  EXPECT_NE(run_page_html(odd).find("id=\"node-0\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace swarmkv
