@@ -110,6 +110,10 @@ with open(page + ".again") as f:
     again_html = f.read()
 if again_html.replace(f"<dt>result file</dt><dd>{saved}</dd>\n", "") != html:
     errors.append("report of the saved result draws another page than run --html")
+nowhere = cli("run", pipeline, "--model", model, "--html", "/nonexistent-dir/run.html", check=False)
+if nowhere.returncode != 2 or "--html /nonexistent-dir/run.html: the folder /nonexistent-dir does " \
+        "not exist" not in nowhere.stderr:
+    errors.append(f"run --html into a missing folder: exit {nowhere.returncode}: {nowhere.stderr}")
 bad = cli("report", pipeline, "--html", page, check=False)
 if bad.returncode != 1 or "is not JSON (a `swarmkv run --json` result?)" not in bad.stderr:
     errors.append(f"report of a YAML file: exit {bad.returncode}: {bad.stderr}")
