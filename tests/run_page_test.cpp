@@ -147,6 +147,9 @@ TEST(RunPageTest, AResultThatIsNotOneIsRefusedByName) {
   json r = fifty();
   r["agents"][2]["started_at_ms"] = "soon";
   EXPECT_EQ(message(r).rfind("agent 2 of the result does not read: ", 0), 0u) << message(r);
+  json model = fifty();
+  model["model"] = nullptr;
+  EXPECT_EQ(message(model).rfind("the result does not read: ", 0), 0u) << message(model);
   // A cycle or an unknown name (a hand-edited file) is drawn, not refused.
   json odd = fifty();
   odd["agents"][0]["depends_on"] = {"agent-1", "nobody"};

@@ -546,6 +546,8 @@ TEST_P(ServerForkTest, APostedPipelineAnswersAsTheSameRunInProcess) {
   EXPECT_TRUE(result["ok"].get<bool>()) << result.dump(1);
   EXPECT_EQ(result["fork"], "shared");
   EXPECT_EQ(result["prefix_tokens"], local.prefix_tokens);
+  // The model's file name, never where the server keeps it.
+  EXPECT_EQ(result["model"], std::filesystem::path(model_->path()).filename().string());
 
   std::map<std::string, std::string> streamed, done_answer;
   std::map<std::string, size_t> tokens, started, done;

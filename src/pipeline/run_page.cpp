@@ -462,9 +462,8 @@ std::string legend(const std::vector<std::pair<std::string, std::string>>& items
   return out + "</p>\n";
 }
 
-}  // namespace
-
-std::string run_page_html(const json& result, const std::string& source) {
+// The page; what run_page_html wraps.
+std::string draw(const json& result, const std::string& source) {
   if (!result.is_object()) {
     throw Error(ErrorCode::kCorruption,
                 "the result is not a JSON object (not a swarmkv run --json result?)");
@@ -507,6 +506,18 @@ std::string run_page_html(const json& result, const std::string& source) {
       "excluded).</p>\n<h2 id=\"agents\">Agents</h2>\n";
   html += agents_html(agents);
   return html + "</body>\n</html>\n";
+}
+
+}  // namespace
+
+std::string run_page_html(const json& result, const std::string& source) {
+  try {
+    return draw(result, source);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kCorruption, fmt::format("the result does not read: {}", e.what()));
+  }
 }
 
 }  // namespace swarmkv

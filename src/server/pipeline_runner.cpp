@@ -1,6 +1,7 @@
 #include "server/pipeline_runner.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -206,6 +207,7 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
     PipelineResult result = run_pipeline(spec, job.prepared_, model_, options);
     // Where the server keeps its files is not the client's business.
     if (result.snapshot) result.snapshot->path.clear();
+    result.model = std::filesystem::path(result.model).filename().string();
     if (job.cancelled_.load() &&
         std::any_of(result.agents.begin(), result.agents.end(), [](const AgentResult& a) {
           return a.error && a.error->code == ErrorCode::kAborted;
