@@ -3,7 +3,6 @@
 // text escaped; a result that is not one refused by name. No model.
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <string>
 
 #include <fmt/format.h>
@@ -107,11 +106,14 @@ TEST(RunPageTest, NothingIsFetchedAndNoScriptRuns) {
   for (const char* bad : {"<script", "http://", "https://", "src=", "@import", "url(http"}) {
     EXPECT_EQ(page.find(bad), std::string::npos) << bad;
   }
-  // Every url() is a reference inside the page.
-  const std::regex url(R"(url\(([^)]*)\))");
-  for (std::sregex_iterator it(page.begin(), page.end(), url), end; it != end; ++it) {
-    EXPECT_EQ((*it)[1].str().front(), '#') << it->str();
+  // Every url() is a reference inside the page. (No std::regex: GCC 12
+  // warns inside it at the sanitizer presets' -O1.)
+  size_t urls = 0;
+  for (size_t at = page.find("url("); at != std::string::npos; at = page.find("url(", at + 1)) {
+    ++urls;
+    EXPECT_EQ(page[at + 4], '#') << page.substr(at, 40);
   }
+  EXPECT_GE(urls, 2u) << "the arrow marker and the queued pattern";
 }
 
 TEST(RunPageTest, TextFromTheRunIsEscaped) {
