@@ -1151,6 +1151,117 @@ TEST_F(ServerTest, ABusyPipelineSlotAnswers429AndAHangUpCancelsTheRun) {
   EXPECT_EQ(metric(*c, "swarmkv_requests_in_flight"), 0);
 }
 
+// A posted run is listed at / and followed at /runs/<id> (a page) and
+// /v1/pipelines/<id> (its result so far) while it runs, behind the key:
+// a Bearer token, or Basic auth with the key as the password (what a
+// browser sends once asked). After it ends its view is its result; only
+// the last keep_runs stay.
+TEST_F(ServerTest, PostedRunsAreListedAndFollowedBehindTheKey) {
+  ServerOptions o = small_options();
+  o.api_key = "k3y";
+  o.keep_runs = 2;
+  Running server(model_, o);
+  auto c = server.client("k3y");
+  httplib::Client browser("127.0.0.1", server.port());
+  browser.set_read_timeout(60, 0);
+  browser.set_basic_auth("anyone", "k3y");
+
+  json mid_view;
+  std::string mid_page;
+  const PipelineStream st = post_pipeline(*c, one_agent_pipeline(12), [&](const PipelineEvent& e) {
+    if (e.name == "token" && mid_view.is_null()) {
+      const auto v = browser.Get("/v1/pipelines/1");
+      const auto p = browser.Get("/runs/1");
+      EXPECT_TRUE(v && p);
+      if (v && p) {
+        EXPECT_EQ(v->status, 200) << v->body;
+        EXPECT_EQ(p->status, 200) << p->body;
+        mid_view = json::parse(v->body);
+        mid_page = p->body;
+      }
+    }
+    return true;
+  });
+  ASSERT_EQ(st.status, 200);
+  ASSERT_EQ(st.events.back().name, "result");
+  const json& result = st.events.back().data;
+  ASSERT_TRUE(mid_view.is_object()) << "no token event came";
+  EXPECT_EQ(mid_view["live"]["state"], "running");
+  EXPECT_EQ(mid_view["agents"][0]["status"], "running");
+  EXPECT_GE(mid_view["agents"][0]["n_tokens"].get<int>(), 1) << "the view has the token already";
+  EXPECT_NE(mid_page.find("<meta http-equiv=\"refresh\" content=\"1\">"), std::string::npos);
+  EXPECT_NE(mid_page.find("<g class=\"node running\">"), std::string::npos);
+
+  auto ended = browser.Get("/v1/pipelines/1");
+  ASSERT_TRUE(ended);
+  json view = json::parse(ended->body);
+  EXPECT_EQ(view["live"]["state"], "ok");
+  view.erase("live");
+  EXPECT_EQ(view, result) << "once it ended, its view is its result";
+  auto page = browser.Get("/runs/1");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_EQ(page->body.find("http-equiv=\"refresh\""), std::string::npos) << "it ended: no reload";
+  EXPECT_NE(page->body.find("<a href=\"#agent-0\" id=\"bar-0\">"), std::string::npos);
+  EXPECT_NE(page->body.find("run 1 on this server"), std::string::npos);
+
+  // The key, or nothing.
+  httplib::Client anon("127.0.0.1", server.port());
+  const auto no_key = anon.Get("/runs/1");
+  ASSERT_TRUE(no_key);
+  EXPECT_EQ(no_key->status, 401);
+  EXPECT_EQ(no_key->get_header_value("WWW-Authenticate"),
+            R"(Basic realm="swarmkv", charset="UTF-8")");
+  EXPECT_NE(no_key->body.find("any user name and the key as the password"), std::string::npos);
+  const auto api = anon.Get("/v1/models");
+  ASSERT_TRUE(api);
+  EXPECT_EQ(api->status, 401);
+  EXPECT_EQ(api->get_header_value("WWW-Authenticate"), R"(Bearer realm="swarmkv")");
+  // base64 of "anyone:wrong", of "k3y" (no colon), not base64, no scheme.
+  for (const char* header :
+       {"Basic YW55b25lOndyb25n", "Basic azN5", "Basic !!!!", "Basic k3y", "k3y"}) {
+    const auto res = anon.Get("/runs/1", {{"Authorization", header}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401) << header;
+  }
+  const auto no_user = anon.Get("/runs/1", {{"Authorization", "basic OmszeQ=="}});  // ":k3y"
+  ASSERT_TRUE(no_user);
+  EXPECT_EQ(no_user->status, 200) << "any user name, none too; the scheme in any case";
+  const auto bearer = c->Get("/runs/1");
+  ASSERT_TRUE(bearer);
+  EXPECT_EQ(bearer->status, 200) << "a page takes the Bearer token too";
+  const auto models = browser.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200) << "and the API Basic auth";
+
+  // Two more runs: the first leaves the list.
+  for (const char* id : {"2", "3"}) {
+    const auto res =
+        c->Post("/v1/pipelines?stream=false", one_agent_pipeline(2).dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(res->get_header_value("X-SwarmKV-Run-Id"), id);
+  }
+  const auto gone = browser.Get("/runs/1");
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->status, 404);
+  EXPECT_EQ(json::parse(gone->body)["error"]["message"],
+            "no run '1' here: this server keeps its last 2 pipeline runs (--keep-runs), and GET / "
+            "lists them");
+  const auto list = browser.Get("/");
+  ASSERT_TRUE(list);
+  EXPECT_EQ(list->status, 200);
+  EXPECT_NE(list->body.find("<tr id=\"run-3\">"), std::string::npos) << list->body;
+  EXPECT_NE(list->body.find("<tr id=\"run-2\">"), std::string::npos);
+  EXPECT_EQ(list->body.find("<tr id=\"run-1\">"), std::string::npos);
+  EXPECT_LT(list->body.find("run-3"), list->body.find("run-2")) << "newest first";
+  const auto metrics = c->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(
+      metrics->body.find("swarmkv_http_responses_total{route=\"/runs/{id}\",status=\"404\"} 1"),
+      std::string::npos);
+}
+
 // A posted pipeline uses the snapshot store as `swarmkv run` does: the first
 // run prefills the document and publishes it, the second restores it and
 // answers the same; the result names no server path.

@@ -5,7 +5,10 @@
 
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
+#include "server/run_view.h"
 #include "server/text_stream.h"
+#include "swarmkv/result_json.h"
+#include "swarmkv/run_page.h"
 
 namespace swarmkv::server {
 namespace {
@@ -261,6 +264,162 @@ TEST(TextStreamTest, ACharacterSplitOverTokensWaitsForItsLastByte) {
   EXPECT_EQ(s.next("a" + euro, false), euro);
   EXPECT_EQ(whole_characters("a" + euro.substr(0, 1), 2), 1u);
   EXPECT_EQ(whole_characters("a" + euro, 4), 4u);
+}
+
+// ------------------------------------------------------------ a run as viewers see it
+
+PipelineSpec two_agents() {
+  PipelineSpec spec;
+  spec.name = "pair";
+  spec.document = "A document.";
+  spec.agents.resize(2);
+  spec.agents[0].name = "first";
+  spec.agents[0].prompt = "Q?";
+  spec.agents[0].needs.tokens = 64;
+  spec.agents[1].name = "second";
+  spec.agents[1].prompt = "And?";
+  spec.agents[1].depends_on = {"first"};
+  return spec;
+}
+
+PipelineEvent event(std::string name, nlohmann::json data) {
+  return {std::move(name), std::move(data), std::nullopt};
+}
+
+TEST(RunViewTest, EventsMoveEachAgentOnAndTheResultEndsIt) {
+  RunView v(two_agents(), 300, "m.gguf");
+  EXPECT_EQ(v.state(), RunState::kQueued);
+  nlohmann::json r = v.result(0);
+  EXPECT_EQ(r["live"]["state"], "queued");
+  EXPECT_EQ(r["pipeline"], "pair");
+  EXPECT_EQ(r["model"], "m.gguf");
+  EXPECT_EQ(r["prefix_tokens"], 300);
+  EXPECT_EQ(r["agents"][0]["status"], "waiting");
+  EXPECT_EQ(r["agents"][0]["needs"]["tokens"], 64);
+  EXPECT_EQ(r["agents"][1]["depends_on"], nlohmann::json::array({"first"}));
+
+  v.begin();
+  v.apply(event("prefill", {{"done", 128}, {"total", 300}}), 5);
+  r = v.result(6);
+  EXPECT_EQ(r["live"]["state"], "running");
+  EXPECT_EQ(r["live"]["prefill_done"], 128);
+  EXPECT_EQ(r["live"]["prefill_total"], 300);
+  EXPECT_EQ(r["prefill_done_at_ms"], 5.0);
+  EXPECT_EQ(r["total_ms"], 6.0);
+
+  v.apply(event("agent_started", {{"agent", "first"}}), 10);
+  v.apply(event("token", {{"agent", "first"}, {"token", 7}, {"text", "Hel"}}), 20);
+  v.apply(event("token", {{"agent", "first"}, {"token", 8}, {"text", "lo"}}), 30);
+  v.apply(event("token", {{"agent", "first"}, {"token", nullptr}, {"text", "!"}}), 31);
+  r = v.result(40);
+  const nlohmann::json& a = r["agents"][0];
+  EXPECT_EQ(a["status"], "running");
+  EXPECT_EQ(a["answer"], "Hello!");
+  EXPECT_EQ(a["started_at_ms"], 10.0);
+  EXPECT_EQ(a["first_token_at_ms"], 20.0);
+  EXPECT_EQ(a["token_at_ms"], nlohmann::json::array({20.0, 30.0}));
+  EXPECT_EQ(a["n_tokens"], 2);
+  EXPECT_EQ(a["done_at_ms"], 40.0) << "a running agent's bar reaches now";
+  EXPECT_EQ(r["agents"][1]["status"], "waiting");
+  EXPECT_EQ(v.agents_done(), 0u);
+
+  AgentResult done;
+  done.name = "first";
+  done.answer = "Hello!";
+  done.tokens = {7, 8};
+  done.token_at_ms = {19.5, 29.5};
+  done.timings_ms.started_at = 9.5;
+  done.timings_ms.done_at = 32;
+  v.apply(event("agent_done", agent_json(done)), 33);
+  EXPECT_EQ(v.result(34)["agents"][0], agent_json(done));
+  EXPECT_EQ(v.agents_done(), 1u);
+
+  PipelineResult final_result;
+  final_result.pipeline = "pair";
+  final_result.agents = {done, done};
+  final_result.agents[1].name = "second";
+  const nlohmann::json final_json = result_json(final_result);
+  v.apply(event("result", final_json), 50);
+  EXPECT_EQ(v.state(), RunState::kOk);
+  EXPECT_EQ(v.agents_done(), 2u);
+  nlohmann::json ended = v.result(99);
+  EXPECT_EQ(ended["live"]["state"], "ok");
+  ended.erase("live");
+  EXPECT_EQ(ended, final_json) << "after the result, the view is the result";
+  v.apply(event("token", {{"agent", "first"}, {"token", 9}, {"text", "late"}}), 60);
+  EXPECT_EQ(v.result(61)["agents"][0]["answer"], "Hello!") << "nothing moves after the end";
+}
+
+TEST(RunViewTest, ARunThatCouldNotStartSaysWhy) {
+  RunView v(two_agents(), 300, "m.gguf");
+  v.begin();
+  const ErrorValue why{ErrorCode::kBudget, "needs 9 GiB"};
+  v.apply({"error", nlohmann::json::object(), why}, 3);
+  EXPECT_EQ(v.state(), RunState::kFailed);
+  const nlohmann::json r = v.result(4);
+  EXPECT_EQ(r["live"]["state"], "failed");
+  EXPECT_EQ(r["live"]["error"]["code"], "budget");
+  EXPECT_EQ(r["live"]["error"]["message"], "needs 9 GiB");
+  EXPECT_FALSE(r.contains("total_ms")) << "an ended run's clock does not run on";
+}
+
+// The page of a run going on: its state line, each agent's status in words
+// (not colour alone), the bar of a running agent up to now, and a reload.
+TEST(RunViewTest, ThePageOfARunGoingOnSaysWhereItIs) {
+  RunView v(two_agents(), 300, "m.gguf");
+  v.begin();
+  v.apply(event("prefill", {{"done", 128}, {"total", 300}}), 5);
+  std::string page = run_page_html(v.result(6), "run 1 on this server", 1);
+  EXPECT_NE(page.find("running: the document&#39;s prefill, 128 of 300 tokens (this page reloads "
+                      "every 1 s until the run ends)"),
+            std::string::npos);
+  EXPECT_NE(page.find("300 tokens, not ready yet"), std::string::npos);
+  EXPECT_NE(page.find("<meta http-equiv=\"refresh\" content=\"1\">"), std::string::npos);
+  EXPECT_NE(page.find("0 ok, 0 failed, 0 not run, 0 running, 2 waiting"), std::string::npos);
+
+  v.apply(event("prefill", {{"done", 300}, {"total", 300}}), 8);
+  v.apply(event("agent_started", {{"agent", "first"}}), 10);
+  v.apply(event("token", {{"agent", "first"}, {"token", 7}, {"text", "Hel"}}), 20);
+  page = run_page_html(v.result(40), "run 1 on this server", 1);
+  EXPECT_NE(page.find("running: 0 of 2 agents done"), std::string::npos);
+  EXPECT_NE(page.find("300 tokens, ready at 8 ms"), std::string::npos);
+  EXPECT_NE(page.find("<g class=\"node running\"><title>first: running</title>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<g class=\"node waiting\"><title>second: waiting</title>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<rect class=\"generate\""), std::string::npos)
+      << "a running agent's bar is not drawn as failed";
+  EXPECT_EQ(page.find("generate failed"), std::string::npos);
+  EXPECT_NE(page.find(">Hel</pre>"), std::string::npos) << "its answer so far";
+  EXPECT_EQ(run_page_html(v.result(40)).find("http-equiv=\"refresh\""), std::string::npos);
+}
+
+TEST(RunListTest, EachRunLinksToItsPageAndTheListReloadsOnlyWhileOneRuns) {
+  std::vector<RunSummary> runs = {{.id = "2",
+                                   .pipeline = "b<x>",
+                                   .state = "running",
+                                   .agents = 5,
+                                   .agents_done = 2,
+                                   .accepted = "2026-12-05 07:00:00",
+                                   .elapsed_ms = 1500},
+                                  {.id = "1",
+                                   .pipeline = "a",
+                                   .state = "ok",
+                                   .agents = 3,
+                                   .agents_done = 3,
+                                   .accepted = "2026-12-05 06:59:00",
+                                   .elapsed_ms = 900}};
+  std::string page = runs_index_html(runs, "m — swarmkv serve", 2);
+  EXPECT_NE(page.find("<tr id=\"run-2\"><td><a href=\"runs/2\">2</a></td><td><a "
+                      "href=\"runs/2\">b&lt;x&gt;</a></td><td>running</td><td>2 of 5</td>"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("<a href=\"runs/1\">a</a>"), std::string::npos);
+  EXPECT_NE(page.find("<meta http-equiv=\"refresh\" content=\"2\">"), std::string::npos);
+  runs[0].state = "failed";
+  page = runs_index_html(runs, "m", 2);
+  EXPECT_EQ(page.find("http-equiv"), std::string::npos) << "nothing runs: no reload";
+  EXPECT_NE(runs_index_html({}, "m", 2).find("No pipeline has been posted yet"), std::string::npos);
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 // Routes: POST /v1/chat/completions (with "stream": true as server-sent
 // events), POST /v1/pipelines (a pipeline file's JSON, run on the server's
 // model: its agents' events, then `swarmkv run --json`'s result;
-// src/server/pipeline_runner.h), GET /v1/models, GET /health (no key
-// needed), GET /metrics (Prometheus text). Errors are OpenAI's error JSON;
-// docs/serve.md.
+// src/server/pipeline_runner.h), GET /v1/pipelines/<id> (a run's result so
+// far), GET / and GET /runs/<id> (the runs as pages, run_page.h), GET
+// /v1/models, GET /health (no key needed), GET /metrics (Prometheus text).
+// The key goes as a Bearer token, or as the password of Basic auth (what a
+// browser sends). Errors are OpenAI's error JSON; docs/serve.md.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +26,8 @@ namespace swarmkv {
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless told otherwise
   int port = 8080;                 // 0: any free port (Server::port() tells which)
-  std::string api_key;             // non-empty: every route but /health needs "Bearer <key>"
+  std::string api_key;  // non-empty: every route but /health needs "Bearer <key>" (or Basic auth
+                        // with the key as the password)
   // The id /v1/models lists (with the alias "swarmkv") and a request may
   // name; empty: the model file's name.
   std::string model_name;
@@ -52,6 +55,10 @@ struct ServerOptions {
   int32_t max_pipelines = 1;
   int32_t max_pipeline_agents = 64;
   uint32_t max_pipeline_ctx = 32768;
+  // The posted runs GET / lists and GET /runs/<id> (a page) and GET
+  // /v1/pipelines/<id> (its result so far) show: the last keep_runs, each
+  // kept with its answers, not its document.
+  int32_t keep_runs = 32;
   // The snapshot store (cache, cache_dir, cache_max_bytes; `file` must stay
   // empty). A posted pipeline's document prefix is looked up and published
   // as `swarmkv run` does; a chat prompt restores the longest stored prefix

@@ -143,10 +143,19 @@ std::vector<Agent> read_agents(const json& result) {
   return out;
 }
 
+// A run still going on (a served page) has agents "waiting" and "running".
 std::string status_text(const Agent& a) {
   if (a.status == "ok") return "ok";
   if (a.status == "dependency_failed") return "not run: a dependency failed";
+  if (a.status == "waiting" || a.status == "running") return a.status;
   return "FAILED";
+}
+
+// The CSS class of its node and its article.
+std::string_view status_class(const Agent& a) {
+  if (a.status == "ok" || a.status == "failed" || a.status == "waiting" || a.status == "running")
+    return a.status;
+  return "skipped";
 }
 
 constexpr int kNodeW = 200, kNodeH = 46, kColW = 250, kRowH = 58, kPad = 16, kTopPad = 34;
@@ -212,17 +221,17 @@ std::string graph_svg(const std::vector<Agent>& agents) {
                               at[i].first, at[i].second - 3, esc(shorten(a.needs, 34)));
       }
     }
-    const std::string cls = a.status == "ok" ? "ok" : a.status == "failed" ? "failed" : "skipped";
     nodes += fmt::format(
         "<a href=\"#agent-{0}\" id=\"node-{0}\"><g class=\"node {1}\">"
         "<title>{2}: {3}</title>"
         "<rect x=\"{4}\" y=\"{5}\" width=\"{6}\" height=\"{7}\" rx=\"6\"/>"
         "<text x=\"{8}\" y=\"{9}\" class=\"name\">{10}</text>"
         "<text x=\"{8}\" y=\"{11}\" class=\"sub\">{12}</text></g></a>\n",
-        i, cls, esc(a.name), esc(status_text(a)), at[i].first, at[i].second, kNodeW, kNodeH,
-        at[i].first + 8, at[i].second + 19, esc(shorten(a.name, 26)), at[i].second + 37,
+        i, status_class(a), esc(a.name), esc(status_text(a)), at[i].first, at[i].second, kNodeW,
+        kNodeH, at[i].first + 8, at[i].second + 19, esc(shorten(a.name, 26)), at[i].second + 37,
         esc(a.status == "ok" ? fmt::format("ok, {} tokens, done {}", a.n_tokens, ms_text(a.done))
-                             : shorten(status_text(a), 30)));
+            : a.status == "running" ? fmt::format("running, {} tokens", a.n_tokens)
+                                    : shorten(status_text(a), 30)));
   }
   return fmt::format(
       "<svg class=\"graph\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" role=\"img\" "
@@ -315,14 +324,14 @@ std::string timeline_svg(const json& result, const std::vector<Agent>& agents) {
             "<rect class=\"queued\" x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\"/>",
             x(queued), y, x(a.started) - x(queued), kBarH);
       }
+      const std::string_view failed = a.status == "ok" || a.status == "running" ? "" : " failed";
       row += fmt::format(
-          "<rect class=\"prompt{}\" x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\"/>",
-          a.status == "ok" ? "" : " failed", x(a.started), y,
-          std::max(1.0, x(first) - x(a.started)), kBarH);
+          "<rect class=\"prompt{}\" x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\"/>", failed,
+          x(a.started), y, std::max(1.0, x(first) - x(a.started)), kBarH);
       if (a.done > first) {
         row += fmt::format(
             "<rect class=\"generate{}\" x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\"/>",
-            a.status == "ok" ? "" : " failed", x(first), y, x(a.done) - x(first), kBarH);
+            failed, x(first), y, x(a.done) - x(first), kBarH);
       }
       for (const double t : a.token_at) {
         row += fmt::format(
@@ -340,14 +349,46 @@ std::string timeline_svg(const json& result, const std::vector<Agent>& agents) {
   return out + "</svg>";
 }
 
-std::string header_html(const json& r, const std::vector<Agent>& agents,
-                        const std::string& source) {
-  size_t ok = 0, failed = 0, skipped = 0;
-  for (const Agent& a : agents) (a.status == "ok" ? ok : a.status == "failed" ? failed : skipped)++;
+// A served run's state ("live", RunView::result): what it does now.
+std::string live_text(const json& live, size_t agents, size_t done, int refresh_s) {
+  const std::string state = live.value("state", "");
+  std::string text;
+  if (state == "queued") {
+    text = "queued: waiting for a free pipeline worker";
+  } else if (state == "running") {
+    const size_t prefilled = live.value("prefill_done", size_t{0});
+    const size_t total = live.value("prefill_total", size_t{0});
+    text = prefilled < total
+               ? fmt::format("running: the document's prefill, {} of {} tokens", prefilled, total)
+               : fmt::format("running: {} of {} agents done", done, agents);
+  } else if (state == "failed" && live.contains("error") && live["error"].is_object()) {
+    text = "could not run: " + live["error"].value("code", "") + ": " +
+           live["error"].value("message", "");
+  } else {
+    text = state == "ok" ? "done" : state;
+  }
+  if (refresh_s > 0)
+    text += fmt::format(" (this page reloads every {} s until the run ends)", refresh_s);
+  return text;
+}
+
+std::string header_html(const json& r, const std::vector<Agent>& agents, const std::string& source,
+                        int refresh_s) {
+  size_t ok = 0, failed = 0, skipped = 0, running = 0, waiting = 0;
+  for (const Agent& a : agents) {
+    (a.status == "ok"        ? ok
+     : a.status == "failed"  ? failed
+     : a.status == "running" ? running
+     : a.status == "waiting" ? waiting
+                             : skipped)++;
+  }
   std::string rows;
   const auto row = [&](const std::string& k, const std::string& v) {
     rows += fmt::format("<dt>{}</dt><dd>{}</dd>\n", esc(k), esc(v));
   };
+  if (r.contains("live") && r["live"].is_object()) {
+    row("state", live_text(r["live"], agents.size(), ok + failed + skipped, refresh_s));
+  }
   row("model", r.value("model", "(not in this result)"));
   if (!source.empty()) row("result file", source);
   row("fork", r.value("fork", "?"));
@@ -365,15 +406,21 @@ std::string header_html(const json& r, const std::vector<Agent>& agents,
   }
   const json snapshot = r.contains("snapshot") ? r["snapshot"] : json();
   if (snapshot.is_object()) {
+    const std::string path = snapshot.value("path", "");
     row("document's KV",
-        fmt::format(
-            "{}: {} tokens reused, {} prefilled{}", snapshot.value("source", "?"),
-            snapshot.value("reused_tokens", 0), snapshot.value("prefilled_tokens", 0),
-            snapshot.value("path", "").empty() ? "" : " (" + snapshot.value("path", "") + ")"));
+        fmt::format("{}: {} tokens reused, {} prefilled{}", snapshot.value("source", "?"),
+                    snapshot.value("reused_tokens", 0), snapshot.value("prefilled_tokens", 0),
+                    path.empty() ? "" : " (" + path + ")"));
   }
-  row("document", fmt::format("{} tokens, ready at {}", r.value("prefix_tokens", 0),
-                              ms_text(r.value("prefill_done_at_ms", 0.0))));
-  row("agents", fmt::format("{} ok, {} failed, {} not run", ok, failed, skipped));
+  const bool ready = r.contains("prefill_done_at_ms") &&
+                     !(r.contains("live") && r["live"].value("prefill_done", size_t{0}) <
+                                                 r["live"].value("prefill_total", size_t{0}));
+  row("document", ready ? fmt::format("{} tokens, ready at {}", r.value("prefix_tokens", 0),
+                                      ms_text(r.value("prefill_done_at_ms", 0.0)))
+                        : fmt::format("{} tokens, not ready yet", r.value("prefix_tokens", 0)));
+  std::string counts = fmt::format("{} ok, {} failed, {} not run", ok, failed, skipped);
+  if (running + waiting > 0) counts += fmt::format(", {} running, {} waiting", running, waiting);
+  row("agents", counts);
   row("total", ms_text(r.value("total_ms", 0.0)) + " (model load excluded)");
   if (r.contains("latency") && r["latency"].is_object()) {
     const json& l = r["latency"];
@@ -406,11 +453,7 @@ std::string agents_html(const std::vector<Agent>& agents) {
         "<article id=\"agent-{0}\" class=\"agent {1}\">\n<h3>{2} <span class=\"status\">{3}"
         "</span></h3>\n<p class=\"meta\">{4}started {5}, first token {6}, done {7}, {8} tokens. "
         "<a href=\"#node-{0}\">graph</a> · <a href=\"#bar-{0}\">timeline</a></p>\n",
-        i,
-        a.status == "ok"       ? "ok"
-        : a.status == "failed" ? "failed"
-                               : "skipped",
-        esc(a.name), esc(status_text(a)), esc(links), esc(ms_text(a.started)),
+        i, status_class(a), esc(a.name), esc(status_text(a)), esc(links), esc(ms_text(a.started)),
         esc(ms_text(a.first_token)), esc(ms_text(a.done)), a.n_tokens);
     if (!a.error.empty()) out += fmt::format("<p class=\"error\">{}</p>\n", esc(a.error));
     out += fmt::format(
@@ -433,6 +476,8 @@ svg text{font-size:12px;fill:#111}svg .sub{font-size:11px;fill:#333}
 .node.doc rect{fill:#eef;stroke-width:2.5}
 .node.failed rect{fill:#fde8e8;stroke:#a00;stroke-width:3;stroke-dasharray:2 2}
 .node.skipped rect{fill:#eee;stroke:#777;stroke-dasharray:1 3}
+.node.waiting rect{fill:#f8f8f8;stroke:#777;stroke-dasharray:6 3}
+.node.running rect{fill:#eef6ff;stroke:#05c;stroke-width:3}
 a:focus .node rect,a:hover .node rect{stroke:#05c;stroke-width:3}
 .edge{fill:none;stroke:#222}.edge.doc{stroke:#999;stroke-width:1}
 .edge.depends{stroke-width:1.6}.edge.fork{stroke-width:2.6;stroke-dasharray:8 4}
@@ -452,6 +497,7 @@ article.agent h3{font-size:1em;margin:.4em 0}
 .status{font-weight:400;margin-left:.5em}
 article.failed .status,.error{color:#a00}
 article.skipped .status{color:#555}
+table.runs{border-collapse:collapse}table.runs td,table.runs th{border:1px solid #ccc;padding:.2em .6em;text-align:left}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em;margin:.3em 0}
 .meta{color:#333;margin:.2em 0}
 )";
@@ -463,7 +509,7 @@ std::string legend(const std::vector<std::pair<std::string, std::string>>& items
 }
 
 // The page; what run_page_html wraps.
-std::string draw(const json& result, const std::string& source) {
+std::string draw(const json& result, const std::string& source, int refresh_s) {
   if (!result.is_object()) {
     throw Error(ErrorCode::kCorruption,
                 "the result is not a JSON object (not a swarmkv run --json result?)");
@@ -486,8 +532,10 @@ std::string draw(const json& result, const std::string& source) {
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-      "<title>{0}</title>\n<style>{1}</style>\n</head>\n<body>\n<h1>{0}</h1>\n{2}",
-      esc(title), kStyle, header_html(result, agents, source));
+      "{3}<title>{0}</title>\n<style>{1}</style>\n</head>\n<body>\n<h1>{0}</h1>\n{2}",
+      esc(title), kStyle, header_html(result, agents, source, refresh_s),
+      refresh_s > 0 ? fmt::format("<meta http-equiv=\"refresh\" content=\"{}\">\n", refresh_s)
+                    : std::string());
   html += "<h2 id=\"graph\">Graph</h2>\n";
   html += legend({{line("doc"), "from the document"},
                   {line("depends"), "depends_on (waits for)"},
@@ -510,9 +558,47 @@ std::string draw(const json& result, const std::string& source) {
 
 }  // namespace
 
-std::string run_page_html(const json& result, const std::string& source) {
+std::string runs_index_html(const std::vector<RunSummary>& runs, const std::string& server,
+                            int refresh_s) {
+  std::string rows;
+  bool going = false;
+  for (const RunSummary& r : runs) {
+    going = going || r.state == "queued" || r.state == "running";
+    rows += fmt::format(
+        "<tr id=\"run-{0}\"><td><a href=\"runs/{0}\">{0}</a></td><td><a href=\"runs/{0}\">{1}"
+        "</a></td><td>{2}</td><td>{3} of {4}</td><td>{5}</td><td>{6}</td></tr>\n",
+        esc(r.id), esc(r.pipeline), esc(r.state), r.agents_done, r.agents, esc(r.accepted),
+        esc(ms_text(r.elapsed_ms)));
+  }
+  std::string html = fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n{0}"
+      "<title>Runs — {1}</title>\n<style>{2}</style>\n</head>\n<body>\n<h1>Runs — {1}</h1>\n",
+      going && refresh_s > 0
+          ? fmt::format("<meta http-equiv=\"refresh\" content=\"{}\">\n", refresh_s)
+          : std::string(),
+      esc(server), kStyle);
+  if (runs.empty()) {
+    html +=
+        "<p>No pipeline has been posted yet: POST /v1/pipelines runs one "
+        "(docs/serve.md), and it shows here.</p>\n";
+  } else {
+    html += fmt::format(
+        "<p>The last {} pipelines posted, newest first{}.</p>\n<table class=\"runs\">\n"
+        "<tr><th>run</th><th>pipeline</th><th>state</th><th>agents done</th><th>accepted "
+        "(UTC)</th><th>took</th></tr>\n{}</table>\n",
+        runs.size(),
+        going && refresh_s > 0
+            ? fmt::format("; this page reloads every {} s while one runs", refresh_s)
+            : "",
+        rows);
+  }
+  return html + "</body>\n</html>\n";
+}
+
+std::string run_page_html(const json& result, const std::string& source, int refresh_s) {
   try {
-    return draw(result, source);
+    return draw(result, source, refresh_s);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include "server/openai.h"
 #include "server/text_stream.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
+#include "swarmkv/measure.h"
 #include "swarmkv/result_json.h"
 
 namespace swarmkv::server {
@@ -60,6 +62,50 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
 
 // ------------------------------------------------------------------ job
 
+PipelineJob::PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline prepared,
+                         const std::string& model)
+    : id_(std::move(id)),
+      spec_(std::move(spec)),
+      prepared_(std::move(prepared)),
+      view_(spec_, prepared_.prefix.size(), model) {}
+
+double PipelineJob::ms_since_start() const {
+  if (!started_) return 0;
+  return ms_between(*started_, ended_.value_or(Clock::now()));
+}
+
+void PipelineJob::begin() {
+  std::lock_guard lock(view_mutex_);
+  started_ = Clock::now();
+  view_.begin();
+}
+
+void PipelineJob::push(PipelineEvent event) {
+  {
+    std::lock_guard lock(view_mutex_);
+    view_.apply(event, ms_since_start());
+    if (event.name == "result" || event.name == "error") ended_ = Clock::now();
+  }
+  events_.push(std::move(event));
+}
+
+nlohmann::json PipelineJob::view() const {
+  std::lock_guard lock(view_mutex_);
+  return view_.result(ms_since_start());
+}
+
+RunSummary PipelineJob::summary() const {
+  std::lock_guard lock(view_mutex_);
+  return {.id = id_,
+          .pipeline = view_.pipeline(),
+          .state = std::string(to_string(view_.state())),
+          .agents = view_.agents(),
+          .agents_done = view_.agents_done(),
+          .accepted = fmt::format("{:%Y-%m-%d %H:%M:%S}",
+                                  fmt::gmtime(std::chrono::system_clock::to_time_t(accepted_))),
+          .elapsed_ms = ms_since_start()};
+}
+
 void PipelineJob::cancel(const std::string& why) {
   std::lock_guard lock(mutex_);
   if (cancelled_.load()) return;
@@ -80,11 +126,15 @@ void PipelineJob::check() const {
 // ------------------------------------------------------------------ runner
 
 PipelineRunner::PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running,
-                               SnapshotOptions snapshots)
-    : model_(std::move(model)), max_running_(max_running), snapshots_(std::move(snapshots)) {
-  if (max_running_ < 0) {
+                               SnapshotOptions snapshots, int32_t keep)
+    : model_(std::move(model)),
+      max_running_(max_running),
+      snapshots_(std::move(snapshots)),
+      keep_(keep) {
+  if (max_running_ < 0 || keep_ < 1) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("max_pipelines must be >= 0 (got {})", max_running_));
+                fmt::format("need max_pipelines >= 0 and keep_runs >= 1 (got {}, {})", max_running_,
+                            keep_));
   }
   if (!snapshots_.file.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -114,15 +164,17 @@ std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
   }
   const RunOptions defaults;
   check_memory(spec, *model_, prepared.budget, defaults.guard);
-  auto job = std::make_shared<PipelineJob>();
-  job->spec_ = std::move(spec);
-  job->prepared_ = std::move(prepared);
+  std::shared_ptr<PipelineJob> job;
   {
     std::lock_guard lock(mutex_);
     if (full()) return nullptr;  // another request took the slot meanwhile
+    job =
+        std::make_shared<PipelineJob>(std::to_string(++runs_), std::move(spec), std::move(prepared),
+                                      std::filesystem::path(model_->path()).filename().string());
     live_.push_back(job);
     queue_.push_back(job);
-    ++runs_;
+    recent_.push_front(job);
+    if (std::cmp_greater(recent_.size(), keep_)) recent_.pop_back();
   }
   wake_.notify_one();
   return job;
@@ -138,6 +190,25 @@ void PipelineRunner::shutdown(const std::string& why) {
   }
   wake_.notify_all();
   for (std::thread& t : workers) t.join();
+}
+
+std::vector<RunSummary> PipelineRunner::recent() const {
+  std::vector<std::shared_ptr<PipelineJob>> jobs;
+  {
+    std::lock_guard lock(mutex_);
+    jobs.assign(recent_.begin(), recent_.end());
+  }
+  std::vector<RunSummary> out;
+  for (const auto& job : jobs) out.push_back(job->summary());
+  return out;
+}
+
+std::shared_ptr<const PipelineJob> PipelineRunner::find(std::string_view id) const {
+  std::lock_guard lock(mutex_);
+  for (const auto& job : recent_) {
+    if (job->id() == id) return job;
+  }
+  return nullptr;
 }
 
 PipelineStats PipelineRunner::stats() const {
@@ -156,6 +227,9 @@ void PipelineRunner::work() {
       queue_.pop_front();
     }
     PipelineEvent last = run(*job);
+    // The view keeps what a viewer needs; the document may be large.
+    job->spec_ = {};
+    job->prepared_ = {};
     {
       std::lock_guard lock(mutex_);
       live_.erase(std::find(live_.begin(), live_.end(), job));
@@ -166,6 +240,7 @@ void PipelineRunner::work() {
 }
 
 PipelineEvent PipelineRunner::run(PipelineJob& job) {
+  job.begin();
   const PipelineSpec& spec = job.spec_;
   std::vector<TextStream> streams;
   for (const AgentSpec& a : spec.agents) streams.emplace_back(a.stop);

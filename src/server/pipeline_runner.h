@@ -19,8 +19,10 @@
 #include <nlohmann/json.hpp>
 
 #include "server/event_queue.h"
+#include "server/run_view.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/pipeline.h"
+#include "swarmkv/run_page.h"
 
 namespace swarmkv::server {
 
@@ -41,27 +43,16 @@ struct PipelineLimits {
 // parse_pipeline throws, prefixed "body: ".
 PipelineSpec parse_pipeline_request(std::string_view body, const PipelineLimits& limits);
 
-// One event of a run: the server-sent event's name and data.
-//   prefill        {"done", "total"}: the document's prefill, after each chunk
-//   agent_started  {"agent"}
-//   token          {"agent", "token", "text"}: "text" is the answer's new text
-//                  (a stop string's possible start and a split character wait
-//                  for a later token, so the texts add up to the answer; what
-//                  waited until the end comes as one more event, "token": null)
-//   agent_done     agent_json() of its result (also for an agent that never ran)
-//   result         result_json() of the run: the last event
-//   error          OpenAI's error body, when the run could not start: the last event
-struct PipelineEvent {
-  std::string name;
-  nlohmann::json data;
-  std::optional<ErrorValue> error;  // "error" only: what stopped the run
-};
-
 class PipelineRunner;
 
 // One posted pipeline. Thread-safe.
 class PipelineJob {
  public:
+  PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline prepared,
+              const std::string& model);
+
+  // "1", "2", ...: its place among the server's runs (GET /runs/<id>).
+  const std::string& id() const noexcept { return id_; }
   // The next event, or nullopt after `timeout` without one.
   std::optional<PipelineEvent> next(std::chrono::milliseconds timeout) {
     return events_.next(timeout);
@@ -70,19 +61,31 @@ class PipelineJob {
   // kAborted `why`; the "result" event still comes. Idempotent (the first
   // reason stays).
   void cancel(const std::string& why);
+  // RunView::result now: the run as far as it got, or its result.
+  nlohmann::json view() const;
+  RunSummary summary() const;
 
  private:
   friend class PipelineRunner;
-  void push(PipelineEvent event) { events_.push(std::move(event)); }
+  // Its worker took it: the view's clock starts.
+  void begin();
+  // Folds `event` into the view, then queues it for the poster.
+  void push(PipelineEvent event);
   // Throws Error(kAborted) once cancelled.
   void check() const;
+  double ms_since_start() const;  // guarded by view_mutex_
 
-  PipelineSpec spec_;          // set before the job is queued; read by its worker
+  const std::string id_;
+  const std::chrono::system_clock::time_point accepted_ = std::chrono::system_clock::now();
+  PipelineSpec spec_;          // read by its worker; emptied when the run ended
   PreparedPipeline prepared_;  // prepare_pipeline(spec_): as spec_
   EventQueue<PipelineEvent> events_;
   mutable std::mutex mutex_;
   std::string why_;  // guarded by mutex_
   std::atomic<bool> cancelled_{false};
+  mutable std::mutex view_mutex_;
+  RunView view_;                                                          // guarded by view_mutex_
+  std::optional<std::chrono::steady_clock::time_point> started_, ended_;  // guarded by view_mutex_
 };
 
 struct PipelineStats {
@@ -95,10 +98,11 @@ struct PipelineStats {
 // run with its own contexts on the shared model. Thread-safe.
 class PipelineRunner {
  public:
-  // Each run uses `snapshots` (RunOptions::snapshot). Throws
-  // Error(kInvalidArgument) for max_running < 0 or a snapshot file.
+  // Each run uses `snapshots` (RunOptions::snapshot); the last `keep` runs
+  // stay viewable (recent(), find()). Throws Error(kInvalidArgument) for
+  // max_running < 0, keep < 1 or a snapshot file.
   PipelineRunner(std::shared_ptr<const Model> model, int32_t max_running,
-                 SnapshotOptions snapshots = {});
+                 SnapshotOptions snapshots = {}, int32_t keep = 32);
   ~PipelineRunner();
   PipelineRunner(const PipelineRunner&) = delete;
   PipelineRunner& operator=(const PipelineRunner&) = delete;
@@ -109,6 +113,10 @@ class PipelineRunner {
   // throw, or Error(kBudget) "pipeline: needs n_ctx N, more than the M this
   // server allows (--max-pipeline-ctx)"; and returns the job, started.
   std::shared_ptr<PipelineJob> submit(PipelineSpec spec, const PipelineLimits& limits);
+  // The last `keep` runs accepted (RunnerOptions), newest first.
+  std::vector<RunSummary> recent() const;
+  // The run with this id among them, or nullptr.
+  std::shared_ptr<const PipelineJob> find(std::string_view id) const;
   // Cancels every job (PipelineJob::cancel(why)) and joins the workers once
   // their runs ended; submit() then returns nullptr. Idempotent.
   void shutdown(const std::string& why);
@@ -128,10 +136,13 @@ class PipelineRunner {
   std::condition_variable wake_;
   std::deque<std::shared_ptr<PipelineJob>> queue_;  // guarded by mutex_
   std::vector<std::shared_ptr<PipelineJob>> live_;  // accepted, not ended; guarded by mutex_
-  uint64_t runs_ = 0;                               // guarded by mutex_
-  uint64_t cancelled_ = 0;                          // guarded by mutex_
-  bool stopping_ = false;                           // guarded by mutex_
-  std::vector<std::thread> workers_;                // written by the constructor only
+  const int32_t keep_;
+  std::deque<std::shared_ptr<PipelineJob>>
+      recent_;                        // newest first, at most keep_; guarded by mutex_
+  uint64_t runs_ = 0;                 // guarded by mutex_
+  uint64_t cancelled_ = 0;            // guarded by mutex_
+  bool stopping_ = false;             // guarded by mutex_
+  std::vector<std::thread> workers_;  // written by the constructor only
 };
 
 }  // namespace swarmkv::server

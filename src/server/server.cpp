@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <sys/socket.h>
 
@@ -30,6 +31,7 @@
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
+#include "swarmkv/run_page.h"
 
 namespace swarmkv {
 namespace {
@@ -54,13 +56,51 @@ constexpr std::string_view kStreamDone = "data: [DONE]\n\n";
 
 // The routes a metric names: a request's own path would make one series
 // per path a client invents (and carry its bytes into the exposition).
-constexpr std::array<std::string_view, 5> kRoutes = {"/health", "/v1/models", "/metrics",
-                                                     "/v1/chat/completions", "/v1/pipelines"};
+constexpr std::array<std::string_view, 6> kRoutes = {
+    "/health", "/v1/models", "/metrics", "/v1/chat/completions", "/v1/pipelines", "/"};
 std::string_view route_of(const std::string& path) {
   for (const std::string_view r : kRoutes) {
     if (path == r) return r;
   }
+  if (path.starts_with("/runs/")) return "/runs/{id}";
+  if (path.starts_with("/v1/pipelines/")) return "/v1/pipelines/{id}";
   return "other";
+}
+
+// The pages a browser opens (it sends Basic auth, never a Bearer header).
+bool is_page(const std::string& path) {
+  return path == "/" || path.starts_with("/runs/");
+}
+
+// Seconds between reloads of a page whose run goes on.
+constexpr int kPageRefreshS = 1;
+
+bool starts_with_ci(std::string_view text, std::string_view prefix) {
+  return text.size() >= prefix.size() &&
+         std::equal(prefix.begin(), prefix.end(), text.begin(), [](char a, char b) {
+           return a == std::tolower(static_cast<unsigned char>(b));
+         });
+}
+
+// The key an Authorization header carries: "Bearer <key>", or "Basic
+// base64(<any user>:<key>)" (what a browser sends once asked); "" for
+// anything else. Scheme names are case-insensitive (RFC 9110 11.1).
+std::string given_key(std::string_view header) {
+  constexpr std::string_view kBearer = "bearer ", kBasic = "basic ";
+  if (starts_with_ci(header, kBearer)) return std::string(header.substr(kBearer.size()));
+  if (!starts_with_ci(header, kBasic)) return "";
+  std::string_view b64 = header.substr(kBasic.size());
+  while (!b64.empty() && b64.front() == ' ') b64.remove_prefix(1);
+  if (b64.empty() || b64.size() % 4 != 0 || b64.size() > 4096) return "";
+  std::string plain(b64.size() / 4 * 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(plain.data()),
+                                reinterpret_cast<const unsigned char*>(b64.data()),
+                                static_cast<int>(b64.size()));
+  if (n < 0) return "";
+  const size_t padding = b64.ends_with("==") ? 2 : b64.ends_with("=") ? 1 : 0;
+  plain.resize(static_cast<size_t>(n) - padding);
+  const size_t colon = plain.find(':');
+  return colon == std::string::npos ? "" : plain.substr(colon + 1);
 }
 
 // A Prometheus label value: backslash, double quote and line feed escaped.
@@ -196,14 +236,7 @@ struct Server::Impl {
 
   bool authorised(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
-    // The scheme's name is case-insensitive (RFC 9110 11.1): "bearer" too.
-    const std::string header = req.get_header_value("Authorization");
-    constexpr std::string_view kBearer = "bearer ";
-    const bool bearer =
-        header.size() > kBearer.size() &&
-        std::equal(kBearer.begin(), kBearer.end(), header.begin(),
-                   [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
-    const std::string given = bearer ? header.substr(kBearer.size()) : "";
+    const std::string given = given_key(req.get_header_value("Authorization"));
     // Equal-length digests compared in constant time: neither the key's
     // length nor its bytes leak through timing.
     unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
@@ -324,6 +357,21 @@ struct Server::Impl {
     return {
         {"id", id},          {"object", "chat.completion.chunk"}, {"created", created},
         {"model", model_id}, {"system_fingerprint", engine_id()}, {"choices", std::move(choices)}};
+  }
+
+  // The run with this id, or nullptr after answering 404.
+  std::shared_ptr<const server::PipelineJob> find_run(const std::string& id,
+                                                      httplib::Response& res) {
+    auto job = pipelines->find(id);
+    if (!job) {
+      send_error(res,
+                 {ErrorCode::kNotFound,
+                  fmt::format("no run '{}' here: this server keeps its last {} pipeline runs "
+                              "(--keep-runs), and GET / lists them",
+                              id, options.keep_runs)},
+                 {{404, "invalid_request_error", ""}});
+    }
+    return job;
   }
 
   // Answers 503 while draining and 429 over max_concurrent; otherwise
@@ -566,6 +614,8 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
         {{429, "rate_limit_error", "rate_limit_exceeded"}});
     return;
   }
+  res.set_header("X-SwarmKV-Run-Id", job->id());
+  log_info("serve: pipeline run {} accepted: its page is /runs/{}", job->id(), job->id());
 
   if (req.get_param_value("stream") == "false") {
     for (;;) {
@@ -636,11 +686,13 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                             "> 0 (got {}, {}, {})",
                             o.max_connections, o.header_timeout_s, o.request_timeout_s));
   }
-  if (o.max_pipelines < 0 || o.max_pipeline_agents < 1 || o.max_pipeline_ctx < 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("need max_pipelines >= 0, max_pipeline_agents and max_pipeline_ctx "
-                            ">= 1 (got {}, {}, {})",
-                            o.max_pipelines, o.max_pipeline_agents, o.max_pipeline_ctx));
+  if (o.max_pipelines < 0 || o.max_pipeline_agents < 1 || o.max_pipeline_ctx < 1 ||
+      o.keep_runs < 1) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("need max_pipelines >= 0, max_pipeline_agents, max_pipeline_ctx and "
+                    "keep_runs >= 1 (got {}, {}, {}, {})",
+                    o.max_pipelines, o.max_pipeline_agents, o.max_pipeline_ctx, o.keep_runs));
   }
   s.pipeline_limits = {.max_agents = o.max_pipeline_agents,
                        .max_tokens = o.max_tokens,
@@ -660,7 +712,8 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                                                 ? std::string()
                                                 : snapshot_store_dir(o.snapshots.cache_dir),
                             .exact = o.exact});
-  s.pipelines = std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots);
+  s.pipelines =
+      std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots, o.keep_runs);
 
   // Each connection holds a thread of its own, up to max_connections.
   s.http.set_connection_limits({.max_connections = o.max_connections,
@@ -678,9 +731,16 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
     trace = {.start = Clock::now(), .usage = std::nullopt};
     if (req.path == "/health" || s.authorised(req))
       return httplib::Server::HandlerResponse::Unhandled;
+    // A browser asks its user for the key when told Basic; an API client
+    // is told Bearer.
+    const bool page = is_page(req.path);
+    res.set_header("WWW-Authenticate", page ? R"(Basic realm="swarmkv", charset="UTF-8")"
+                                            : R"(Bearer realm="swarmkv")");
     s.send_error(res,
                  {ErrorCode::kInvalidArgument,
-                  "missing or wrong API key: send the header 'Authorization: Bearer <key>'"},
+                  page ? "missing or wrong API key: give any user name and the key as the password "
+                         "(or send the header 'Authorization: Bearer <key>')"
+                       : "missing or wrong API key: send the header 'Authorization: Bearer <key>'"},
                  {{401, "invalid_request_error", "invalid_api_key"}});
     return httplib::Server::HandlerResponse::Handled;
   });
@@ -723,7 +783,30 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
     res.set_content(s.metrics(), "text/plain; version=0.0.4");
   });
   s.post_json("/v1/chat/completions", &Impl::chat);
-  if (o.max_pipelines > 0) s.post_json("/v1/pipelines", &Impl::pipeline);
+  if (o.max_pipelines > 0) {
+    s.post_json("/v1/pipelines", &Impl::pipeline);
+    s.http.Get("/", [&s](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(
+          runs_index_html(s.pipelines->recent(), s.model_id + " — swarmkv serve", kPageRefreshS),
+          "text/html; charset=utf-8");
+    });
+    s.http.Get(R"(/runs/([^/]+))", [&s](const httplib::Request& req, httplib::Response& res) {
+      const auto job = s.find_run(req.matches[1], res);
+      if (!job) return;
+      const json view = job->view();
+      const std::string state = view["live"]["state"];
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(run_page_html(view, fmt::format("run {} on this server", job->id()),
+                                    state == "queued" || state == "running" ? kPageRefreshS : 0),
+                      "text/html; charset=utf-8");
+    });
+    s.http.Get(R"(/v1/pipelines/([^/]+))",
+               [&s](const httplib::Request& req, httplib::Response& res) {
+                 const auto job = s.find_run(req.matches[1], res);
+                 if (job) res.set_content(dump(job->view()), "application/json");
+               });
+  }
 
   if (o.port < 0 || o.port > 65535) {
     throw Error(ErrorCode::kInvalidArgument,

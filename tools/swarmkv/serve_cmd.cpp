@@ -25,7 +25,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
       "longest token prefix already decoded (a document every agent sends is prefilled once) "
       "and all are decoded in the same batches. POST /v1/pipelines runs a pipeline sent as the "
       "JSON of a pipeline file (document.text, no model, no file) and streams its agents' "
-      "events, then `run --json`'s result (?stream=false: the result alone). Bound to 127.0.0.1 "
+      "events, then `run --json`'s result (?stream=false: the result alone); a browser sees the "
+      "last runs at / and each at /runs/ID (graph, timeline and answers, live while it runs). "
+      "Bound to 127.0.0.1 "
       "unless --host says "
       "otherwise. SIGTERM or Ctrl-C drain: requests in flight may finish for --drain seconds "
       "(then they fail: a stream ends with an error event and [DONE]) while /health answers 503 "
@@ -39,7 +41,8 @@ ServeCommand::ServeCommand(CLI::App& app) {
   sub_->add_option("--model-name", options_.model_name,
                    "the model id /v1/models lists and responses carry (default: the file name)");
   sub_->add_option("--api-key", options_.api_key,
-                   "require 'Authorization: Bearer KEY' on every route but /health (default: "
+                   "require 'Authorization: Bearer KEY' on every route but /health; a browser "
+                   "is asked for it (any user name, KEY as the password) (default: "
                    "$SWARMKV_API_KEY; none: no auth)");
   sub_->add_option("-c,--n-ctx", options_.context.n_ctx,
                    "KV cells of the one context all requests share")
@@ -110,6 +113,11 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "/v1/pipelines)")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
+  sub_->add_option("--keep-runs", options_.keep_runs,
+                   "posted pipeline runs kept for / and /runs/ID (their answers, not their "
+                   "documents); the oldest goes first")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   sub_->add_option("--max-pipeline-agents", options_.max_pipeline_agents,
                    "agents one posted pipeline may have")
       ->capture_default_str()
