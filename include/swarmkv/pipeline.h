@@ -262,8 +262,10 @@ struct RunOptions {
   GuardPolicy guard = GuardPolicy::kSerialized;
   SnapshotOptions snapshot;
   // Called on the thread that prefills the document after each chunk:
-  // (tokens done, total). What it throws fails the document (and so every
-  // agent, kDependencyFailed).
+  // (tokens done, total), also when a shared fork streams the document with
+  // the agents' steps. What it throws fails the document (and so every
+  // agent, kDependencyFailed); while streaming, every agent without an
+  // outcome fails with it.
   std::function<void(size_t, size_t)> on_prefill_progress;
   // Called for every agent as it starts, for each token it generates and
   // once when it has an outcome (also one that never started: a failed

@@ -134,6 +134,7 @@ class SharedFork final : public ForkStrategy {
     if (in.spec.any_needs()) planner.set_watermarks(in.prepared.watermarks);
     if (streaming) planner.stream_prefix(static_cast<int32_t>(prefix.size()));
     const Stopwatch stream_time;
+    size_t streamed = 0;  // document tokens decoded by the branch steps
     std::vector<Branch> branches(n);
     Batch batch(static_cast<int32_t>(ctx.options().n_batch), 1);
     // The branch's own cells go with its id (take_freed); the document keeps sequence 0.
@@ -220,6 +221,18 @@ class SharedFork final : public ForkStrategy {
       const auto t1 = Clock::now();
       planner.decoded(plan);
       for (const PlannedToken& p : plan.tokens) table.decoded(p.seq, 1);
+      if (plan.step.document_tokens > 0 && in.options.on_prefill_progress) {
+        streamed += static_cast<size_t>(plan.step.document_tokens);
+        try {
+          in.options.on_prefill_progress(streamed, prefix.size());
+        } catch (...) {  // as a failed prefill: nobody can run
+          const ErrorValue error = current_error_value();
+          log_error("shared fork: the prefill's progress callback threw ({}); failing every agent",
+                    error.to_string());
+          planner.fail_all(error);
+          continue;
+        }
+      }
       if (plan.step.document_tokens > 0 && !planner.streaming()) {
         result.prefill_ms = stream_time.ms();
         result.prefill_done_at_ms = ms_between(in.started, t1);
