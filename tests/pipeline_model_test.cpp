@@ -98,12 +98,14 @@ Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpe
   return test::greedy_continuation(ctx, static_cast<Pos>(all.size()), g);
 }
 
-// The document of the tests whose agents build on each other: shorter under
-// the sanitizers, which look at memory and threads there, not numerics.
+// The document of the tests whose agents build on each other (about 800
+// tokens: several prefill steps, as many as the answers' chaining needs;
+// ExactForkTest takes the long-context paths): shorter under the
+// sanitizers, which look at memory and threads there, not numerics.
 #ifdef SWARMKV_SANITIZED
 constexpr size_t kChainChars = 2500;
 #else
-constexpr size_t kChainChars = 6000;
+constexpr size_t kChainChars = 3500;
 #endif
 
 class PipelineModelTest : public ::testing::Test {
@@ -921,6 +923,58 @@ TEST_F(PipelineModelTest, ACallbackThatThrowsFailsTheAgentItReportsOn) {
     EXPECT_EQ(log.started[1], 0);
     EXPECT_EQ(log.done[1], 1);
     EXPECT_EQ(log.status[1], NodeStatus::kDependencyFailed);
+  }
+}
+
+// The document's prefill reports its progress, also when a shared fork
+// streams it with the agents' steps (an agent needs part of it): rising
+// counts that end at the whole prefix. A report that throws stops the run:
+// the host fork's document fails (its agents never run), the streaming
+// fork's agents fail with the thrown error.
+TEST_F(PipelineModelTest, ThePrefillReportsItsProgressAndAThrowStopsEveryAgent) {
+  PipelineSpec spec = license_spec();
+  spec.document = spec.document.substr(0, 3000);
+  spec.agents.resize(2);
+  for (AgentSpec& a : spec.agents) a.max_tokens = 4;
+  spec.agents[0].needs.tokens = 64;
+  const size_t prefix = prepare_pipeline(spec, *model_).prefix.size();
+  for (const ForkMode fork : {ForkMode::kShared, ForkMode::kHost}) {
+    SCOPED_TRACE(std::string(to_string(fork)));
+    spec.fork = fork;
+    std::vector<std::pair<size_t, size_t>> reports;
+    RunOptions o;
+    o.snapshot.cache = SnapshotCacheMode::kOff;
+    o.on_prefill_progress = [&](size_t done, size_t total) { reports.emplace_back(done, total); };
+    const PipelineResult r = run_pipeline(spec, model_, o);
+    ASSERT_TRUE(r.ok());
+    const bool streamed = std::any_of(r.decode_steps.begin(), r.decode_steps.end(),
+                                      [](const DecodeStep& s) { return s.document_tokens > 0; });
+    EXPECT_EQ(streamed, fork == ForkMode::kShared) << "the shared fork streams the document";
+    ASSERT_GE(reports.size(), 2u) << "one report per chunk, not one at the end";
+    for (size_t i = 0; i < reports.size(); ++i) {
+      EXPECT_EQ(reports[i].second, prefix);
+      if (i > 0) {
+        EXPECT_GT(reports[i].first, reports[i - 1].first);
+      }
+    }
+    EXPECT_EQ(reports.back().first, prefix);
+
+    o.on_prefill_progress = [](size_t, size_t) {
+      throw Error(ErrorCode::kAborted, "the client went away");
+    };
+    const PipelineResult stopped = run_pipeline(spec, model_, o);
+    const ErrorValue why{ErrorCode::kAborted, "the client went away"};
+    for (const AgentResult& a : stopped.agents) {
+      EXPECT_EQ(a.status,
+                fork == ForkMode::kShared ? NodeStatus::kFailed : NodeStatus::kDependencyFailed)
+          << a.name;
+      if (fork == ForkMode::kShared) {
+        EXPECT_EQ(a.error, why) << a.name;
+      }
+    }
+    if (fork == ForkMode::kHost) {
+      EXPECT_EQ(stopped.document_error, why);
+    }
   }
 }
 
