@@ -37,10 +37,14 @@ SWARMKV_APT_PACKAGES=(
   python3-venv curl openssl  # the README's serve and cluster blocks (tests/readme_blocks_test.py)
 )
 
-# Installs the missing Debian packages (as root), saying what it installs.
+# What the test suite needs besides: a browser for the run pages' tests.
+SWARMKV_TEST_APT_PACKAGES=(chromium)
+
+# Installs the missing Debian packages (as root), saying what it installs:
+# SWARMKV_APT_PACKAGES and the ones named.
 ensure_system_packages() {
   local missing=() pkg
-  for pkg in "${SWARMKV_APT_PACKAGES[@]}"; do
+  for pkg in "${SWARMKV_APT_PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   # A python3 with its own pip (pyenv, venv) needs no python3-pip.
@@ -129,13 +133,31 @@ ensure_hiredis() {
   export SWARMKV_HIREDIS_SOURCE
 }
 
+# Sets SWARMKV_TEST_BROWSER_PYTHON to a Python with the pinned Playwright
+# and PyYAML (scripts/browser-requirements.txt): a virtual environment in
+# the cache, made once per version of that file.
+ensure_browser_python() {
+  local reqs="$SWARMKV_ROOT/scripts/browser-requirements.txt" key venv
+  key=$(sha256sum "$reqs" | cut -c1-16)
+  venv="$SWARMKV_CACHE/venvs/browser-$key"
+  if [ ! -f "$venv/.complete" ]; then
+    log "installing the browser tests' Python packages (Playwright, PyYAML) into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+      --only-binary :all: --require-hashes -r "$reqs" >&2 || die "pip could not install $reqs"
+    touch "$venv/.complete"
+  fi
+  export SWARMKV_TEST_BROWSER_PYTHON="$venv/bin/python"
+}
+
 # configure_and_build PRESET: configures (idempotent) and builds one preset.
 configure_and_build() {
   local preset=$1 var val cache="$SWARMKV_ROOT/build/$1/CMakeCache.txt"
   # A preset sets the test-model cache entries from the environment; where
   # they are unset here (scripts/demo.sh), keep what the last configure of
   # this build recorded, so the main job does not switch off its model tests.
-  for var in SWARMKV_TEST_MODEL SWARMKV_TEST_MODEL_GEMMA3; do
+  for var in SWARMKV_TEST_MODEL SWARMKV_TEST_MODEL_GEMMA3 SWARMKV_TEST_BROWSER_PYTHON; do
     if [ -z "${!var:-}" ] && [ -f "$cache" ]; then
       val=$(sed -n "s/^$var:[A-Z]*=//p" "$cache")
       if [ -n "$val" ]; then export "$var=$val"; fi

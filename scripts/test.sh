@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, with all of its own set-up (idempotent, cached):
-# Debian packages, the pinned llama.cpp, both test models, then for each
-# preset (release, asan, tsan) a build and a CTest run.
+# Debian packages (chromium too, for the run pages' browser tests), the
+# pinned llama.cpp, hiredis, the browser tests' Python packages, both test
+# models, then for each preset (release, asan, tsan) a build and a CTest run.
 #
 #   scripts/test.sh                 everything (what CI runs)
 #   SWARMKV_PRESETS="release" scripts/test.sh     only some presets
@@ -10,9 +11,10 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 t0=$(date +%s)
-ensure_system_packages
+ensure_system_packages "${SWARMKV_TEST_APT_PACKAGES[@]}"
 ensure_llama
 ensure_hiredis
+ensure_browser_python
 SWARMKV_TEST_MODEL=$("$SWARMKV_ROOT/scripts/fetch-model.sh" "$SWARMKV_DEFAULT_MODEL")
 SWARMKV_TEST_MODEL_GEMMA3=$("$SWARMKV_ROOT/scripts/fetch-model.sh" gemma3)
 export SWARMKV_TEST_MODEL SWARMKV_TEST_MODEL_GEMMA3

@@ -387,7 +387,8 @@ std::string header_html(const json& r, const std::vector<Agent>& agents, const s
     rows += fmt::format("<dt>{}</dt><dd>{}</dd>\n", esc(k), esc(v));
   };
   if (r.contains("live") && r["live"].is_object()) {
-    row("state", live_text(r["live"], agents.size(), ok + failed + skipped, refresh_s));
+    rows += fmt::format("<dt>state</dt><dd id=\"state\">{}</dd>\n",
+                        esc(live_text(r["live"], agents.size(), ok + failed + skipped, refresh_s)));
   }
   row("model", r.value("model", "(not in this result)"));
   if (!source.empty()) row("result file", source);
@@ -532,6 +533,7 @@ std::string draw(const json& result, const std::string& source, int refresh_s) {
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+      "<link rel=\"icon\" href=\"data:,\">\n"
       "{3}<title>{0}</title>\n<style>{1}</style>\n</head>\n<body>\n<h1>{0}</h1>\n{2}",
       esc(title), kStyle, header_html(result, agents, source, refresh_s),
       refresh_s > 0 ? fmt::format("<meta http-equiv=\"refresh\" content=\"{}\">\n", refresh_s)
@@ -572,7 +574,8 @@ std::string runs_index_html(const std::vector<RunSummary>& runs, const std::stri
   }
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n{0}"
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+      "<link rel=\"icon\" href=\"data:,\">\n{0}"
       "<title>Runs — {1}</title>\n<style>{2}</style>\n</head>\n<body>\n<h1>Runs — {1}</h1>\n",
       going && refresh_s > 0
           ? fmt::format("<meta http-equiv=\"refresh\" content=\"{}\">\n", refresh_s)
