@@ -98,6 +98,8 @@ TEST(RedisUrlTest, TlsUrlsNameTheirFiles) {
   EXPECT_FALSE(redis::parse_url("rediss://10.0.0.5").clear_text_off_host());
   EXPECT_FALSE(redis::parse_url("redis://127.0.0.2").clear_text_off_host());
   EXPECT_FALSE(redis::parse_url("redis://[::1]:7000").clear_text_off_host());
+  EXPECT_FALSE(redis::parse_url("redis://[0:0::1]:7000").clear_text_off_host());
+  EXPECT_TRUE(redis::parse_url("redis://[fd00::5]:7000").clear_text_off_host());
   EXPECT_FALSE(redis::parse_url("redis://localhost").clear_text_off_host());
   EXPECT_EQ(redis::parse_url("rediss://h").ca_file, "");  // the system's CAs
 

@@ -134,10 +134,20 @@ void parse_query(std::string_view query, Url& url, std::string_view shown) {
   }
 }
 
-bool is_ip_address(const std::string& host) {
-  unsigned char buf[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
-         ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+// What `host` is: AF_INET, AF_INET6, or AF_UNSPEC for a name; and whether
+// it is this machine (127.0.0.0/8, ::1, localhost).
+struct HostKind {
+  int family = AF_UNSPEC;
+  bool loopback = false;
+};
+HostKind host_kind(const std::string& host) {
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1)
+    return {AF_INET, (ntohl(v4.s_addr) >> 24) == 127};
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1)
+    return {AF_INET6, IN6_IS_ADDR_LOOPBACK(&v6) != 0};
+  return {AF_UNSPEC, host == "localhost"};
 }
 
 // OpenSSL's queued errors as one text, the queue emptied.
@@ -187,10 +197,7 @@ std::string Url::address() const {
 }
 
 bool Url::clear_text_off_host() const {
-  if (tls) return false;
-  in_addr v4{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) != 127;
-  return host != "::1" && host != "localhost";
+  return !tls && !host_kind(host).loopback;
 }
 
 Url parse_url(std::string_view text) {
@@ -295,13 +302,13 @@ struct Client::Tls {
   struct Free {
     void operator()(SSL_CTX* c) const noexcept { SSL_CTX_free(c); }
   };
-  // Owned by a member, so that a constructor that throws still frees it.
-  std::unique_ptr<SSL_CTX, Free> owner;
-  SSL_CTX* ctx;
+  // A member, so that a constructor that throws still frees it.
+  std::unique_ptr<SSL_CTX, Free> owned;
 
   // Peer verification on (the given CAs or the system's), TLS 1.2 at least,
   // and the client certificate when the URL names one.
-  explicit Tls(const Url& url) : owner(SSL_CTX_new(TLS_client_method())), ctx(owner.get()) {
+  explicit Tls(const Url& url) : owned(SSL_CTX_new(TLS_client_method())) {
+    SSL_CTX* ctx = owned.get();
     const auto refuse = [&](const std::string& what) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("{}: {}: {}", url.address(), what, openssl_errors()));
@@ -328,13 +335,13 @@ struct Client::Tls {
   // name the URL's host (DNS name or address). Throws kUnauthenticated when
   // it does not, kIo when the handshake fails otherwise.
   void handshake(redisContext* c, const Url& url, double timeout_s) const {
-    SSL* ssl = SSL_new(ctx);
+    SSL* ssl = SSL_new(owned.get());
     if (ssl == nullptr) {
       throw Error(ErrorCode::kIo,
                   fmt::format("{}: cannot connect: TLS: {}", url.address(), openssl_errors()));
     }
     X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
-    if (is_ip_address(url.host)) {
+    if (host_kind(url.host).family != AF_UNSPEC) {
       X509_VERIFY_PARAM_set1_ip_asc(param, url.host.c_str());
     } else {
       // SNI (SSL_set_tlsext_host_name, a macro with a C cast).
