@@ -932,6 +932,9 @@ TEST_F(PipelineModelTest, ACallbackThatThrowsFailsTheAgentItReportsOn) {
 // the host fork's document fails (its agents never run), the streaming
 // fork's agents fail with the thrown error.
 TEST_F(PipelineModelTest, ThePrefillReportsItsProgressAndAThrowStopsEveryAgent) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
+#endif
   PipelineSpec spec = license_spec();
   spec.document = spec.document.substr(0, 3000);
   spec.agents.resize(2);
