@@ -192,6 +192,40 @@ Problem spread(const Problem& p, int row, int gap, uint32_t seed) {
   return s;
 }
 
+// `p` with `gap` cells that no row sees before each of its cells, as the
+// agents' own cells lie among the document's when a shared fork streams the
+// document: the rows still share every cell they all see.
+Problem interleave(const Problem& p, int gap, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Problem s = p;
+  s.n_kv = p.n_kv * (gap + 1);
+  const size_t n_cells = static_cast<size_t>(s.n_head_kv) * s.n_kv;
+  s.k.assign(n_cells * s.row_bytes, 0);
+  s.v.assign(n_cells * s.row_bytes, 0);
+  s.kf.assign(n_cells * s.c.d, 0.0f);
+  s.vf.assign(n_cells * s.c.d, 0.0f);
+  for (size_t i = 0; i < n_cells; ++i) {
+    kv_row(rng, s.c.kv_type, s.c.d, &s.k[i * s.row_bytes], &s.kf[i * s.c.d]);
+    kv_row(rng, s.c.kv_type, s.c.d, &s.v[i * s.row_bytes], &s.vf[i * s.c.d]);
+  }
+  s.mask.assign(static_cast<size_t>(s.c.n_q) * s.n_kv, ggml_fp32_to_fp16(-INFINITY));
+  for (int c = 0; c < p.n_kv; ++c) {
+    const int to = c * (gap + 1) + gap;
+    for (int r = 0; r < s.c.n_q; ++r) {
+      s.mask[static_cast<size_t>(r) * s.n_kv + to] = p.mask[static_cast<size_t>(r) * p.n_kv + c];
+    }
+    for (int h = 0; h < s.n_head_kv; ++h) {
+      const size_t from = static_cast<size_t>(h) * p.n_kv + c;
+      const size_t at = static_cast<size_t>(h) * s.n_kv + to;
+      std::memcpy(&s.k[at * s.row_bytes], &p.k[from * p.row_bytes], p.row_bytes);
+      std::memcpy(&s.v[at * s.row_bytes], &p.v[from * p.row_bytes], p.row_bytes);
+      std::memcpy(&s.kf[at * s.c.d], &p.kf[from * p.c.d], sizeof(float) * p.c.d);
+      std::memcpy(&s.vf[at * s.c.d], &p.vf[from * p.c.d], sizeof(float) * p.c.d);
+    }
+  }
+  return s;
+}
+
 // Row `row` of `p` in double precision: softmax(q.K * scale (softcap) +
 // mask) . V over the decoded K and V.
 std::vector<double> reference(const Problem& p, int row) {
@@ -289,6 +323,15 @@ TEST(AttentionKernelTest, ARowGetsTheSameBitsInAnyBatchOnAnyThreadsAtAnyCells) {
         const Problem s = spread(p, r, gap, c.seed + 100);
         EXPECT_EQ(attend(s, all_rows(s), 2)[r], alone[r])
             << "row " << r << " with " << gap << " foreign cells before each of its cells";
+      }
+      const Problem hidden = interleave(p, gap, c.seed + 200);
+      for (int threads : {1, 3}) {
+        const Rows batch = attend(hidden, all_rows(hidden), threads);
+        for (int r = 0; r < c.n_q; ++r) {
+          EXPECT_EQ(batch[r], alone[r])
+              << "row " << r << " with " << gap << " cells no row sees before each cell, "
+              << threads << " threads";
+        }
       }
     }
   }
