@@ -108,7 +108,7 @@ with open(saved, "w") as f:
 cli("report", saved, "--html", page + ".again")
 with open(page + ".again") as f:
     again_html = f.read()
-if again_html.replace(f"<dt>result file</dt><dd>{saved}</dd>\n", "") != html:
+if again_html.replace(f"<dt>result from</dt><dd>{saved}</dd>\n", "") != html:
     errors.append("report of the saved result draws another page than run --html")
 nowhere = cli("run", pipeline, "--model", model, "--html", "/nonexistent-dir/run.html", check=False)
 if nowhere.returncode != 2 or "--html /nonexistent-dir/run.html: the folder /nonexistent-dir does " \

@@ -391,7 +391,7 @@ std::string header_html(const json& r, const std::vector<Agent>& agents, const s
                         esc(live_text(r["live"], agents.size(), ok + failed + skipped, refresh_s)));
   }
   row("model", r.value("model", "(not in this result)"));
-  if (!source.empty()) row("result file", source);
+  if (!source.empty()) row("result from", source);
   row("fork", r.value("fork", "?"));
   const bool exact = r.value("exact", false);
   row("exact", exact ? "yes (every answer equals a re-prefill's)"
