@@ -149,18 +149,12 @@ std::vector<int> all_rows(const Problem& p) {
   return all;
 }
 
-// `p` with the cells `row` sees moved apart: `gap` cells of other data that
-// `row` does not see (but every other row does) before each of its cells,
-// as other agents' cells lie between the document and an agent's own in a
-// shared cache.
-Problem spread(const Problem& p, int row, int gap, uint32_t seed) {
+// `p` with `n_kv` cells of fresh random K and V (the query rows kept), every
+// cell masked `fill` for every row: the start of the layouts below.
+Problem with_cells(const Problem& p, int n_kv, float fill, uint32_t seed) {
   std::mt19937 rng(seed);
   Problem s = p;
-  std::vector<int> cells;  // the cells `row` sees, in order
-  for (int c = 0; c < p.n_kv; ++c) {
-    if (p.sees(row, c)) cells.push_back(c);
-  }
-  s.n_kv = static_cast<int>(cells.size()) * (gap + 1);
+  s.n_kv = n_kv;
   const size_t n_cells = static_cast<size_t>(s.n_head_kv) * s.n_kv;
   s.k.assign(n_cells * s.row_bytes, 0);
   s.v.assign(n_cells * s.row_bytes, 0);
@@ -170,7 +164,32 @@ Problem spread(const Problem& p, int row, int gap, uint32_t seed) {
     kv_row(rng, s.c.kv_type, s.c.d, &s.k[i * s.row_bytes], &s.kf[i * s.c.d]);
     kv_row(rng, s.c.kv_type, s.c.d, &s.v[i * s.row_bytes], &s.vf[i * s.c.d]);
   }
-  s.mask.assign(static_cast<size_t>(s.c.n_q) * s.n_kv, ggml_fp32_to_fp16(0.0f));
+  s.mask.assign(static_cast<size_t>(s.c.n_q) * s.n_kv, ggml_fp32_to_fp16(fill));
+  return s;
+}
+
+// Cell `from` of `p` (K and V of every KV head) into cell `to` of `s`.
+void copy_cell(const Problem& p, int from, Problem& s, int to) {
+  for (int h = 0; h < s.n_head_kv; ++h) {
+    const size_t a = static_cast<size_t>(h) * p.n_kv + from;
+    const size_t b = static_cast<size_t>(h) * s.n_kv + to;
+    std::memcpy(&s.k[b * s.row_bytes], &p.k[a * p.row_bytes], p.row_bytes);
+    std::memcpy(&s.v[b * s.row_bytes], &p.v[a * p.row_bytes], p.row_bytes);
+    std::memcpy(&s.kf[b * s.c.d], &p.kf[a * p.c.d], sizeof(float) * p.c.d);
+    std::memcpy(&s.vf[b * s.c.d], &p.vf[a * p.c.d], sizeof(float) * p.c.d);
+  }
+}
+
+// `p` with the cells `row` sees moved apart: `gap` cells of other data that
+// `row` does not see (but every other row does) before each of its cells,
+// as other agents' cells lie between the document and an agent's own in a
+// shared cache.
+Problem spread(const Problem& p, int row, int gap, uint32_t seed) {
+  std::vector<int> cells;  // the cells `row` sees, in order
+  for (int c = 0; c < p.n_kv; ++c) {
+    if (p.sees(row, c)) cells.push_back(c);
+  }
+  Problem s = with_cells(p, static_cast<int>(cells.size()) * (gap + 1), 0.0f, seed);
   for (size_t j = 0; j < cells.size(); ++j) {
     const int to = static_cast<int>(j) * (gap + 1) + gap;
     for (int r = 0; r < s.c.n_q; ++r) {
@@ -180,14 +199,7 @@ Problem spread(const Problem& p, int row, int gap, uint32_t seed) {
             ggml_fp32_to_fp16(r == row ? -INFINITY : 0.0f);
       }
     }
-    for (int h = 0; h < s.n_head_kv; ++h) {
-      const size_t from = static_cast<size_t>(h) * p.n_kv + cells[j];
-      const size_t at = static_cast<size_t>(h) * s.n_kv + to;
-      std::memcpy(&s.k[at * s.row_bytes], &p.k[from * p.row_bytes], p.row_bytes);
-      std::memcpy(&s.v[at * s.row_bytes], &p.v[from * p.row_bytes], p.row_bytes);
-      std::memcpy(&s.kf[at * s.c.d], &p.kf[from * p.c.d], sizeof(float) * p.c.d);
-      std::memcpy(&s.vf[at * s.c.d], &p.vf[from * p.c.d], sizeof(float) * p.c.d);
-    }
+    copy_cell(p, cells[j], s, to);
   }
   return s;
 }
@@ -196,32 +208,13 @@ Problem spread(const Problem& p, int row, int gap, uint32_t seed) {
 // agents' own cells lie among the document's when a shared fork streams the
 // document: the rows still share every cell they all see.
 Problem interleave(const Problem& p, int gap, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Problem s = p;
-  s.n_kv = p.n_kv * (gap + 1);
-  const size_t n_cells = static_cast<size_t>(s.n_head_kv) * s.n_kv;
-  s.k.assign(n_cells * s.row_bytes, 0);
-  s.v.assign(n_cells * s.row_bytes, 0);
-  s.kf.assign(n_cells * s.c.d, 0.0f);
-  s.vf.assign(n_cells * s.c.d, 0.0f);
-  for (size_t i = 0; i < n_cells; ++i) {
-    kv_row(rng, s.c.kv_type, s.c.d, &s.k[i * s.row_bytes], &s.kf[i * s.c.d]);
-    kv_row(rng, s.c.kv_type, s.c.d, &s.v[i * s.row_bytes], &s.vf[i * s.c.d]);
-  }
-  s.mask.assign(static_cast<size_t>(s.c.n_q) * s.n_kv, ggml_fp32_to_fp16(-INFINITY));
+  Problem s = with_cells(p, p.n_kv * (gap + 1), -INFINITY, seed);
   for (int c = 0; c < p.n_kv; ++c) {
     const int to = c * (gap + 1) + gap;
     for (int r = 0; r < s.c.n_q; ++r) {
       s.mask[static_cast<size_t>(r) * s.n_kv + to] = p.mask[static_cast<size_t>(r) * p.n_kv + c];
     }
-    for (int h = 0; h < s.n_head_kv; ++h) {
-      const size_t from = static_cast<size_t>(h) * p.n_kv + c;
-      const size_t at = static_cast<size_t>(h) * s.n_kv + to;
-      std::memcpy(&s.k[at * s.row_bytes], &p.k[from * p.row_bytes], p.row_bytes);
-      std::memcpy(&s.v[at * s.row_bytes], &p.v[from * p.row_bytes], p.row_bytes);
-      std::memcpy(&s.kf[at * s.c.d], &p.kf[from * p.c.d], sizeof(float) * p.c.d);
-      std::memcpy(&s.vf[at * s.c.d], &p.vf[from * p.c.d], sizeof(float) * p.c.d);
-    }
+    copy_cell(p, c, s, to);
   }
   return s;
 }
