@@ -206,6 +206,9 @@ class Coordinator final : public AgentExecutor {
         {"XREAD", "COUNT", "100", "BLOCK", "1000", "STREAMS", results_key_, last_id_});
     if (redis_->reconnects() != reconnects_) {
       reconnects_ = redis_->reconnects();
+      // No worker could heartbeat while Redis was away (their keys may have
+      // expired meanwhile): the grace for finding one starts now.
+      since_seen_.restart();
       if (redis_->command({"EXISTS", keys::run_spec(run_id_)}).integer == 0) {
         // Redis restarted without its data: everything this run put there is
         // gone. Put it back and enqueue the unanswered agents again.
