@@ -1,7 +1,7 @@
 """The streaming prefill's cost (issue 38, item 4): contract-review with and
-without `needs`, on the attention kernel before and after the change that
-lets a group of query rows keep sharing K/V blocks past cells none of them
-sees (a branch's cells among the document's).
+without `needs`, on two builds of the attention kernel (--change says what
+they differ in; by default the change that let a group of query rows keep
+sharing K/V blocks past cells none of them sees).
 
 `swarmkv run examples/pipelines/contract-review.yaml --json` (default
 settings: shared fork, exact; snapshot store off), and the same pipeline
@@ -15,7 +15,7 @@ OUT/command.sh.
 
 usage: /usr/bin/python3 bench/streaming_prefill.py --bin build/release/swarmkv
            --before-lib DIR --after-lib DIR [--out bench/results/streaming-prefill]
-           [--trials 3]
+           [--trials 3] [--change TEXT]
 """
 import argparse
 import csv
@@ -58,6 +58,11 @@ def main():
     ap.add_argument("--after-lib", required=True)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "streaming-prefill"))
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--change", default=(
+        '"before": the attention patch whose row groups stopped sharing K/V blocks at the first '
+        'cell some of their rows did not see; "after": they pass over cells none of them sees '
+        "(a branch's own cells among the document's)."),
+                    help="what the two builds differ in, for the report")
     a = ap.parse_args()
     os.makedirs(os.path.join(a.out, "plots"), exist_ok=True)
     with open(os.path.join(a.out, "command.sh"), "w") as f:
@@ -143,10 +148,7 @@ def main():
 contract-review (3,693-token MPL 2.0, five agents, `definitions` needs
 section 1), `swarmkv run --json`, default settings (shared fork, exact),
 snapshot store off, {os.path.basename(MODEL)}, 2 threads; {a.trials}
-alternated trials of four arms, medians. "before": the attention patch
-whose row groups stopped sharing K/V blocks at the first cell some of
-their rows did not see; "after": they pass over cells none of them sees
-(a branch's own cells among the document's). Command: `command.sh`.
+alternated trials of four arms, medians. {a.change} Command: `command.sh`.
 
 | kernel | needs | prefill done | whole-document agents done | total | `definitions` first token |
 |---|---|---|---|---|---|

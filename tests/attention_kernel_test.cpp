@@ -256,10 +256,11 @@ std::vector<double> reference(const Problem& p, int row) {
 }
 
 // Head sizes of SmolLM2 (64) and Gemma 3 (256) and others; generation-step
-// shapes (agents over a shared document), a prompt's causal rows, one call
-// of more than 64 rows (ggml's tiled path without the patch), cells at the
-// start that no row sees, a document not a multiple of the kernel's 16-cell
-// block, a softcap, a q8_0 cache.
+// shapes (agents over a shared document; 40 agents are more rows than one of
+// the kernel's row groups holds), a prompt's causal rows, one call of more
+// than 64 rows (ggml's tiled path without the patch), cells at the start
+// that no row sees, a document not a multiple of the kernel's 16-cell block,
+// a softcap, a q8_0 cache.
 const std::vector<Case> kCases = {
     {1, 64, 600, 0, 100, 9, false, 0.0f, GGML_TYPE_F16},
     {2, 256, 500, 3, 100, 5, false, 0.0f, GGML_TYPE_F16},
@@ -268,6 +269,7 @@ const std::vector<Case> kCases = {
     {5, 128, 0, 0, 64, 17, false, 0.0f, GGML_TYPE_F16},
     {6, 64, 300, 21, 100, 100, true, 0.0f, GGML_TYPE_F16},
     {7, 64, 250, 5, 40, 12, false, 0.0f, GGML_TYPE_Q8_0},
+    {8, 64, 1200, 0, 150, 40, false, 0.0f, GGML_TYPE_Q8_0},
 };
 
 std::string describe(const Case& c) {

@@ -1,0 +1,3 @@
+#!/bin/sh
+# from the repository root
+/usr/bin/python3 bench/streaming_prefill.py --bin build/release/swarmkv --before-lib /root/.cache/swarmkv/llama.cpp/0.3.36-50a8da4bab5b-p56c452853059-cpu4b4fbe1c1229/install/lib --after-lib /root/.cache/swarmkv/llama.cpp/0.3.36-50a8da4bab5b-p321311643827-cpu4b4fbe1c1229/install/lib --out bench/results/prefix-attention/streaming --trials 3 --change '"before": the attention patch of 1d59147, whose row groups went row by row from the first cell some of their rows did not see; "after": rows part in two at such a cell and each side goes on together, four rows are computed side by side per block, q8_0 rows are converted inline, K/V rows are prefetched 32 cells ahead.'
