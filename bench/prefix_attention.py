@@ -21,17 +21,16 @@ usage: /usr/bin/python3 bench/prefix_attention.py --bin build/release/swarmkv
            --before-lib DIR --after-lib DIR [--out bench/results/prefix-attention]
            [--trials 3]
 """
-import argparse
 import csv
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
+import two_builds  # noqa: E402
 MODEL = os.environ.get(
     "SWARMKV_TEST_MODEL",
     os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
@@ -41,7 +40,7 @@ N_PREDICT = 32
 
 def bench(binary, lib, arm, agents, doc_tokens, tmp):
     out = os.path.join(tmp, f"{arm}-{agents}-{doc_tokens}")
-    env = dict(os.environ, LD_LIBRARY_PATH=lib)
+    env = two_builds.environment(lib)
     cmd = [binary, "bench", "--model", MODEL, "--arms", arm, "--branches", str(agents),
            "--doc-tokens", str(doc_tokens), "--n-predict", str(N_PREDICT), "--trials", "1",
            "--pause-ms", "0", "--out", out]
@@ -62,17 +61,8 @@ def bench(binary, lib, arm, agents, doc_tokens, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--before-lib", required=True)
-    ap.add_argument("--after-lib", required=True)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "prefix-attention"))
-    ap.add_argument("--trials", type=int, default=3)
-    a = ap.parse_args()
-    os.makedirs(os.path.join(a.out, "plots"), exist_ok=True)
-    with open(os.path.join(a.out, "command.sh"), "w") as f:
-        f.write("#!/bin/sh\n# from the repository root\n/usr/bin/python3 bench/prefix_attention.py "
-                + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "\n")
+    a = two_builds.arguments("prefix-attention").parse_args()
+    two_builds.start(a)
 
     tmp = tempfile.mkdtemp(prefix="swarmkv-prefix-attention-")
     builds = [("before", a.before_lib), ("after", a.after_lib)]

@@ -17,17 +17,18 @@ usage: /usr/bin/python3 bench/streaming_prefill.py --bin build/release/swarmkv
            --before-lib DIR --after-lib DIR [--out bench/results/streaming-prefill]
            [--trials 3] [--change TEXT]
 """
-import argparse
 import csv
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
+import two_builds  # noqa: E402
+
+ROOT = two_builds.ROOT
 MODEL = os.environ.get(
     "SWARMKV_TEST_MODEL",
     os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
@@ -35,7 +36,7 @@ WHOLE = ("obligations", "critique", "gaps", "verdict")  # the agents that read i
 
 
 def run(binary, pipeline, lib, env_base):
-    env = dict(env_base, LD_LIBRARY_PATH=lib)
+    env = two_builds.environment(lib, env_base)
     p = subprocess.run([binary, "run", pipeline, "--model", MODEL, "--snapshot-cache", "off",
                         "--json"], capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
@@ -52,22 +53,14 @@ def run(binary, pipeline, lib, env_base):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--before-lib", required=True)
-    ap.add_argument("--after-lib", required=True)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "streaming-prefill"))
-    ap.add_argument("--trials", type=int, default=3)
+    ap = two_builds.arguments("streaming-prefill")
     ap.add_argument("--change", default=(
         '"before": the attention patch whose row groups stopped sharing K/V blocks at the first '
         'cell some of their rows did not see; "after": they pass over cells none of them sees '
         "(a branch's own cells among the document's)."),
                     help="what the two builds differ in, for the report")
     a = ap.parse_args()
-    os.makedirs(os.path.join(a.out, "plots"), exist_ok=True)
-    with open(os.path.join(a.out, "command.sh"), "w") as f:
-        f.write("#!/bin/sh\n# from the repository root\n/usr/bin/python3 bench/streaming_prefill.py "
-                + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "\n")
+    two_builds.start(a)
 
     src = os.path.join(ROOT, "examples", "pipelines", "contract-review.yaml")
     with open(src) as f:
