@@ -12,13 +12,15 @@
 #              trials per weight file (SmolLM2 F16, Q4_1, Q4_0, Gemma 3
 #              Q4_K_M), and llama-bench's prompt processing (-fa 1, same
 #              threads and depth) on F16 in the same run
-#   answers/   default runs: the README pipeline and contract-review under
-#              shared, host and none on SmolLM2 and Gemma 3; the 16-agent
-#              synthetic pipeline (../prefill-default/sixteen-agents.yaml)
-#              under shared, host and none on SmolLM2; contract-review
-#              without needs (its whole-document agents' done_at_ms)
+#   gemma3/    the agents part on Gemma 3 270M Q4_K_M: shared and host at
+#              1, 4 and 16 agents
+#   answers/   default runs: the README pipeline, contract-review and the
+#              16-agent synthetic pipeline (../prefill-default/sixteen-agents.yaml)
+#              under shared, host and none on SmolLM2 and Gemma 3;
+#              contract-review without needs (its whole-document agents'
+#              done_at_ms)
 # summarize.py writes report.md, summary.json, summary.csv and plots/.
-# PARTS (default "agents prefill answers") reruns some of them only.
+# PARTS (default "agents gemma3 prefill answers") reruns some of them only.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=bench/results/exact-default
@@ -27,7 +29,7 @@ M=${SWARMKV_MODELS:-$HOME/.cache/swarmkv/models}
 LLAMA_BENCH=${LLAMA_BENCH:-$(scripts/build-llama.sh)/bin/llama-bench}
 TRIALS=${TRIALS:-3}
 PY=/usr/bin/python3  # Debian's, with python3-matplotlib (scripts/lib.sh)
-PARTS=${PARTS:-agents prefill answers}
+PARTS=${PARTS:-agents gemma3 prefill answers}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 F16=$M/SmolLM2-135M-Instruct.F16.gguf
 GEMMA=$M/gemma-3-270m-q4_k_m.gguf
@@ -49,6 +51,12 @@ if part agents; then
   "$PY" bench/old_vs_new.py "$stock" "$exact" "$F16" "$out/agents/host" --trials "$TRIALS" --branches 1,4,16 --forks host
   # The reference for 50 agents: one agent re-prefilling (x 50).
   "$PY" bench/old_vs_new.py "$stock" "$exact" "$F16" "$out/agents/none" --trials "$TRIALS" --branches 1 --forks none
+fi
+
+if part gemma3; then
+  rm -rf "$out/gemma3"
+  "$PY" bench/old_vs_new.py "$stock" "$exact" "$GEMMA" "$out/gemma3/shared" --trials "$TRIALS" --branches 1,4,16 --forks shared
+  "$PY" bench/old_vs_new.py "$stock" "$exact" "$GEMMA" "$out/gemma3/host" --trials "$TRIALS" --branches 1,4,16 --forks host
 fi
 
 if part prefill; then
@@ -87,9 +95,11 @@ if part answers; then
     done
   done
   "$BIN" run "$nn" --model "$F16" --snapshot-cache off -t 2 --json >"$out/answers/smollm2-contract-review-without-needs-shared.json" 2>/dev/null
-  for fork in shared host none; do
-    "$BIN" run bench/results/prefill-default/sixteen-agents.yaml --model "$F16" --fork "$fork" --snapshot-cache off \
-      -t 2 --json >"$out/answers/smollm2-sixteen-agents-$fork.json" 2>/dev/null
+  for model in smollm2:$F16 gemma3:$GEMMA; do
+    for fork in shared host none; do
+      "$BIN" run bench/results/prefill-default/sixteen-agents.yaml --model "${model#*:}" --fork "$fork" \
+        --snapshot-cache off -t 2 --json >"$out/answers/${model%%:*}-sixteen-agents-$fork.json" 2>/dev/null
+    done
   done
 fi
 

@@ -3,8 +3,8 @@
 
     summarize.py OUT_DIR
 
-Reads OUT_DIR/agents/*/rows.json (bench/old_vs_new.py, "old" = --no-exact,
-"new" = the default), OUT_DIR/prefill/*.json (`swarmkv run --json` and
+Reads OUT_DIR/agents/*/rows.json (SmolLM2 F16) and OUT_DIR/gemma3/*/rows.json
+(Gemma 3 Q4_K_M) (bench/old_vs_new.py, "old" = --no-exact, "new" = the default), OUT_DIR/prefill/*.json (`swarmkv run --json` and
 llama-bench -o json) and OUT_DIR/answers/*.json (`swarmkv run --json`);
 writes summary.json, summary.csv, report.md and plots/*.png.
 """
@@ -16,7 +16,9 @@ load = lambda p: json.load(open(p))  # noqa: E731
 summary = {"agents": [], "prefill": [], "answers": [], "needs": {}}
 
 # ---------------------------------------------------------------- agents
-for fork_dir in sorted(glob.glob(os.path.join(out, "agents", "*"))):
+fork_dirs = [("SmolLM2 F16", d) for d in sorted(glob.glob(os.path.join(out, "agents", "*")))] + \
+    [("Gemma 3 Q4_K_M", d) for d in sorted(glob.glob(os.path.join(out, "gemma3", "*")))]
+for model, fork_dir in fork_dirs:
     rows = load(os.path.join(fork_dir, "rows.json"))
     for n in sorted({r["branches"] for r in rows}):
         for fork in sorted({r["fork"] for r in rows}):
@@ -25,7 +27,7 @@ for fork_dir in sorted(glob.glob(os.path.join(out, "agents", "*"))):
             if not pick("new", "total_ms"):
                 continue
             summary["agents"].append({
-                "fork": fork, "agents": n, "trials": len(pick("new", "total_ms")),
+                "model": model, "fork": fork, "agents": n, "trials": len(pick("new", "total_ms")),
                 "prefix_tokens": rows[0]["prefix_tokens"],
                 "stock_branch_ms": pick("old", "branch_phase_ms"), "exact_branch_ms": pick("new", "branch_phase_ms"),
                 "stock_total_ms": pick("old", "total_ms"), "exact_total_ms": pick("new", "total_ms"),
@@ -34,8 +36,9 @@ for fork_dir in sorted(glob.glob(os.path.join(out, "agents", "*"))):
                 "all_ok": all(r["ok"] for r in rows if r["branches"] == n and r["fork"] == fork)})
 
 # 50 agents against the reference: every agent re-prefilling (measured at 1 agent, times 50).
-none1 = [a for a in summary["agents"] if a["fork"] == "none" and a["agents"] == 1]
-shared50 = [a for a in summary["agents"] if a["fork"] == "shared" and a["agents"] == 50]
+smol = [a for a in summary["agents"] if a["model"] == "SmolLM2 F16"]
+none1 = [a for a in smol if a["fork"] == "none" and a["agents"] == 1]
+shared50 = [a for a in smol if a["fork"] == "shared" and a["agents"] == 50]
 if none1 and shared50:
     for arm in ("stock", "exact"):
         ref = 50 * med(none1[0][f"{arm}_total_ms"])
@@ -90,7 +93,7 @@ with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
     w.writerow(["what", "stock_median", "exact_median", "exact_over_stock", "trials"])
     for a in summary["agents"]:
         for k, label in (("branch", "branch phase ms"), ("total", "end to end ms")):
-            w.writerow([f"{a['fork']} {a['agents']} agents {label}", med(a[f"stock_{k}_ms"]),
+            w.writerow([f"{a['model']} {a['fork']} {a['agents']} agents {label}", med(a[f"stock_{k}_ms"]),
                         med(a[f"exact_{k}_ms"]), a[f"{k}_ratio"], a["trials"]])
     for p in summary["prefill"]:
         w.writerow([f"prefill tok/s {p['weights']}", med(p["stock_tok_s"]), med(p["exact_tok_s"]),
@@ -106,11 +109,11 @@ def table(header, rows):
 L = ["# Exact mode by default: the new default against `--no-exact`", "",
      "One binary, back to back; `--no-exact` is the former default (llama.cpp's stock kernels, flash "
      "attention off). SmolLM2-135M F16 unless said, 2 threads; medians of the trials listed.", "",
-     "## Agents (document of %s tokens, 32 greedy tokens each)" % (summary["agents"][0]["prefix_tokens"]
-                                                                  if summary["agents"] else "?"), ""]
-L += table(["fork", "agents", "trials", "branch phase `--no-exact` s", "exact s", "exact / no-exact",
+     "## Agents (the licences' text, %s tokens on SmolLM2, 32 greedy tokens each)" % (
+         smol[0]["prefix_tokens"] if smol else "?"), ""]
+L += table(["model", "fork", "agents", "trials", "branch phase `--no-exact` s", "exact s", "exact / no-exact",
             "end to end `--no-exact` s", "exact s", "exact / no-exact"],
-           [[a["fork"], a["agents"], a["trials"], f"{med(a['stock_branch_ms']) / 1000:.2f}",
+           [[a["model"], a["fork"], a["agents"], a["trials"], f"{med(a['stock_branch_ms']) / 1000:.2f}",
              f"{med(a['exact_branch_ms']) / 1000:.2f}", f"{a['branch_ratio']:.3f}",
              f"{med(a['stock_total_ms']) / 1000:.2f}", f"{med(a['exact_total_ms']) / 1000:.2f}",
              f"{a['total_ratio']:.3f}"] for a in summary["agents"]])
@@ -154,7 +157,7 @@ except ImportError:
     print("matplotlib missing: no plots", file=sys.stderr)
     sys.exit(0)
 os.makedirs(os.path.join(out, "plots"), exist_ok=True)
-pts = [a for a in summary["agents"] if a["fork"] != "none"]
+pts = [a for a in smol if a["fork"] != "none"]
 fig, axes = ps.figure(1, 2, width=11, height_per_row=3.6)
 keys = [f"{a['fork']} {a['agents']}" for a in pts]
 by = {f"{a['fork']} {a['agents']}": a for a in pts}
