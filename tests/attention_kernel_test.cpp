@@ -31,6 +31,7 @@ struct Case {
   bool causal;  // own cells: row r sees cell j only for j <= r (one sequence's prompt)
   float softcap;
   ggml_type kv_type;
+  int n_head = 6;  // query heads over 2 KV heads: a query row is 1 to 4 rows of a group
 };
 
 // One attention problem: n_q query rows of n_head heads over n_kv cells of
@@ -79,6 +80,7 @@ Problem random_problem(const Case& c) {
   std::bernoulli_distribution sees(0.7);
   Problem p;
   p.c = c;
+  p.n_head = c.n_head;
   p.n_kv = c.lead + c.n_doc + c.n_own;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   p.row_bytes = ggml_row_size(c.kv_type, c.d);
@@ -260,7 +262,8 @@ std::vector<double> reference(const Problem& p, int row) {
 // the kernel's row groups holds), a prompt's causal rows, one call of more
 // than 64 rows (ggml's tiled path without the patch), cells at the start
 // that no row sees, a document not a multiple of the kernel's 16-cell block,
-// a softcap, a q8_0 cache.
+// a softcap, a q8_0 cache; 1 to 4 query heads per KV head (a kernel's tiles
+// of rows then split a group in different places alone and in a batch).
 const std::vector<Case> kCases = {
     {1, 64, 600, 0, 100, 9, false, 0.0f, GGML_TYPE_F16},
     {2, 256, 500, 3, 100, 5, false, 0.0f, GGML_TYPE_F16},
@@ -270,12 +273,16 @@ const std::vector<Case> kCases = {
     {6, 64, 300, 21, 100, 100, true, 0.0f, GGML_TYPE_F16},
     {7, 64, 250, 5, 40, 12, false, 0.0f, GGML_TYPE_Q8_0},
     {8, 64, 1200, 0, 150, 40, false, 0.0f, GGML_TYPE_Q8_0},
+    {9, 64, 400, 0, 60, 11, false, 0.0f, GGML_TYPE_F16, 4},
+    {10, 128, 300, 2, 40, 7, true, 0.0f, GGML_TYPE_Q8_0, 8},
+    {11, 64, 200, 0, 30, 5, false, 0.0f, GGML_TYPE_F16, 2},
 };
 
 std::string describe(const Case& c) {
   return "d " + std::to_string(c.d) + ", " + std::to_string(c.lead) + " + " +
          std::to_string(c.n_doc) + " + " + std::to_string(c.n_own) + " cells, " +
-         std::to_string(c.n_q) + " rows, " + ggml_type_name(c.kv_type);
+         std::to_string(c.n_q) + " rows of " + std::to_string(c.n_head) + " heads, " +
+         ggml_type_name(c.kv_type);
 }
 
 bool patched() {
