@@ -48,7 +48,7 @@ if [ "$cuda" = 1 ]; then
     die "SWARMKV_CUDA=1 needs the CUDA toolkit's nvcc on PATH (e.g. export PATH=/usr/local/cuda/bin:\$PATH)"
   opts+=("-DCMAKE_CUDA_ARCHITECTURES=$cuda_arch")
 fi
-if [ "$native" = 1 ]; then
+if [ "$native" = 1 ] && [ "$(uname -m)" = x86_64 ]; then
   # Virtual machines often advertise AMX in CPUID without enabling its tile
   # state: -march=native then compiles AMX kernels that die with SIGILL on the
   # first matrix multiply (seen on this project's CI machines). AVX-512 stays.
@@ -65,8 +65,7 @@ targets=(llama llama-server llama-bench llama-quantize llama-perplexity)
 tools=(llama-bench llama-quantize llama-perplexity)
 opt_key=$(printf '%s\n' "${opts[@]}" "targets:${targets[*]}" | sha256sum | cut -c1-12)
 patches=("$SWARMKV_ROOT"/scripts/patches/*.patch)
-patch_key=$(cat "${patches[@]}" | sha256sum | cut -c1-12)
-key="${LLAMA_CPP_PYTHON_VERSION}-${opt_key}-p${patch_key}-cpu${cpu_key}"
+key="${LLAMA_CPP_PYTHON_VERSION}-${opt_key}-p$(llama_patch_key)-cpu${cpu_key}"
 base="$SWARMKV_CACHE/llama.cpp/$key"
 prefix="$base/install"
 
@@ -78,31 +77,8 @@ fi
 log "building llama.cpp ${LLAMA_CPP_COMMIT} (llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION}) into $base"
 log "this takes about 10 minutes on 2 cores; it is cached afterwards"
 mkdir -p "$base"
-sdist_dir="$SWARMKV_CACHE/downloads"
-sdist="$sdist_dir/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}.tar.gz"
-if ! sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256"; then
-  rm -f "$sdist"
-  log "downloading llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION} sdist from PyPI"
-  pip_download "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}" "$sdist_dir" \
-    --no-binary :all:
-  sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256" ||
-    die "sha256 mismatch for $sdist (expected $LLAMA_CPP_PYTHON_SHA256)"
-fi
-
 src="$base/src"
-if [ ! -f "$src/CMakeLists.txt" ]; then
-  rm -rf "$src" "$base/extract"
-  mkdir -p "$base/extract"
-  tar -xzf "$sdist" -C "$base/extract" \
-    "llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
-  for p in "${patches[@]}"; do
-    log "applying $(basename "$p")"
-    patch -d "$base/extract/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp" \
-      -p1 --forward --batch <"$p" >&2 || die "patch $(basename "$p") does not apply to llama.cpp ${LLAMA_CPP_COMMIT}"
-  done
-  mv "$base/extract/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp" "$src"
-  rm -rf "$base/extract"
-fi
+llama_source "$src"
 
 # Without an NVIDIA driver (a build machine), the tools link against the
 # toolkit's stub of libcuda.so.1 and start against it (no GPU is found):

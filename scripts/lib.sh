@@ -71,6 +71,41 @@ ensure_system_packages() {
     die "apt-get install failed for: ${missing[*]}"
 }
 
+# The hash of our llama.cpp patches (scripts/patches/*.patch), part of every
+# cache key of a tree they were applied to.
+llama_patch_key() {
+  cat "$SWARMKV_ROOT"/scripts/patches/*.patch | sha256sum | cut -c1-12
+}
+
+# llama_source DEST: the pinned llama.cpp tree (the llama-cpp-python sdist's
+# vendor/llama.cpp, downloaded and sha256-checked if missing) with our
+# patches applied in name order, in DEST, unless DEST already holds it.
+llama_source() {
+  local dest=$1 p
+  [ -f "$dest/CMakeLists.txt" ] && return 0
+  local sdist_dir="$SWARMKV_CACHE/downloads"
+  local sdist="$sdist_dir/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+  if ! sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256"; then
+    rm -f "$sdist"
+    log "downloading llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION} sdist from PyPI"
+    pip_download "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}" "$sdist_dir" --no-binary :all:
+    sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256" ||
+      die "sha256 mismatch for $sdist (expected $LLAMA_CPP_PYTHON_SHA256)"
+  fi
+  local extract="$dest.extract"
+  local tree="$extract/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
+  rm -rf "$dest" "$extract"
+  mkdir -p "$extract"
+  tar -xzf "$sdist" -C "$extract" "llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
+  for p in "$SWARMKV_ROOT"/scripts/patches/*.patch; do
+    log "applying $(basename "$p")"
+    patch -d "$tree" -p1 --forward --batch <"$p" >&2 ||
+      die "patch $(basename "$p") does not apply to llama.cpp ${LLAMA_CPP_COMMIT}"
+  done
+  mv "$tree" "$dest"
+  rm -rf "$extract"
+}
+
 # Sets SWARMKV_LLAMA_PREFIX to an installed llama.cpp: the one named by
 # $SWARMKV_LLAMA_PREFIX, else one that find_package(llama) already finds
 # (e.g. through $CMAKE_PREFIX_PATH), else the pinned build (built if needed).
