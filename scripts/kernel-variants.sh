@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The batch-invariant attention kernel's test (tests/attention_kernel_test.cpp)
-# on the code paths of CPUs other than this one: ggml from the pinned, patched
-# llama.cpp built for
+# The kernel tests of exact mode (tests/attention_kernel_test.cpp: the
+# batch-invariant attention; tests/matmul_kernel_test.cpp: the weight
+# products) on the code paths of CPUs other than this one: ggml from the
+# pinned, patched llama.cpp built for
 #
 #   avx2     x86-64 with AVX2, FMA and F16C, no AVX-512 (what SWARMKV_NATIVE=0
 #            builds); runs here on any CPU that has those
-#   aarch64  ARMv8-A with NEON, cross-compiled with Debian's aarch64 toolchain
-#            and run under qemu-user (bit-for-bit what the instructions give;
-#            it says nothing of speed)
+#   aarch64  ARMv8.2-A with NEON, fp16 arithmetic and dot products (Graviton 2
+#            and later, Ampere, Apple M), cross-compiled with Debian's aarch64
+#            toolchain and run under qemu-user (bit for bit what the
+#            instructions give; it says nothing of speed)
 #
 #   scripts/kernel-variants.sh [avx2] [aarch64]     (default: both)
 #
 # Each variant's ggml (about a minute on 2 cores) and, for aarch64, GoogleTest
-# are cached under <cache>/kernel-variants/, keyed by the patches; the test
-# itself is compiled afresh each run. Missing Debian packages are installed
+# are cached under <cache>/kernel-variants/, keyed by the patches; the tests
+# themselves are compiled afresh each run. Missing Debian packages are installed
 # (g++-aarch64-linux-gnu, qemu-user, libgtest-dev). A variant this machine
 # cannot run is skipped, saying why; a test that fails fails the script.
 set -euo pipefail
@@ -56,7 +58,7 @@ ggml_build() {
   touch "$dir/.complete"
 }
 
-test_source="$SWARMKV_ROOT/tests/attention_kernel_test.cpp"
+tests=(attention_kernel_test matmul_kernel_test)
 
 run_avx2() {
   local dir="$root/avx2" f
@@ -69,10 +71,13 @@ run_avx2() {
   ensure_system_packages libgtest-dev
   # GGML_NATIVE=OFF's defaults: SSE4.2, AVX, AVX2, BMI2, FMA, F16C; AVX-512 off
   ggml_build avx2
-  g++ -std=c++20 -O2 -I"$src/ggml/include" "$test_source" -o "$dir/attention_kernel_test" \
-    -L"$dir/build/bin" -lggml-cpu -lggml-base -Wl,-rpath,"$dir/build/bin" -lgtest -pthread
-  log "avx2: running the kernel test"
-  "$dir/attention_kernel_test" --gtest_brief=1
+  local t
+  for t in "${tests[@]}"; do
+    g++ -std=c++20 -O2 -I"$src/ggml/include" "$SWARMKV_ROOT/tests/$t.cpp" -o "$dir/$t" \
+      -L"$dir/build/bin" -lggml-cpu -lggml-base -Wl,-rpath,"$dir/build/bin" -lgtest -pthread
+    log "avx2: running $t"
+    "$dir/$t" --gtest_brief=1
+  done
 }
 
 run_aarch64() {
@@ -88,8 +93,8 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 CMAKE
-  # GGML_NATIVE=OFF on ARM: the compiler's baseline, ARMv8-A with NEON
-  ggml_build aarch64 -DCMAKE_TOOLCHAIN_FILE="$dir/toolchain.cmake"
+  # fp16 arithmetic and dot products take sgemm's and ggml's other ARM code paths
+  ggml_build aarch64 -DCMAKE_TOOLCHAIN_FILE="$dir/toolchain.cmake" -DGGML_CPU_ARM_ARCH=armv8.2-a+fp16+dotprod
   if [ ! -f "$dir/gtest/lib/libgtest.a" ]; then
     log "aarch64: building GoogleTest from /usr/src/googletest"
     cmake -S /usr/src/googletest -B "$dir/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -97,12 +102,15 @@ CMAKE
       cmake --build "$dir/gtest" -j "$(nproc)" >>"$dir/gtest.log" 2>&1 ||
       { tail -n 20 "$dir/gtest.log" >&2; die "aarch64: GoogleTest build failed (log: $dir/gtest.log)"; }
   fi
-  aarch64-linux-gnu-g++ -std=c++20 -O2 -I"$src/ggml/include" -I/usr/src/googletest/googletest/include \
-    "$test_source" -o "$dir/attention_kernel_test" -L"$dir/build/bin" -lggml-cpu -lggml-base \
-    -L"$dir/gtest/lib" -lgtest -pthread
-  log "aarch64: running the kernel test under qemu-aarch64 (about a minute)"
-  QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH="$dir/build/bin" \
-    qemu-aarch64 "$dir/attention_kernel_test" --gtest_brief=1
+  local t
+  for t in "${tests[@]}"; do
+    aarch64-linux-gnu-g++ -std=c++20 -O2 -I"$src/ggml/include" -I/usr/src/googletest/googletest/include \
+      "$SWARMKV_ROOT/tests/$t.cpp" -o "$dir/$t" -L"$dir/build/bin" -lggml-cpu -lggml-base \
+      -L"$dir/gtest/lib" -lgtest -pthread
+    log "aarch64: running $t under qemu-aarch64 (about a minute)"
+    QEMU_CPU=max QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH="$dir/build/bin" \
+      qemu-aarch64 "$dir/$t" --gtest_brief=1
+  done
 }
 
 for v in "${variants[@]}"; do

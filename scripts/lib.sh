@@ -37,8 +37,10 @@ SWARMKV_APT_PACKAGES=(
   python3-venv curl openssl  # the README's serve and cluster blocks (tests/readme_blocks_test.py)
 )
 
-# What the test suite needs besides: a browser for the run pages' tests.
-SWARMKV_TEST_APT_PACKAGES=(chromium)
+# What the test suite needs besides: a browser for the run pages' tests, an
+# aarch64 cross compiler and qemu-user for the kernel's ARM path
+# (scripts/kernel-variants.sh).
+SWARMKV_TEST_APT_PACKAGES=(chromium g++-aarch64-linux-gnu qemu-user)
 
 # Installs the missing Debian packages (as root), saying what it installs:
 # SWARMKV_APT_PACKAGES and the ones named.

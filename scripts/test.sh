@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, with all of its own set-up (idempotent, cached):
-# Debian packages (chromium too, for the run pages' browser tests), the
+# Debian packages (chromium too, for the run pages' browser tests, and an
+# aarch64 cross compiler with qemu-user for the kernel's ARM path), the
 # pinned llama.cpp, hiredis, the browser tests' Python packages, both test
 # models, then for each preset (release, asan, tsan) a build and a CTest run.
 #

@@ -1,0 +1,196 @@
+// The weight products of exact mode (GGML_CPU_SGEMM_SINGLE_ROW=1 and
+// GGML_CPU_TILED_MM=0, as Engine sets them; scripts/patches/ggml-sgemm-
+// single-row.patch) through ggml alone (no model): an activation column
+// (one token) gets the same bits whatever the other columns of its product
+// (none, a few, more than a tile holds) and the thread count, for every
+// weight type a model file commonly holds; and its result is within
+// rounding of the product in double precision.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <ggml-cpu.h>
+#include <ggml.h>
+#include <gtest/gtest.h>
+
+extern "C" __attribute__((weak)) int ggml_cpu_has_fa_batch_invariant(void);
+
+namespace {
+
+// Columns of one product: out[column][row] as raw bits.
+using Columns = std::vector<std::vector<uint32_t>>;
+
+struct Weights {
+  ggml_type type;
+  int k;  // inner size (a multiple of 256: every K-quant block)
+  int m;  // output rows
+  std::vector<uint8_t> data;
+  std::vector<float> decoded;  // what the rows decode to
+};
+
+Weights random_weights(ggml_type type, int k, int m, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(k) * m);
+  for (float& f : x) f = normal(rng);
+  Weights w{type, k, m, std::vector<uint8_t>(ggml_row_size(type, k) * m), {}};
+  if (type == GGML_TYPE_F32) {
+    std::memcpy(w.data.data(), x.data(), w.data.size());
+  } else if (type == GGML_TYPE_F16) {
+    auto* h = reinterpret_cast<ggml_fp16_t*>(w.data.data());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = ggml_fp32_to_fp16(x[i]);
+  } else if (type == GGML_TYPE_BF16) {
+    auto* h = reinterpret_cast<ggml_bf16_t*>(w.data.data());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = ggml_fp32_to_bf16(x[i]);
+  } else {
+    ggml_quantize_chunk(type, x.data(), w.data.data(), 0, m, k, nullptr);
+  }
+  w.decoded.resize(x.size());
+  const size_t row = ggml_row_size(type, k);
+  for (int r = 0; r < m; ++r) {
+    if (type == GGML_TYPE_F32) {
+      std::memcpy(&w.decoded[static_cast<size_t>(r) * k], &w.data[r * row], row);
+    } else {
+      ggml_get_type_traits(type)->to_float(&w.data[r * row], &w.decoded[static_cast<size_t>(r) * k],
+                                           k);
+    }
+  }
+  return w;
+}
+
+// Columns `cols` of `x` (k floats each) times `w`, in one product on `threads` threads.
+Columns product(const Weights& w, const std::vector<std::vector<float>>& x,
+                const std::vector<int>& cols, int threads) {
+  const int n = static_cast<int>(cols.size());
+  ggml_init_params params{};
+  params.mem_size = 64u << 20;
+  ggml_context* ctx = ggml_init(params);
+  ggml_tensor* a = ggml_new_tensor_2d(ctx, w.type, w.k, w.m);
+  ggml_tensor* b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w.k, n);
+  std::memcpy(a->data, w.data.data(), w.data.size());
+  for (int j = 0; j < n; ++j) {
+    std::memcpy(static_cast<float*>(b->data) + static_cast<size_t>(j) * w.k, x[cols[j]].data(),
+                sizeof(float) * w.k);
+  }
+  ggml_tensor* out = ggml_mul_mat(ctx, a, b);
+  ggml_cgraph* graph = ggml_new_graph(ctx);
+  ggml_build_forward_expand(graph, out);
+  EXPECT_EQ(ggml_graph_compute_with_ctx(ctx, graph, threads), GGML_STATUS_SUCCESS);
+  Columns result(n, std::vector<uint32_t>(static_cast<size_t>(w.m)));
+  for (int j = 0; j < n; ++j) {
+    std::memcpy(result[j].data(),
+                static_cast<const float*>(out->data) + static_cast<size_t>(j) * w.m,
+                sizeof(float) * w.m);
+  }
+  ggml_free(ctx);
+  return result;
+}
+
+bool patched() {
+  return ggml_cpu_has_fa_batch_invariant != nullptr && ggml_cpu_has_fa_batch_invariant() == 1;
+}
+
+// The weight types of the models people download (F16, BF16, F32 tensors,
+// the legacy and K-quants), rows in fours (llamafile's sgemm) and not
+// (ggml's own dot products), inner sizes of 768 and 2,048.
+struct Shape {
+  ggml_type type;
+  int k;
+  int m;
+};
+const std::vector<Shape> kShapes = {
+    {GGML_TYPE_F16, 768, 96},   {GGML_TYPE_F16, 2048, 100},  {GGML_TYPE_F16, 768, 98},
+    {GGML_TYPE_BF16, 768, 96},  {GGML_TYPE_F32, 768, 96},    {GGML_TYPE_Q8_0, 768, 96},
+    {GGML_TYPE_Q8_0, 2048, 98}, {GGML_TYPE_Q4_0, 768, 96},   {GGML_TYPE_Q5_0, 768, 96},
+    {GGML_TYPE_Q4_1, 768, 96},  {GGML_TYPE_IQ4_NL, 768, 96}, {GGML_TYPE_Q4_K, 768, 96},
+    {GGML_TYPE_Q5_K, 768, 96},  {GGML_TYPE_Q6_K, 2048, 100},
+};
+
+std::string describe(const Shape& s) {
+  return std::string(ggml_type_name(s.type)) + " " + std::to_string(s.k) + " x " +
+         std::to_string(s.m);
+}
+
+std::vector<std::vector<float>> random_columns(int k, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> x(static_cast<size_t>(n), std::vector<float>(k));
+  for (auto& c : x) {
+    for (float& f : c) f = normal(rng);
+  }
+  return x;
+}
+
+TEST(MatmulKernelTest, AColumnGetsTheSameBitsInAnyProductOnAnyThreads) {
+#ifdef SWARMKV_SANITIZED
+  GTEST_SKIP() << "ggml is not instrumented: the release preset runs it";
+#endif
+  if (!patched()) GTEST_SKIP() << "the linked ggml lacks our patches";
+  constexpr int kColumns = 70;  // more than a 64-row tile
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(describe(s));
+    const Weights w = random_weights(s.type, s.k, s.m, 11 + static_cast<uint32_t>(s.type));
+    const auto x = random_columns(s.k, kColumns, 5);
+    Columns alone;
+    for (int j = 0; j < kColumns; ++j) alone.push_back(product(w, x, {j}, 1)[0]);
+    for (int n : {2, 3, 4, 5, 6, 7, 8, 9, 16, 33, kColumns}) {
+      for (int threads : {1, 2, 3}) {
+        std::vector<int> cols;
+        for (int j = 0; j < n; ++j) cols.push_back((j * 7 + n) % kColumns);
+        const Columns got = product(w, x, cols, threads);
+        for (int j = 0; j < n; ++j) {
+          EXPECT_EQ(got[j], alone[cols[j]])
+              << "column " << cols[j] << " among " << n << " on " << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulKernelTest, EveryColumnIsWithinRoundingOfDoublePrecision) {
+  if (!patched()) GTEST_SKIP() << "the linked ggml lacks our patches";
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(describe(s));
+    const Weights w = random_weights(s.type, s.k, s.m, 11 + static_cast<uint32_t>(s.type));
+    const auto x = random_columns(s.k, 5, 5);
+    const Columns got = product(w, x, {0, 1, 2, 3, 4}, 2);
+    // The activations are rounded to the weights' vec_dot type first: F32
+    // not at all, F16 (11 bits), BF16 (8 bits), else q8_0 or q8_K blocks
+    // (a step of max|x| / 127). Relative to the dot product's scale,
+    // sqrt(k) for N(0, 1) inputs, the worst of 500 outputs measured: < 1e-6,
+    // 8e-4, 6e-3, 2.5e-2; F16 rows not in fours on ARM with fp16 arithmetic
+    // (ggml's own dot product, which sums in fp16 there) 3.1e-3.
+    const double bound = s.type == GGML_TYPE_F32    ? 1e-5
+                         : s.type == GGML_TYPE_F16  ? 5e-3
+                         : s.type == GGML_TYPE_BF16 ? 2e-2
+                                                    : 5e-2;
+    double worst = 0.0;
+    for (int j = 0; j < 5; ++j) {
+      for (int r = 0; r < s.m; ++r) {
+        double want = 0.0;
+        for (int i = 0; i < s.k; ++i) {
+          want += static_cast<double>(w.decoded[static_cast<size_t>(r) * s.k + i]) * x[j][i];
+        }
+        float f;
+        std::memcpy(&f, &got[j][r], sizeof f);
+        worst = std::max(worst, std::abs(f - want) / std::sqrt(static_cast<double>(s.k)));
+      }
+    }
+    EXPECT_LT(worst, bound);
+    RecordProperty(describe(s), std::to_string(worst));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
+  setenv("GGML_CPU_TILED_MM", "0", /*overwrite=*/1);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
