@@ -9,8 +9,8 @@ LD_LIBRARY_PATH.
            exact vs --no-exact, per build, per weight file (--weights)
   steps    `swarmkv bench --arms shared` at 1 and 16 agents over 3,501 tokens,
            32 greedy tokens: the median step with every agent decoding, and
-           the agents' answers (exact and --no-exact each equal across builds?)
-  answers  with --answers-build BUILD (once, after the trials): the README
+           whether each build's exact answers were the same in every trial
+  answers  (--parts answers --answers-build BUILD, once): the README
            pipeline and the 16-agent pipeline
            (bench/results/prefill-default/sixteen-agents.yaml) under
            --fork shared, host and none, exact, for each --answers-weights
@@ -24,6 +24,8 @@ OUT/answers-BUILD.{json,md}; OUT/command.sh holds the invocations.
 usage: /usr/bin/python3 bench/every_cpu.py --bin build/release/swarmkv
            --native-lib DIR --portable-lib DIR [--weights NAME=GGUF ...]
            [--out bench/results/every-cpu] [--trials 3]
+           [--parts timing|answers|report] [--answers-build native|portable]
+           [--answers-weights GGUF ...]
 """
 import argparse
 import csv
@@ -39,8 +41,7 @@ import yaml
 sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
 import two_builds  # noqa: E402
 
-MODELS = os.path.expanduser(os.environ.get("SWARMKV_MODELS", "~/.cache/swarmkv/models"))
-F16 = os.path.join(MODELS, "SmolLM2-135M-Instruct.F16.gguf")
+F16 = two_builds.MODEL
 STEP_POINTS = [1, 16]
 DOC_TOKENS = 3501
 N_PREDICT = 32
@@ -75,23 +76,6 @@ def prefill(binary, lib, exact, pipeline, model):
     if r.get("exact") != exact:
         sys.exit(f"{' '.join(cmd)}: exact is {r.get('exact')} ({r.get('exact_unavailable')})")
     return {"prefill_tok_s": r["prefix_tokens"] / r["prefill_ms"] * 1000, "prefill_ms": r["prefill_ms"]}
-
-
-def steps(binary, lib, exact, agents, tmp):
-    out = os.path.join(tmp, f"bench-{agents}-{exact}-{os.path.basename(lib.rstrip('/'))}")
-    cmd = [binary, "bench", "--model", F16, "--arms", "shared", "--branches", str(agents),
-           "--doc-tokens", str(DOC_TOKENS), "--n-predict", str(N_PREDICT), "--trials", "1",
-           "--pause-ms", "0", "--out", out]
-    if not exact:
-        cmd.append("--no-exact")
-    run(cmd, lib)
-    with open(os.path.join(out, "best_run.json")) as f:
-        t = json.load(f)["arms"]["shared"]["best_trial"]
-    if not t["ok"]:
-        sys.exit(f"{' '.join(cmd)}: the run failed")
-    s = [x for x in t["generation_step_ms_by_branches"] if x["branches"] == agents]
-    return {"step_ms": s[0]["median_ms"], "prefill_tok_s": t["prefill_tokens_per_s"],
-            "answers": [b["tokens"] for b in t["branches"]]}
 
 
 ANSWER_PIPELINES = [os.path.join("examples", "pipelines", "apache-license.yaml"),
@@ -151,16 +135,20 @@ def main():
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--answers-build", choices=["native", "portable"])
     ap.add_argument("--answers-weights", nargs="*", default=[F16])
-    ap.add_argument("--parts", default="timing,answers",
-                    help="timing (prefill and steps, then report), answers (needs --answers-build), "
-                         "report (report.md, trials.csv and the plot again from results.json)")
+    ap.add_argument("--parts", default="timing",
+                    help="comma-separated: timing (prefill and steps, then report), answers (needs "
+                         "--answers-build), report (report.md, trials.csv and the plot again from results.json)")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
+    if parts - {"timing", "answers", "report"}:
+        ap.error(f"unknown part(s): {', '.join(sorted(parts - {'timing', 'answers', 'report'}))}")
+    if "answers" in parts and not a.answers_build:
+        ap.error("--parts answers needs --answers-build native or portable")
     # OUT/command.sh is written by hand: the run takes two invocations (timing, answers)
     os.makedirs(os.path.join(a.out, "plots"), exist_ok=True)
 
     tmp = tempfile.mkdtemp(prefix="swarmkv-every-cpu-")
-    if "answers" in parts and a.answers_build:
+    if "answers" in parts:
         lib = a.native_lib if a.answers_build == "native" else a.portable_lib
         rows = []
         for model in a.answers_weights:
@@ -195,7 +183,9 @@ def timing(a, tmp):
                     print(f"trial {trial} {build:8} {mode:5} prefill {name:7}: {r['prefill_tok_s']:6.1f} tok/s",
                           flush=True)
                 for n in STEP_POINTS:
-                    r = steps(a.bin, lib, exact, n, tmp)
+                    r = two_builds.bench_run(a.bin, lib, "shared", n, DOC_TOKENS, N_PREDICT, tmp,
+                                             () if exact else ("--no-exact",))
+                    r["prefill_tok_s"] = r.pop("prefill_tokens_per_s")
                     r.update(trial=trial, build=build, mode=mode, part="step", weights="F16", agents=n)
                     rows.append(r)
                     print(f"trial {trial} {build:8} {mode:5} {n:2} agents: step {r['step_ms']:6.1f} ms",
@@ -232,7 +222,7 @@ def report(out):
         return statistics.median(r[key] for r in rows if r["part"] == part and r["build"] == build
                                  and r["mode"] == mode and (r["weights"] if part == "prefill" else r["agents"]) == group)
 
-    def answers(build, mode, n):
+    def answer_sets(build, mode, n):
         return {json.dumps(r["answers"]) for r in rows
                 if r["part"] == "step" and r["build"] == build and r["mode"] == mode and r["agents"] == n}
 
@@ -250,9 +240,9 @@ def report(out):
                 "stock_step_ms": med("step", build, "stock", "step_ms", n),
                 "stock_over_exact": statistics.median(ratios(rows, "step", build, n)),
                 # one set of answers over every trial of the mode on this build
-                "exact_answers_stable": len(answers(build, "exact", n)) == 1})
+                "exact_answers_stable": len(answer_sets(build, "exact", n)) == 1})
     summary["exact_answers_equal_across_builds"] = {
-        str(n): answers("native", "exact", n) == answers("portable", "exact", n) for n in STEP_POINTS}
+        str(n): answer_sets("native", "exact", n) == answer_sets("portable", "exact", n) for n in STEP_POINTS}
 
     with open(path, "w") as f:
         json.dump({"summary": summary, "trials": rows}, f, indent=1)

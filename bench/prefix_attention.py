@@ -25,39 +25,14 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
 import two_builds  # noqa: E402
-MODEL = os.environ.get(
-    "SWARMKV_TEST_MODEL",
-    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
+MODEL = two_builds.MODEL
 POINTS = [(1, 3501), (4, 3501), (16, 3501), (50, 3501), (16, 1024), (16, 7000)]
 N_PREDICT = 32
-
-
-def bench(binary, lib, arm, agents, doc_tokens, tmp):
-    out = os.path.join(tmp, f"{arm}-{agents}-{doc_tokens}")
-    env = two_builds.environment(lib)
-    cmd = [binary, "bench", "--model", MODEL, "--arms", arm, "--branches", str(agents),
-           "--doc-tokens", str(doc_tokens), "--n-predict", str(N_PREDICT), "--trials", "1",
-           "--pause-ms", "0", "--out", out]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
-    with open(os.path.join(out, "best_run.json")) as f:
-        t = json.load(f)["arms"][arm]["best_trial"]
-    if not t["ok"]:
-        sys.exit(f"{' '.join(cmd)}: the run failed")
-    steps = [s for s in t["generation_step_ms_by_branches"] if s["branches"] == agents]
-    return {"end_to_end_ms": t["end_to_end_ms"], "prefill_ms": t["prefill_ms"],
-            "prefill_tokens_per_s": t["prefill_tokens_per_s"],
-            "branch_phase_ms": t["branch_phase_ms"], "peak_rss_kib": t["peak_rss_kib"],
-            "step_ms": steps[0]["median_ms"] if steps else None,
-            "steps": steps[0]["steps"] if steps else 0,
-            "answers": [b["tokens"] for b in t["branches"]]}
 
 
 def main():
@@ -71,7 +46,7 @@ def main():
     for trial in range(a.trials):
         for kernel, lib in (builds if trial % 2 == 0 else builds[::-1]):
             for arm, n, t in work:
-                r = bench(a.bin, lib, arm, n, t, tmp)
+                r = two_builds.bench_run(a.bin, lib, arm, n, t, N_PREDICT, tmp)
                 r.update(trial=trial, kernel=kernel, arm=arm, agents=n, doc_tokens=t)
                 rows.append(r)
                 step = f"step {r['step_ms']:6.1f} ms" if r["step_ms"] is not None else "step    -    "

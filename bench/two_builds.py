@@ -1,15 +1,22 @@
 """What the benches that time one swarmkv binary on two builds of llama.cpp
-share (bench/prefix_attention.py, bench/streaming_prefill.py): their common
-arguments, the command.sh that reproduces a run, and the environment that
-points the binary at one build's lib/ folder (its RUNPATH overridden with
-LD_LIBRARY_PATH).
+share (bench/prefix_attention.py, bench/streaming_prefill.py,
+bench/every_cpu.py): their common arguments, the command.sh that reproduces
+a run, the environment that points the binary at one build's lib/ folder
+(its RUNPATH overridden with LD_LIBRARY_PATH), and one `swarmkv bench` run
+on a build.
 """
 import argparse
+import json
 import os
 import shlex
+import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.environ.get(
+    "SWARMKV_TEST_MODEL",
+    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
 
 
 def arguments(default_out):
@@ -35,3 +42,28 @@ def start(a):
 def environment(lib, base=None):
     """`base` (default: this process's environment) with the build in `lib` first."""
     return dict(os.environ if base is None else base, LD_LIBRARY_PATH=lib)
+
+
+def bench_run(binary, lib, arm, agents, doc_tokens, n_predict, tmp, extra=()):
+    """One `swarmkv bench` trial of `arm` (synthetic document of `doc_tokens` tokens, `agents`
+    agents, `n_predict` tokens each) on the build in `lib`; extra: more arguments (--no-exact).
+    Returns the run's figures: end to end, prefill, branch phase, peak RSS, the median step with
+    every agent decoding (None without one) and each agent's tokens."""
+    out = tempfile.mkdtemp(prefix=f"{arm}-{agents}-{doc_tokens}-", dir=tmp)
+    cmd = [binary, "bench", "--model", MODEL, "--arms", arm, "--branches", str(agents),
+           "--doc-tokens", str(doc_tokens), "--n-predict", str(n_predict), "--trials", "1",
+           "--pause-ms", "0", "--out", out, *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=environment(lib), timeout=1800)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    with open(os.path.join(out, "best_run.json")) as f:
+        t = json.load(f)["arms"][arm]["best_trial"]
+    if not t["ok"]:
+        sys.exit(f"{' '.join(cmd)}: the run failed")
+    steps = [s for s in t["generation_step_ms_by_branches"] if s["branches"] == agents]
+    return {"end_to_end_ms": t["end_to_end_ms"], "prefill_ms": t["prefill_ms"],
+            "prefill_tokens_per_s": t["prefill_tokens_per_s"],
+            "branch_phase_ms": t["branch_phase_ms"], "peak_rss_kib": t["peak_rss_kib"],
+            "step_ms": steps[0]["median_ms"] if steps else None,
+            "steps": steps[0]["steps"] if steps else 0,
+            "answers": [b["tokens"] for b in t["branches"]]}
