@@ -1,6 +1,8 @@
-// The weight products of exact mode (GGML_CPU_SGEMM_SINGLE_ROW=1 and
-// GGML_CPU_TILED_MM=0, as Engine sets them; scripts/patches/ggml-sgemm-
-// single-row.patch) through ggml alone (no model): an activation column
+// The weight products of exact mode (GGML_CPU_SGEMM_SINGLE_ROW=1, as Engine
+// sets it; scripts/patches/ggml-sgemm-single-row.patch: llamafile's sgemm at
+// every column count, and for Q4_K, Q5_K and Q6_K ggml's tiled kernels with
+// their one-column kernel below 8 columns) through ggml alone (no model):
+// an activation column
 // (one token) gets the same bits whatever the other columns of its product
 // (none, a few, more than a tile holds) and the thread count, for every
 // weight type a model file commonly holds; and its result is within
@@ -19,6 +21,7 @@
 #include <gtest/gtest.h>
 
 extern "C" __attribute__((weak)) int ggml_cpu_has_fa_batch_invariant(void);
+extern "C" __attribute__((weak)) int ggml_cpu_has_tiled_batch_invariant(void);
 
 namespace {
 
@@ -97,7 +100,8 @@ bool patched() {
 
 // The weight types of the models people download (F16, BF16, F32 tensors,
 // the legacy and K-quants), rows in fours (llamafile's sgemm) and not
-// (ggml's own dot products), inner sizes of 768 and 2,048.
+// (ggml's own dot products; for K-quants, eights and not: the one-column
+// kernel's lanes), inner sizes of 768 and 2,048.
 struct Shape {
   ggml_type type;
   int k;
@@ -108,7 +112,8 @@ const std::vector<Shape> kShapes = {
     {GGML_TYPE_BF16, 768, 96},  {GGML_TYPE_F32, 768, 96},    {GGML_TYPE_Q8_0, 768, 96},
     {GGML_TYPE_Q8_0, 2048, 98}, {GGML_TYPE_Q4_0, 768, 96},   {GGML_TYPE_Q5_0, 768, 96},
     {GGML_TYPE_Q4_1, 768, 96},  {GGML_TYPE_IQ4_NL, 768, 96}, {GGML_TYPE_Q4_K, 768, 96},
-    {GGML_TYPE_Q5_K, 768, 96},  {GGML_TYPE_Q6_K, 2048, 100},
+    {GGML_TYPE_Q5_K, 768, 96},  {GGML_TYPE_Q6_K, 2048, 100}, {GGML_TYPE_Q4_K, 2048, 100},
+    {GGML_TYPE_Q5_K, 2048, 98}, {GGML_TYPE_Q6_K, 768, 96},
 };
 
 std::string describe(const Shape& s) {
@@ -190,7 +195,8 @@ TEST(MatmulKernelTest, EveryColumnIsWithinRoundingOfDoublePrecision) {
 
 int main(int argc, char** argv) {
   setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
-  setenv("GGML_CPU_TILED_MM", "0", /*overwrite=*/1);
+  // As Engine does: a ggml whose tiles are not batch-invariant keeps them off.
+  if (ggml_cpu_has_tiled_batch_invariant == nullptr) setenv("GGML_CPU_TILED_MM", "0", 1);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

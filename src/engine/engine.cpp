@@ -164,6 +164,9 @@ Model::~Model() = default;
 // Defined by our patch scripts/patches/ggml-fa-batch-invariant.patch only;
 // null with any other ggml.
 extern "C" __attribute__((weak)) int ggml_cpu_has_fa_batch_invariant(void);
+// Defined by scripts/patches/ggml-sgemm-single-row.patch (its tiled K-quant
+// kernels give a column the same bits at every column count).
+extern "C" __attribute__((weak)) int ggml_cpu_has_tiled_batch_invariant(void);
 
 namespace {
 
@@ -176,16 +179,22 @@ bool env_is(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
-// ggml's tiled K-quant matmul (ggml-cpu/tiled) takes over at 8 rows or
-// more, and llamafile's sgemm serves 2 rows or more (one row goes to ggml's
-// vec_dot): each rounds a row other than the kernel below it. The third
-// switch turns on the batch-invariant flash-attention kernel
-// (attention_batch_invariant);
-// it is left as it is when set, so that GGML_CPU_FA_BATCH_INVARIANT=0
-// measures exact mode without it. All are process-wide and read once; the
-// last two exist with our patches only (scripts/patches/).
+// GGML_CPU_SGEMM_SINGLE_ROW=1 makes llamafile's sgemm serve every column
+// count (one column goes to ggml's vec_dot otherwise, which rounds a row
+// other than the tiles) and, with our patch, ggml's tiled K-quant matmul
+// too (Q4_K, Q5_K and Q6_K through its tiles at every column count, one
+// column through a kernel that rounds as they do; other types and MoE
+// products through vec_dot at every count). A ggml without that patch takes
+// the tiles at 8 columns or more and vec_dot below: its tiles are switched
+// off (GGML_CPU_TILED_MM=0). The third switch turns on the batch-invariant
+// flash-attention kernel (attention_batch_invariant); it is left as it is
+// when set, so that GGML_CPU_FA_BATCH_INVARIANT=0 measures exact mode
+// without it. All are process-wide and read once; the first and the third
+// exist with our patches only (scripts/patches/).
 void row_invariant_kernels() {
-  if (env_is("GGML_CPU_TILED_MM", "0") && env_is("GGML_CPU_SGEMM_SINGLE_ROW", "1") &&
+  const bool tiles_invariant = ggml_cpu_has_tiled_batch_invariant != nullptr;
+  if ((tiles_invariant || env_is("GGML_CPU_TILED_MM", "0")) &&
+      env_is("GGML_CPU_SGEMM_SINGLE_ROW", "1") &&
       std::getenv("GGML_CPU_FA_BATCH_INVARIANT") != nullptr) {
     return;
   }
@@ -193,10 +202,10 @@ void row_invariant_kernels() {
     throw Error(ErrorCode::kInvalidArgument,
                 "a model with batch-invariant kernels (exact mode) must be loaded before any "
                 "context of this process has decoded: ggml chooses its kernels once per process "
-                "(or set GGML_CPU_TILED_MM=0, GGML_CPU_SGEMM_SINGLE_ROW=1 and "
-                "GGML_CPU_FA_BATCH_INVARIANT=1 at its start)");
+                "(or set GGML_CPU_SGEMM_SINGLE_ROW=1 and GGML_CPU_FA_BATCH_INVARIANT=1 at its "
+                "start)");
   }
-  setenv("GGML_CPU_TILED_MM", "0", /*overwrite=*/1);  // before any thread reads it
+  if (!tiles_invariant) setenv("GGML_CPU_TILED_MM", "0", /*overwrite=*/1);  // before any read
   setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
   setenv("GGML_CPU_FA_BATCH_INVARIANT", "1", /*overwrite=*/0);
 }
