@@ -3,8 +3,8 @@
 # pinned llama.cpp built by scripts/build-llama.sh and by
 # SWARMKV_NATIVE=0 scripts/build-llama.sh; M: the models (the SmolLM2
 # Q8_0, Q4_0 and Q4_K_M files made from its F16 with that build's
-# llama-quantize). Measured with the builds of the patches at 9004537 (the
-# x86 code of the final ones; the later sgemm change is ARM-only).
+# llama-quantize). Timing measured with the builds of the patches at 6d0cf0d;
+# answers-portable.* with those of 9004537.
 M=${M:-$HOME/.cache/swarmkv/models}
 NATIVE=${NATIVE:-$(scripts/build-llama.sh)/lib}
 PORTABLE=${PORTABLE:-$(SWARMKV_NATIVE=0 scripts/build-llama.sh)/lib}
