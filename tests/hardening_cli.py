@@ -581,6 +581,39 @@ def serve_names_a_busy_port(ctx):
                        "address)")
 
 
+# ------------------------------------------------------------------ pipeline files
+
+
+@case
+def json_pipeline_with_surrogate_pairs_is_read_as_json(ctx):
+    """What Python's json writes for an emoji: a surrogate pair escape."""
+    spec = {"name": "review \U0001F680", "document": {"text": "A doc \U0001F4C4"},
+            "agents": [{"name": "a\U0001F389", "prompt": "Say \U0001F600"}]}
+    p = ctx.write("emoji.json", json.dumps(spec))
+    assert "\\ud83d\\ude80" in open(p).read()
+    rc, out, err = ctx.run("run", p, "--check")
+    assert rc == 0, f"exit {rc}: {err}"
+    assert out == f"{p}: pipeline 'review \U0001F680' is valid: 1 agents, fork shared, document 10 bytes\n", out
+
+
+@case
+def check_of_100k_agents_takes_linear_time(ctx):
+    """100,000 agents, each forking from the one before and naming the first and
+    the one before in its prompt: every graph check is a look-up, not a scan
+    (this took 30 s when names were found by a linear search)."""
+    n = 100000
+    agents = [{"name": "a0", "prompt": "q"}]
+    agents += [{"name": f"a{i}", "prompt": f"{{{{a0}}}} and {{{{a{i - 1}}}}}", "depends_on": f"a{i - 1}",
+                "fork_from": f"a{i - 1}"} for i in range(1, n)]
+    p = ctx.write("many.json", json.dumps({"document": "x", "agents": agents}))
+    start = time.monotonic()
+    rc, out, err = ctx.run("run", p, "--check", timeout=20)
+    took = time.monotonic() - start
+    assert rc == 0, f"exit {rc}: {err}"
+    assert f"is valid: {n} agents" in out, out
+    print(f"run --check of {n} agents: {took:.2f} s")
+
+
 # ------------------------------------------------------------------ engine settings
 
 
