@@ -614,6 +614,34 @@ def check_of_100k_agents_takes_linear_time(ctx):
     print(f"run --check of {n} agents: {took:.2f} s")
 
 
+# ------------------------------------------------------------------ serve's key
+
+
+@case
+def an_empty_api_key_is_refused(ctx):
+    """`--api-key "$KEY"` with KEY unset must not turn auth off."""
+    rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", "--api-key", "")
+    expect(rc, err, 2, "--api-key is empty (an unset variable?): give a key, or leave --api-key out "
+                       "to serve without one")
+    rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", env={"SWARMKV_API_KEY": ""})
+    expect(rc, err, 2, "$SWARMKV_API_KEY is set but empty: give a key, or unset it to serve without one")
+
+
+@case
+def serving_off_loopback_without_a_key_warns(ctx):
+    warning = ("without --api-key: anyone who can reach this port can use the model and read every "
+               "posted run")
+    for host in ("0.0.0.0", "::", "192.168.1.7"):
+        rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", "--host", host)
+        expect(rc, err, 2, "does not exist")  # started: the warning comes before the model
+        assert f"serve: listening on {host} {warning}" in err, err
+    for args in (["--host", "127.0.0.1"], ["--host", "localhost"], ["--host", "::1"],
+                 ["--host", "0.0.0.0", "--api-key", "k"]):
+        rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", *args)
+        expect(rc, err, 2, "does not exist")
+        assert warning not in err, (args, err)
+
+
 # ------------------------------------------------------------------ engine settings
 
 

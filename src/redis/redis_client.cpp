@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "swarmkv/error.h"
+#include "swarmkv/host.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::redis {
@@ -134,20 +135,13 @@ void parse_query(std::string_view query, Url& url, std::string_view shown) {
   }
 }
 
-// What `host` is: AF_INET, AF_INET6, or AF_UNSPEC for a name; and whether
-// it is this machine (127.0.0.0/8, ::1, localhost).
-struct HostKind {
-  int family = AF_UNSPEC;
-  bool loopback = false;
-};
-HostKind host_kind(const std::string& host) {
+// What `host` is: AF_INET, AF_INET6, or AF_UNSPEC for a name.
+int host_family(const std::string& host) {
   in_addr v4{};
   in6_addr v6{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1)
-    return {AF_INET, (ntohl(v4.s_addr) >> 24) == 127};
-  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1)
-    return {AF_INET6, IN6_IS_ADDR_LOOPBACK(&v6) != 0};
-  return {AF_UNSPEC, host == "localhost"};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return AF_INET;
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return AF_INET6;
+  return AF_UNSPEC;
 }
 
 // OpenSSL's queued errors as one text, the queue emptied.
@@ -197,7 +191,7 @@ std::string Url::address() const {
 }
 
 bool Url::clear_text_off_host() const {
-  return !tls && !host_kind(host).loopback;
+  return !tls && !is_loopback_host(host);
 }
 
 Url parse_url(std::string_view text) {
@@ -341,7 +335,7 @@ struct Client::Tls {
                   fmt::format("{}: cannot connect: TLS: {}", url.address(), openssl_errors()));
     }
     X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
-    if (host_kind(url.host).family != AF_UNSPEC) {
+    if (host_family(url.host) != AF_UNSPEC) {
       X509_VERIFY_PARAM_set1_ip_asc(param, url.host.c_str());
     } else {
       // SNI (SSL_set_tlsext_host_name, a macro with a C cast).
