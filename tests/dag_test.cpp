@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -62,6 +64,22 @@ TEST(DagTest, CycleErrorNamesTheClosingEdge) {
 
 // Ready nodes come out lowest first, and a node only once all of its
 // dependencies have succeeded.
+// Every pair of a small DAG against the answer by hand: along the spanning
+// forest (the chain 0 <- 1 <- 2 <- 3) and across it (4 depends on 2 and 5;
+// the forest reaches it through 2, so 5 is found by the search).
+TEST(AncestryTest, AnswersAlongAndAcrossTheSpanningForest) {
+  const std::vector<std::vector<size_t>> deps = {{}, {0}, {1}, {2}, {2, 5}, {0}};
+  Ancestry ancestry(deps);
+  const std::set<std::pair<size_t, size_t>> upstream = {
+      {1, 0}, {2, 0}, {2, 1}, {3, 0}, {3, 1}, {3, 2}, {4, 0}, {4, 1}, {4, 2}, {4, 5}, {5, 0}};
+  for (size_t node = 0; node < deps.size(); ++node) {
+    for (size_t other = 0; other < deps.size(); ++other) {
+      EXPECT_EQ(ancestry.depends_on(node, other), upstream.contains({node, other}))
+          << node << " on " << other;
+    }
+  }
+}
+
 TEST(ReadySetTest, ReleasesDependentsInIndexOrderOnlyWhenAllDependenciesSucceeded) {
   ReadySet r =
       ready_set({{"document", {}}, {"a", {"document"}}, {"b", {"document"}}, {"c", {"b", "a"}}});

@@ -581,6 +581,67 @@ def serve_names_a_busy_port(ctx):
                        "address)")
 
 
+# ------------------------------------------------------------------ pipeline files
+
+
+@case
+def json_pipeline_with_surrogate_pairs_is_read_as_json(ctx):
+    """What Python's json writes for an emoji: a surrogate pair escape."""
+    spec = {"name": "review \U0001F680", "document": {"text": "A doc \U0001F4C4"},
+            "agents": [{"name": "a\U0001F389", "prompt": "Say \U0001F600"}]}
+    p = ctx.write("emoji.json", json.dumps(spec))
+    assert "\\ud83d\\ude80" in open(p).read()
+    rc, out, err = ctx.run("run", p, "--check")
+    assert rc == 0, f"exit {rc}: {err}"
+    assert out == f"{p}: pipeline 'review \U0001F680' is valid: 1 agents, fork shared, document 10 bytes\n", out
+
+
+@case
+def check_of_100k_agents_takes_linear_time(ctx):
+    """100,000 agents, each forking from the one before and naming the first and
+    the one before in its prompt: every graph check is a look-up, not a scan
+    (this took 30 s when names were found by a linear search)."""
+    n = 100000
+    agents = [{"name": "a0", "prompt": "q"}]
+    agents += [{"name": f"a{i}", "prompt": f"{{{{a0}}}} and {{{{a{i - 1}}}}}", "depends_on": f"a{i - 1}",
+                "fork_from": f"a{i - 1}"} for i in range(1, n)]
+    p = ctx.write("many.json", json.dumps({"document": "x", "agents": agents}))
+    start = time.monotonic()
+    rc, out, err = ctx.run("run", p, "--check", timeout=20)
+    took = time.monotonic() - start
+    assert rc == 0, f"exit {rc}: {err}"
+    assert f"is valid: {n} agents" in out, out
+    print(f"run --check of {n} agents: {took:.2f} s")
+
+
+# ------------------------------------------------------------------ serve's key
+
+
+@case
+def an_empty_api_key_is_refused(ctx):
+    """`--api-key "$KEY"` with KEY unset must not turn auth off."""
+    rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", "--api-key", "")
+    expect(rc, err, 2, "--api-key is empty (an unset variable?): give a key, or leave --api-key out "
+                       "to serve without one")
+    rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", env={"SWARMKV_API_KEY": ""})
+    expect(rc, err, 2, "$SWARMKV_API_KEY is set but empty: give a key, or unset it to serve without one")
+
+
+@case
+def serving_off_loopback_without_a_key_warns(ctx):
+    warning = ("without --api-key: anyone who can reach this port can use the model and read every "
+               "posted run")
+    for host in ("0.0.0.0", "::", "192.168.1.7"):
+        rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", "--host", host)
+        expect(rc, err, 2, "does not exist")  # started: the warning comes before the model
+        assert f"serve: listening on {host} {warning}" in err, err
+    for args in (["--host", "127.0.0.1"], ["--host", "localhost"], ["--host", "::1"],
+                 ["--host", "0.0.0.0", "--api-key", "k"]):
+        rc, _, err = ctx.run("serve", "--model", "/nonexistent.gguf", *args)
+        expect(rc, err, 2, "does not exist")
+        assert warning not in err, (args, err)
+
+
 # ------------------------------------------------------------------ engine settings
 
 

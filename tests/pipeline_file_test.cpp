@@ -145,6 +145,37 @@ TEST_F(PipelineFileTest, JsonIsAcceptedToo) {
   EXPECT_EQ(spec.agents.size(), 1u);
 }
 
+// Python's json writes every character outside the BMP as a surrogate pair
+// escape: a .json file is read as JSON, and the pair is one character.
+TEST_F(PipelineFileTest, JsonSurrogatePairsReachTheTextAsTheirCharacters) {
+  const std::string path = write("emoji.json", R"({"name": "p\ud83d\ude80",
+    "system": "Be brief \ud83d\ude00", "document": {"text": "A doc \ud83d\udcc4 \u00e9"},
+    "agents": [{"name": "a\ud83c\udf89", "prompt": "Say \ud83d\ude00", "stop": ["\ud83d\udc4b"],
+                "needs": {"until": "\ud83d\udcc4"}}]})");
+  const PipelineSpec spec = load_pipeline_file(path);
+  EXPECT_EQ(spec.name, "p\U0001F680");
+  EXPECT_EQ(spec.system_prompt, "Be brief \U0001F600");
+  EXPECT_EQ(spec.document, "A doc \U0001F4C4 \u00e9");
+  ASSERT_EQ(spec.agents.size(), 1u);
+  EXPECT_EQ(spec.agents[0].name, "a\U0001F389");
+  EXPECT_EQ(spec.agents[0].prompt, "Say \U0001F600");
+  EXPECT_EQ(spec.agents[0].stop, std::vector<std::string>{"\U0001F44B"});
+  EXPECT_EQ(spec.agents[0].needs.until, "\U0001F4C4");
+  // What JSON itself refuses is named as JSON's error; mistakes name the key.
+  const std::string lone = write("lone.json", R"({"document": "\ud83d", "agents": []})");
+  EXPECT_NE(error_of(lone).find(lone + ": not JSON ("), std::string::npos) << error_of(lone);
+  const std::string twice =
+      write("twice.json",
+            R"({"document": "x", "agents": [{"name": "a", "prompt": "q", "prompt": "r"}]})");
+  EXPECT_EQ(error_of(twice), "invalid_argument: " + twice +
+                                 ": not JSON (key 'prompt' is given twice in one object)");
+  const std::string bad =
+      write("bad.json",
+            R"({"document": "x", "agents": [{"name": "a", "prompt": "q", "top_k": "many"}]})");
+  EXPECT_EQ(error_of(bad),
+            "invalid_argument: " + bad + ": agents[0].top_k must be an integer, got 'many'");
+}
+
 TEST_F(PipelineFileTest, PlaceholdersPrioritiesAndMaxLiveAreRead) {
   const std::string ok = write("chain.yaml",
                                "max_live: 3\nexact: true\ndocument: {text: x}\nagents:\n"
@@ -205,8 +236,10 @@ TEST_F(PipelineFileTest, ASpecSurvivesItsPipelineJson) {
   for (const PipelineSpec& spec :
        {fixtures::spec_with_every_field_set(),
         fixtures::exact_variant(fixtures::spec_with_every_field_set())}) {
-    const PipelineSpec back = parse_pipeline(pipeline_json(spec).dump(), "json", "/elsewhere");
+    const PipelineSpec back = parse_pipeline_json(pipeline_json(spec), "json", "/elsewhere");
     EXPECT_EQ(back, spec) << pipeline_json(back).dump(1);
+    // Its text is YAML too (the same reader, from the other parser).
+    EXPECT_EQ(parse_pipeline(pipeline_json(spec).dump(), "json", "/elsewhere"), spec);
   }
   // An empty model stays out (a worker's own model is used).
   PipelineSpec spec = fixtures::spec_with_every_field_set();
@@ -264,7 +297,7 @@ TEST_F(PipelineFileTest, MistakesAreNamed) {
                 ": kv_type q8_0 needs flash attention: at this llama.cpp a quantised V cache works "
                 "only with flash_attn on");
   const std::string broken = write("broken.yaml", "document: [unclosed\n");
-  EXPECT_NE(error_of(broken).find("not valid YAML/JSON"), std::string::npos);
+  EXPECT_NE(error_of(broken).find("not valid YAML"), std::string::npos);
 }
 
 }  // namespace

@@ -46,6 +46,11 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed = 1) {
 
 // ------------------------------------------------------------------ URLs
 
+// The message parse_url refuses `url` with.
+std::string url_error(const char* url) {
+  return error_of([&] { redis::parse_url(url); }).message;
+}
+
 TEST(RedisUrlTest, PartsAreParsed) {
   const redis::Url u = redis::parse_url("redis://alice:s3cr:et@10.0.0.5:6390/2");
   EXPECT_EQ(u.host, "10.0.0.5");
@@ -103,20 +108,65 @@ TEST(RedisUrlTest, TlsUrlsNameTheirFiles) {
   EXPECT_FALSE(redis::parse_url("redis://localhost").clear_text_off_host());
   EXPECT_EQ(redis::parse_url("rediss://h").ca_file, "");  // the system's CAs
 
-  const auto message = [](const char* url) {
-    return error_of([&] { redis::parse_url(url); }).message;
-  };
-  EXPECT_EQ(message("redis://h?cacert=ca.pem"),
+  EXPECT_EQ(url_error("redis://h?cacert=ca.pem"),
             "redis URL 'redis://h?cacert=ca.pem': 'cacert' is for TLS: write rediss://");
-  EXPECT_EQ(message("rediss://u:secret@h?ca=x"),
+  EXPECT_EQ(url_error("rediss://u:secret@h?ca=x"),
             "redis URL 'rediss://u:***@h?ca=x': unknown parameter 'ca' (rediss:// takes cacert, "
             "cert and key, each a file)");
-  EXPECT_EQ(message("rediss://h?cacert="),
+  EXPECT_EQ(url_error("rediss://h?cacert="),
             "redis URL 'rediss://h?cacert=': 'cacert' names no file");
-  EXPECT_EQ(message("rediss://h?cert=c.pem"),
+  EXPECT_EQ(url_error("rediss://h?cert=c.pem"),
             "redis URL 'rediss://h?cert=c.pem': a client certificate needs both cert= and key=");
-  EXPECT_EQ(message("rediss://h?cacert=a%4"),
+  EXPECT_EQ(url_error("rediss://h?cacert=a%4"),
             "redis URL 'rediss://h?cacert=a%4': '%' in 'a%4' is not followed by two hex digits");
+}
+
+// RFC 3986: the userinfo is what comes before the authority's first '@',
+// and the authority ends at the first '/', '?' or '#'.
+TEST(RedisUrlTest, AnAtInTheQueryLeavesTheHostWhereItIs) {
+  const redis::Url u =
+      redis::parse_url("rediss://:pw@10.0.0.5:6390/1?cert=/home/a@b/c.pem&key=k@.pem");
+  EXPECT_EQ(u.host, "10.0.0.5");
+  EXPECT_EQ(u.port, 6390);
+  EXPECT_EQ(u.db, 1);
+  EXPECT_EQ(u.password, "pw");
+  EXPECT_EQ(u.cert_file, "/home/a@b/c.pem");
+  EXPECT_EQ(u.key_file, "k@.pem");
+  const redis::Url no_password = redis::parse_url("rediss://h:7000?cacert=/x@y/ca.pem");
+  EXPECT_EQ(no_password.host, "h");
+  EXPECT_EQ(no_password.port, 7000);
+  EXPECT_EQ(no_password.password, "");
+  EXPECT_EQ(no_password.ca_file, "/x@y/ca.pem");
+}
+
+TEST(RedisUrlTest, UserAndPasswordArePercentDecoded) {
+  const redis::Url u = redis::parse_url("redis://al%40ice:p%40ss%3Aw%25rd%2F@h:1");
+  EXPECT_EQ(u.user, "al@ice");
+  EXPECT_EQ(u.password, "p@ss:w%rd/");
+  EXPECT_EQ(u.host, "h");
+  EXPECT_EQ(redis::parse_url("redis://:%23%3F@h").password, "#?");
+}
+
+TEST(RedisUrlTest, WhatRfc3986RefusesIsNamedWithoutThePassword) {
+  EXPECT_EQ(url_error("redis://h:"),
+            "redis URL 'redis://h:': the port after ':' is empty (leave out the ':' for 6379)");
+  EXPECT_EQ(url_error("redis://u:pw@[::1]:/2"),
+            "redis URL 'redis://u:***@[::1]:/2': the port after ':' is empty (leave out the ':' "
+            "for 6379)");
+  EXPECT_EQ(url_error("redis://u:p@ss@h:1"),
+            "redis URL 'redis://u:***@h:1': more than one '@' before the host: write an '@' in "
+            "the user name or password as %40");
+  EXPECT_EQ(url_error("redis://:p%4@h"),
+            "redis URL 'redis://:***@h': '%' in the password is not followed by two hex digits");
+  EXPECT_EQ(url_error("redis://h:1/0#top"),
+            "redis URL 'redis://h:1/0#top': a '#' fragment means nothing to Redis (write a '#' "
+            "in a password as %23)");
+  // A '/', '?' or '#' in a password ends the authority early: still masked.
+  EXPECT_EQ(url_error("redis://:pa#ss@h"),
+            "redis URL 'redis://:***@h': a '#' fragment means nothing to Redis (write a '#' in a "
+            "password as %23)");
+  EXPECT_EQ(url_error("redis://:pa/ss@h").find("pa"), std::string::npos)
+      << url_error("redis://:pa/ss@h");
 }
 
 TEST(RedisUrlTest, TheEnvironmentIsTheFallback) {

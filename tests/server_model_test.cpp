@@ -1051,6 +1051,22 @@ json one_agent_pipeline(int max_tokens, const std::string& prompt = "Who is the 
       {"agents", json::array({{{"name", "a"}, {"prompt", prompt}, {"max_tokens", max_tokens}}})}};
 }
 
+// A body as Python's json writes it: characters outside the BMP as
+// surrogate pairs, which come back as themselves in the result.
+TEST_F(ServerTest, APostedPipelineKeepsCharactersOutsideTheBmp) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  const std::string body = R"({"document": {"text": "A licence \ud83d\udcc4 for everyone."},
+    "agents": [{"name": "a\ud83c\udf89", "prompt": "Repeat: \ud83d\ude00", "max_tokens": 2}]})";
+  const auto res = c->Post("/v1/pipelines?stream=false", body, "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json result = json::parse(res->body);
+  ASSERT_EQ(result["agents"].size(), 1u) << res->body;
+  EXPECT_EQ(result["agents"][0]["name"], "a\U0001F389");
+  EXPECT_EQ(result["agents"][0]["status"], "ok") << res->body;
+}
+
 TEST_F(ServerTest, APostedPipelineIsRefusedWithItsReason) {
   ServerOptions options = small_options();
   options.max_pipeline_ctx = 128;

@@ -1,7 +1,9 @@
 // The OpenAI request parser, the pipeline request parser, the streamed text
 // and the error map of `swarmkv serve`, without a model or a socket: each
 // refusal names its field, in OpenAI's error shape.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
@@ -224,7 +226,7 @@ TEST(PipelineRequestTest, EachRefusalIsPrecise) {
             "literal)");
   EXPECT_EQ(pipeline_refusal(R"({"document": "x", "agents": [{"name": "a", "prompt": "b"}],
                                  "n_ctxx": 4})"),
-            "body: unknown key 'n_ctxx' in the pipeline (line 2; allowed: agents, defaults, "
+            "body: unknown key 'n_ctxx' in the pipeline (allowed: agents, defaults, "
             "document, exact, flash_attn, fork, kv_type, max_live, model, n_batch, n_ctx, "
             "n_gpu_layers, n_ubatch, name, system, threads, threads_batch)");
   EXPECT_EQ(pipeline_refusal(R"({"document": "x", "agents": [{"name": "a", "prompt": "{{c}}"}]})",
@@ -243,6 +245,32 @@ TEST(PipelineRequestTest, EachRefusalIsPrecise) {
   small.max_agents = 2;
   EXPECT_EQ(pipeline_refusal(kPipeline, small),
             "agents[0].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
+}
+
+// Python's json writes characters outside the BMP as surrogate pairs: the
+// body is JSON, and each pair is one character of the prompt and document.
+TEST(PipelineRequestTest, SurrogatePairsReachThePipelineAsTheirCharacters) {
+  const PipelineSpec spec = parse_pipeline_request(
+      R"({"document": {"text": "Doc \ud83d\udcc4"}, "system": "\ud83d\ude80",
+          "agents": [{"name": "a\ud83c\udf89", "prompt": "Say \ud83d\ude00"}]})",
+      {});
+  EXPECT_EQ(spec.document, "Doc \U0001F4C4");
+  EXPECT_EQ(spec.system_prompt, "\U0001F680");
+  ASSERT_EQ(spec.agents.size(), 1u);
+  EXPECT_EQ(spec.agents[0].name, "a\U0001F389");
+  EXPECT_EQ(spec.agents[0].prompt, "Say \U0001F600");
+}
+
+// The agent count is a limit on the body, checked before any agent is read
+// or the graph is built: the last agent names one that does not exist,
+// which the graph check would report.
+TEST(PipelineRequestTest, TooManyAgentsAreRefusedBeforeTheirGraphIsChecked) {
+  nlohmann::json body = {{"document", "x"}, {"agents", nlohmann::json::array()}};
+  for (int i = 0; i < 100000; ++i)
+    body["agents"].push_back({{"name", fmt::format("a{}", i)}, {"prompt", "q"}});
+  body["agents"].back()["depends_on"] = "nobody";
+  EXPECT_EQ(pipeline_refusal(body.dump()),
+            "agents: 100000 agents, more than the 64 this server runs in one pipeline");
 }
 
 // ------------------------------------------------------------------ streamed text

@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -149,7 +150,8 @@ struct PipelineSpec {
   // first admitted agents finish sooner, at the cost of throughput.
   int32_t max_live = 0;
 
-  // The index in `agents` of the agent named `agent`, if there is one.
+  // The index in `agents` of the agent named `agent`, if there is one: a
+  // scan of the agents (a loop over them all looks names up in a map).
   std::optional<size_t> agent_index(std::string_view agent) const;
   bool any_needs() const;      // an agent reads only part of the document
   bool any_fork_from() const;  // an agent continues another's conversation
@@ -190,13 +192,13 @@ ModelOptions model_options(const PipelineSpec& spec);
 const PipelineSpec& exact_settled(const PipelineSpec& spec, const Model& model,
                                   std::optional<PipelineSpec>& storage);
 
-// Loads a pipeline file (YAML, or JSON, which YAML reads too) and checks it
-// with validate_pipeline. Relative `document.file` and `model` paths are
-// resolved against the file's directory. Throws Error(kNotFound) for a
-// missing file (or document file), Error(kInvalidArgument) for a directory,
-// for malformed content naming the file, the key and its line (unknown or
-// repeated keys, empty values, wrong types, numbers out of range), and what
-// validate_pipeline throws, prefixed with the file's path.
+// Loads a pipeline file and checks it with validate_pipeline: a file whose
+// name ends in .json is read as JSON (read_pipeline_json, then
+// parse_pipeline_json), any other as YAML; both by the same rules. Relative `document.file` and
+// `model` paths are resolved against the file's directory. Throws Error(kNotFound) for a missing
+// file (or document file), Error(kInvalidArgument) for a directory, for malformed content naming
+// the file, the key and its line (unknown or repeated keys, empty values, wrong types, numbers out
+// of range), and what validate_pipeline throws, prefixed with the file's path.
 PipelineSpec load_pipeline_file(const std::string& path);
 
 // The same from text: `origin` names it in messages, `base_dir` resolves
@@ -204,8 +206,20 @@ PipelineSpec load_pipeline_file(const std::string& path);
 PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
                             const std::string& base_dir);
 
+// JSON text as a pipeline's tree for parse_pipeline_json: JSON's own rules
+// (surrogate pair escapes are one character), and besides them a key given
+// twice in one object and nesting deeper than 16 levels are refused. Throws
+// Error(kInvalidArgument) "<origin>: not JSON (<why>)".
+nlohmann::json read_pipeline_json(std::string_view text, const std::string& origin);
+
+// parse_pipeline from JSON already parsed (read_pipeline_json, a request
+// body, a job message): the same keys, checks and messages, except that
+// JSON keeps no line numbers, so messages name the key alone.
+PipelineSpec parse_pipeline_json(const nlohmann::json& pipeline, const std::string& origin,
+                                 const std::string& base_dir);
+
 // `spec` as the JSON of a pipeline file, every setting written out and the
-// document as {"text": ...}: parse_pipeline of its dump() gives back `spec`
+// document as {"text": ...}: parse_pipeline_json of it gives back `spec`
 // except document_source (which becomes "text"). `model` is left out when
 // empty. The cluster's job messages and POST /v1/pipelines carry this form.
 nlohmann::json pipeline_json(const PipelineSpec& spec);

@@ -42,11 +42,14 @@ struct Url {
   bool clear_text_off_host() const;
 };
 
-// Parses redis[s]://[user[:password]@]host[:port][/db][?query]; a password
-// may also be given alone as redis://:password@host. The query, for rediss://
-// only, names files: cacert, cert and key (%XX escapes decoded, so %40 and
-// %26 stand for '@' and '&'). Throws Error(kInvalidArgument) naming what is
-// wrong (the password is never echoed).
+// Parses redis[s]://[user[:password]@]host[:port][/db][?query] by RFC 3986:
+// the authority ends at the first '/', '?' or '#', its userinfo at its first
+// '@'; user and password are %XX-decoded (%40 for '@'). A password may also
+// be given alone as redis://:password@host. The query, for rediss:// only,
+// names files: cacert, cert and key (%XX escapes decoded, so %40 and %26
+// stand for '@' and '&'). Throws Error(kInvalidArgument) naming what is
+// wrong (the password is never echoed): among others a second '@' before
+// the host, an empty port ("host:"), a '#' fragment.
 Url parse_url(std::string_view text);
 
 // `explicit_url` when not empty, else $SWARMKV_REDIS. Throws

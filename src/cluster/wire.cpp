@@ -32,7 +32,7 @@ nlohmann::json spec_to_json(const PipelineSpec& spec, GuardPolicy guard) {
 
 PipelineSpec spec_from_json(const nlohmann::json& j, GuardPolicy* guard) {
   try {
-    PipelineSpec spec = parse_pipeline(j.at("pipeline").dump(), "pipeline", "");
+    PipelineSpec spec = parse_pipeline_json(j.at("pipeline"), "pipeline", "");
     j.at("document_source").get_to(spec.document_source);
     if (guard != nullptr) *guard = parse_guard_policy(j.at("guard").get<std::string>());
     return spec;

@@ -185,17 +185,49 @@ void run_on_workers(ReadySet& ready, size_t workers, const std::function<void(si
   for (auto& t : helpers) t.join();
 }
 
-std::vector<bool> upstream_of(const std::vector<std::vector<size_t>>& deps, size_t node) {
-  std::vector<bool> seen(deps.size(), false);
-  std::vector<size_t> todo = deps.at(node);
+Ancestry::Ancestry(const std::vector<std::vector<size_t>>& deps)
+    : deps_(deps), enter_(deps.size(), 0), leave_(deps.size(), 0), seen_(deps.size(), 0) {
+  std::vector<std::vector<size_t>> dependents(deps.size());
+  for (size_t n = 0; n < deps.size(); ++n)
+    for (const size_t d : deps[n]) dependents[d].push_back(n);
+  // Iterative DFS from every root down the dependents: a node's forest
+  // parent is the first dependency the walk reached it from. Clock 0 means
+  // "not entered".
+  size_t clock = 0;
+  std::vector<std::pair<size_t, size_t>> stack;  // (node, next dependent)
+  for (size_t root = 0; root < deps.size(); ++root) {
+    if (!deps[root].empty() || enter_[root] != 0) continue;
+    enter_[root] = ++clock;
+    stack.emplace_back(root, 0);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next == dependents[node].size()) {
+        leave_[node] = ++clock;
+        stack.pop_back();
+        continue;
+      }
+      const size_t child = dependents[node][next++];
+      if (enter_[child] != 0) continue;
+      enter_[child] = ++clock;
+      stack.emplace_back(child, 0);
+    }
+  }
+}
+
+bool Ancestry::depends_on(size_t node, size_t ancestor) {
+  if (node == ancestor) return false;
+  if (forest_ancestor(ancestor, node)) return true;
+  ++query_;
+  std::vector<size_t> todo = deps_.at(node);
   while (!todo.empty()) {
     const size_t d = todo.back();
     todo.pop_back();
-    if (seen[d]) continue;
-    seen[d] = true;
-    todo.insert(todo.end(), deps[d].begin(), deps[d].end());
+    if (d == ancestor || forest_ancestor(ancestor, d)) return true;
+    if (seen_[d] == query_) continue;
+    seen_[d] = query_;
+    todo.insert(todo.end(), deps_[d].begin(), deps_[d].end());
   }
-  return seen;
+  return false;
 }
 
 }  // namespace swarmkv::detail

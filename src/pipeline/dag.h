@@ -28,9 +28,28 @@ struct DagNode {
 // DFS; `a -> b` means a depends on b).
 std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes);
 
-// Which nodes `node` depends on, directly or not (indexed like `deps`, the
-// result of resolve_dag).
-std::vector<bool> upstream_of(const std::vector<std::vector<size_t>>& deps, size_t node);
+// Answers "does `node` depend on `ancestor`, directly or not" over the
+// result of resolve_dag (`deps`, which must outlive it). Built in O(n + e):
+// interval labels on a spanning forest of the graph answer in O(1) for an
+// ancestor along the forest (every one when each node has at most one
+// dependency besides a common root, as in a chain); otherwise a search up
+// the dependencies that stops where the labels or the ancestor are met.
+// Thread-compatible (a query uses scratch space).
+class Ancestry {
+ public:
+  explicit Ancestry(const std::vector<std::vector<size_t>>& deps);
+  bool depends_on(size_t node, size_t ancestor);
+
+ private:
+  // `ancestor` is above `node` in the spanning forest.
+  bool forest_ancestor(size_t ancestor, size_t node) const {
+    return enter_[ancestor] < enter_[node] && leave_[node] <= leave_[ancestor];
+  }
+  const std::vector<std::vector<size_t>>& deps_;
+  std::vector<size_t> enter_, leave_;  // DFS clock over the forest of dependents
+  std::vector<size_t> seen_;           // the query that last visited each node
+  size_t query_ = 0;
+};
 
 // The nodes of a validated DAG with their state. Not thread-safe: the caller
 // serialises access (one scheduler thread, or its own mutex).

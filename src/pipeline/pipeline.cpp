@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -40,6 +42,15 @@ std::vector<detail::DagNode> dag_nodes(const PipelineSpec& spec) {
     nodes.push_back(std::move(node));
   }
   return nodes;
+}
+
+// Each agent's index by name, the first of a repeated name as agent_index
+// gives it: a look-up per reference instead of a scan of the agents.
+std::unordered_map<std::string_view, size_t> agent_indices(const PipelineSpec& spec) {
+  std::unordered_map<std::string_view, size_t> out;
+  out.reserve(spec.agents.size());
+  for (size_t i = 0; i < spec.agents.size(); ++i) out.emplace(spec.agents[i].name, i);
+  return out;
 }
 
 // The document is text with something in it; so is the system prompt.
@@ -314,6 +325,11 @@ void validate_pipeline(const PipelineSpec& spec) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("max_live must be >= 0 (0: as many as fit; got {})", spec.max_live));
   }
+  const std::unordered_map<std::string_view, size_t> index = agent_indices(spec);
+  const auto index_of = [&](std::string_view name) -> std::optional<size_t> {
+    const auto it = index.find(name);
+    return it == index.end() ? std::nullopt : std::optional<size_t>(it->second);
+  };
   for (const AgentSpec& a : spec.agents) {
     if (a.needs.tokens < 0) {
       throw Error(
@@ -336,7 +352,7 @@ void validate_pipeline(const PipelineSpec& spec) {
                               a.name));
     }
     if (a.fork_from.empty()) continue;
-    const std::optional<size_t> parent = spec.agent_index(a.fork_from);
+    const std::optional<size_t> parent = index_of(a.fork_from);
     if (parent && spec.agents[*parent].needs.any()) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent '{}': fork_from names '{}', which reads only part of the "
@@ -352,18 +368,16 @@ void validate_pipeline(const PipelineSpec& spec) {
     }
   }
   const std::vector<std::vector<size_t>> deps = detail::resolve_dag(dag_nodes(spec));
+  detail::Ancestry ancestry(deps);
   for (size_t i = 0; i < spec.agents.size(); ++i) {
-    const std::vector<PromptPlaceholder> holes = prompt_placeholders(spec.agents[i].prompt);
-    if (holes.empty()) continue;
-    const std::vector<bool> upstream = detail::upstream_of(deps, i + 1);
-    for (const PromptPlaceholder& h : holes) {
-      const std::optional<size_t> named = spec.agent_index(h.name);
+    for (const PromptPlaceholder& h : prompt_placeholders(spec.agents[i].prompt)) {
+      const std::optional<size_t> named = index_of(h.name);
       if (!named) {
         throw Error(ErrorCode::kGraph,
                     fmt::format("agent '{}': placeholder {{{{{}}}}} names unknown agent '{}'",
                                 spec.agents[i].name, h.name, h.name));
       }
-      if (!upstream[*named + 1]) {
+      if (!ancestry.depends_on(i + 1, *named + 1)) {
         throw Error(ErrorCode::kGraph,
                     fmt::format("agent '{}': placeholder {{{{{}}}}} names agent '{}', which is not "
                                 "among its dependencies (add '{}' to depends_on)",
@@ -526,7 +540,8 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& given, const Model& model)
   out.turn_close = split.turn_close;
   locate_document(spec, model, split, out);
   // validate_pipeline made sure that every name below is an agent's.
-  const auto index_of = [&](const std::string& name) { return *spec.agent_index(name); };
+  const std::unordered_map<std::string_view, size_t> index = agent_indices(spec);
+  const auto index_of = [&](const std::string& name) { return index.at(name); };
   // Each agent's own prompt: tokenised now, or, with placeholders, counted
   // as the prompt without them plus each named agent's max_tokens.
   std::vector<int64_t> own;

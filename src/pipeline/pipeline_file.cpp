@@ -1,8 +1,11 @@
-// Pipeline files: YAML (JSON is read as YAML too).
+// Pipeline files: YAML, or JSON read as JSON (nlohmann) and handed to the
+// same reader as a YAML tree, so that both follow one set of rules.
+#include <cctype>
 #include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
+#include <string_view>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -23,6 +26,11 @@ class Reader {
   [[noreturn]] void bad(const std::string& what) const {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", origin_, what));
   }
+  // " (line N)" for a node read from YAML text; "" for one made from JSON,
+  // whose parser keeps no positions (its messages name the key alone).
+  static std::string at(const YAML::Node& node) {
+    return node.Mark().is_null() ? std::string() : fmt::format(" (line {})", node.Mark().line + 1);
+  }
   static int line(const YAML::Node& node) { return node.Mark().line + 1; }
 
   // Unknown keys are errors: a typo ("max_token") must not be silently
@@ -32,13 +40,14 @@ class Reader {
     std::map<std::string, int> seen;
     for (const auto& kv : node) {
       if (!kv.first.IsScalar())
-        bad(fmt::format("{} has a key that is not a name (line {})", where, line(kv.first)));
+        bad(fmt::format("{} has a key that is not a name{}", where, at(kv.first)));
       const auto key = kv.first.Scalar();
       if (!allowed.contains(key)) {
         std::string list;
         for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-        bad(fmt::format("unknown key '{}' in {} (line {}; allowed: {})", key, where, line(kv.first),
-                        list));
+        const std::string line_of =
+            kv.first.Mark().is_null() ? "" : fmt::format("line {}; ", line(kv.first));
+        bad(fmt::format("unknown key '{}' in {} ({}allowed: {})", key, where, line_of, list));
       }
       if (const auto [it, fresh] = seen.emplace(key, line(kv.first)); !fresh) {
         bad(fmt::format("key '{}' is given twice in {} (lines {} and {})", key, where, it->second,
@@ -49,10 +58,10 @@ class Reader {
 
   // A scalar value; an empty one (`prompt:`) is an error, not the text "null".
   YAML::Node scalar(const YAML::Node& value, const std::string& what) const {
-    if (value.IsNull()) bad(fmt::format("{} has no value (line {})", what, line(value)));
+    if (value.IsNull()) bad(fmt::format("{} has no value{}", what, at(value)));
     if (!value.IsScalar()) {
-      bad(fmt::format("{} must be a single value, not a {} (line {})", what,
-                      value.IsSequence() ? "list" : "mapping", line(value)));
+      bad(fmt::format("{} must be a single value, not a {}{}", what,
+                      value.IsSequence() ? "list" : "mapping", at(value)));
     }
     return value;
   }
@@ -72,12 +81,10 @@ class Reader {
     try {
       out = v.as<int64_t>();
     } catch (const YAML::Exception&) {
-      bad(fmt::format("{}.{} must be an integer, got '{}' (line {})", where, key, v.Scalar(),
-                      line(v)));
+      bad(fmt::format("{}.{} must be an integer, got '{}'{}", where, key, v.Scalar(), at(v)));
     }
     if (out < lo || out > hi) {
-      bad(fmt::format("{}.{} must be in {}..{}, got {} (line {})", where, key, lo, hi, out,
-                      line(v)));
+      bad(fmt::format("{}.{} must be in {}..{}, got {}{}", where, key, lo, hi, out, at(v)));
     }
     return out;
   }
@@ -89,8 +96,7 @@ class Reader {
     try {
       return v.as<bool>();
     } catch (const YAML::Exception&) {
-      bad(fmt::format("{}.{} must be true or false, got '{}' (line {})", where, key, v.Scalar(),
-                      line(v)));
+      bad(fmt::format("{}.{} must be true or false, got '{}'{}", where, key, v.Scalar(), at(v)));
     }
   }
 
@@ -101,8 +107,7 @@ class Reader {
     try {
       return v.as<float>();
     } catch (const YAML::Exception&) {
-      bad(fmt::format("{}.{} must be a number, got '{}' (line {})", where, key, v.Scalar(),
-                      line(v)));
+      bad(fmt::format("{}.{} must be a number, got '{}'{}", where, key, v.Scalar(), at(v)));
     }
   }
 
@@ -112,8 +117,7 @@ class Reader {
     if (!v) return {};
     if (v.IsScalar()) return {v.Scalar()};
     if (!v.IsSequence()) {
-      bad(fmt::format("{}.{} must be a string or a list of strings (line {})", where, key,
-                      line(v)));
+      bad(fmt::format("{}.{} must be a string or a list of strings{}", where, key, at(v)));
     }
     std::vector<std::string> out;
     for (size_t i = 0; i < v.size(); ++i)
@@ -158,7 +162,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     try {
       spec.kv_type = parse_kv_type(r.text(root, "kv_type", "", top));
     } catch (const Error& e) {
-      r.bad(fmt::format("{} (line {})", e.message(), Reader::line(root["kv_type"])));
+      r.bad(e.message() + Reader::at(root["kv_type"]));
     }
   }
   spec.system_prompt = r.text(root, "system", spec.system_prompt, top);
@@ -166,7 +170,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     try {
       spec.fork = parse_fork_mode(r.text(root, "fork", "", top));
     } catch (const Error& e) {
-      r.bad(fmt::format("{} (line {})", e.message(), Reader::line(root["fork"])));
+      r.bad(e.message() + Reader::at(root["fork"]));
     }
   }
   const std::filesystem::path base(base_dir);
@@ -181,8 +185,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     spec.document_source = "text";
   } else {
     if (!doc.IsMap())
-      r.bad(fmt::format("'document' must be a mapping with 'file' or 'text' (line {})",
-                        Reader::line(doc)));
+      r.bad(fmt::format("'document' must be a mapping with 'file' or 'text'{}", Reader::at(doc)));
     r.check_keys(doc, {"file", "text"}, "document");
     if (doc["file"] && doc["text"]) r.bad("document: give either 'file' or 'text', not both");
     if (doc["file"]) {
@@ -217,7 +220,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     try {
       validate_sampling(s);
     } catch (const Error& e) {
-      r.bad(fmt::format("{} (line {}): {}", where, Reader::line(n), e.message()));
+      r.bad(fmt::format("{}{}: {}", where, Reader::at(n), e.message()));
     }
   };
   const auto read_stop = [&](const YAML::Node& n, const std::string& where) {
@@ -226,8 +229,8 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
       if (s.empty()) {
         r.bad(
             fmt::format("{}.stop holds an empty string, which would end every answer before "
-                        "its first token (line {})",
-                        where, Reader::line(n["stop"])));
+                        "its first token{}",
+                        where, Reader::at(n["stop"])));
       }
     }
     return stop;
@@ -237,7 +240,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   agent_keys.insert(sampling_keys.begin(), sampling_keys.end());
   AgentSpec defaults;
   if (const YAML::Node d = root["defaults"]) {
-    if (!d.IsMap()) r.bad(fmt::format("'defaults' must be a mapping (line {})", Reader::line(d)));
+    if (!d.IsMap()) r.bad(fmt::format("'defaults' must be a mapping{}", Reader::at(d)));
     std::set<std::string> default_keys = {"max_tokens", "stop"};
     default_keys.insert(sampling_keys.begin(), sampling_keys.end());
     r.check_keys(d, default_keys, "defaults");
@@ -252,13 +255,13 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   for (size_t i = 0; i < agents.size(); ++i) {
     const YAML::Node a = agents[i];
     const std::string where = fmt::format("agents[{}]", i);
-    if (!a.IsMap()) r.bad(fmt::format("{} must be a mapping (line {})", where, Reader::line(a)));
+    if (!a.IsMap()) r.bad(fmt::format("{} must be a mapping{}", where, Reader::at(a)));
     r.check_keys(a, agent_keys, where);
     AgentSpec agent = defaults;
-    if (!a["name"]) r.bad(fmt::format("{} needs a 'name' (line {})", where, Reader::line(a)));
+    if (!a["name"]) r.bad(fmt::format("{} needs a 'name'{}", where, Reader::at(a)));
     agent.name = r.text(a, "name", "", where);
-    if (!a["prompt"]) r.bad(fmt::format("{} needs a 'prompt' (line {})", where, Reader::line(a)));
-    if (a["prompt"].IsMap()) {
+    if (!a["prompt"]) r.bad(fmt::format("{} needs a 'prompt'{}", where, Reader::at(a)));
+    if (a["prompt"].IsMap() && !a["prompt"].Mark().is_null()) {  // YAML's '{' trap
       r.bad(
           fmt::format("{}.prompt is a mapping, not text (line {}): in YAML a value that starts "
                       "with '{{' is one; quote a prompt that starts with a placeholder: prompt: "
@@ -274,16 +277,15 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
     agent.fork_from = r.text(a, "fork_from", "", where);
     if (const YAML::Node n = a["needs"]) {
       if (!n.IsMap()) {
-        r.bad(fmt::format(
-            "{}.needs must be a mapping: {{tokens: N}} or {{until: \"text\"}} (line {})", where,
-            Reader::line(n)));
+        r.bad(fmt::format("{}.needs must be a mapping: {{tokens: N}} or {{until: \"text\"}}{}",
+                          where, Reader::at(n)));
       }
       r.check_keys(n, {"tokens", "until"}, where + ".needs");
       agent.needs.tokens =
           static_cast<int32_t>(r.integer(n, "tokens", 0, 1, kMaxInt32, where + ".needs"));
       agent.needs.until = r.text(n, "until", "", where + ".needs");
       if (n["until"] && agent.needs.until.empty())
-        r.bad(fmt::format("{}.needs.until is empty (line {})", where, Reader::line(n["until"])));
+        r.bad(fmt::format("{}.needs.until is empty{}", where, Reader::at(n["until"])));
     }
     agent.priority =
         static_cast<int32_t>(r.integer(a, "priority", agent.priority, -(1 << 20), 1 << 20, where));
@@ -298,12 +300,44 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   return spec;
 }
 
+// The deepest a pipeline nests (the pipeline, agents, an agent, its stop
+// list or needs, a value), with room to spare: a deeper tree is refused
+// before it is walked.
+constexpr int kMaxJsonDepth = 16;
+
+// A JSON value as the YAML tree the reader takes: scalars as their text
+// (a number as JSON writes it, so that nothing is rounded on the way), keys
+// in their order. No positions: the reader's messages name keys alone.
+YAML::Node yaml_tree(const nlohmann::json& j, const Reader& r, int depth = 0) {
+  if (depth > kMaxJsonDepth) r.bad(fmt::format("nested deeper than {} levels", kMaxJsonDepth));
+  switch (j.type()) {
+    case nlohmann::json::value_t::null:
+    case nlohmann::json::value_t::discarded:
+      return YAML::Node(YAML::NodeType::Null);
+    case nlohmann::json::value_t::string:
+      return YAML::Node(j.get_ref<const std::string&>());
+    case nlohmann::json::value_t::array: {
+      YAML::Node out(YAML::NodeType::Sequence);
+      for (const nlohmann::json& v : j) out.push_back(yaml_tree(v, r, depth + 1));
+      return out;
+    }
+    case nlohmann::json::value_t::object: {
+      YAML::Node out(YAML::NodeType::Map);
+      // force_insert: no look-up per key (a JSON object's keys are unique).
+      for (const auto& [key, v] : j.items()) out.force_insert(key, yaml_tree(v, r, depth + 1));
+      return out;
+    }
+    default:  // booleans and numbers
+      return YAML::Node(j.dump());
+  }
+}
+
 // A plain YAML value cannot start with '{{' (it opens a mapping): the usual
 // cause of a parse error in a file with placeholders.
 std::string yaml_error(const std::string& origin, const std::string& text,
                        const YAML::Exception& e) {
   const bool placeholder = text.find(": {{") != std::string::npos;
-  return fmt::format("{}: not valid YAML/JSON: {}{}", origin, e.what(),
+  return fmt::format("{}: not valid YAML: {}{}", origin, e.what(),
                      placeholder ? " (a value that starts with '{{' must be quoted: prompt: "
                                    "\"{{name}} ...\")"
                                  : "");
@@ -318,11 +352,95 @@ PipelineSpec parse_text(const std::string& text, const std::string& origin,
   }
 }
 
+PipelineSpec parse_json(const nlohmann::json& pipeline, const std::string& origin,
+                        const std::string& base_dir, const std::string& default_name) {
+  return parse(yaml_tree(pipeline, Reader(origin)), origin, base_dir, default_name);
+}
+
+// What JSON allows and a pipeline does not, found before a tree is built:
+// a key given twice in one object (nlohmann keeps the last, silently, where
+// the YAML reader refuses it) and nesting deeper than a pipeline's.
+class JsonShapeCheck final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit JsonShapeCheck(const std::string& origin) : origin_(origin) {}
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open(true);
+    return true;
+  }
+  bool key(string_t& key) override {
+    if (!keys_.back().insert(key).second) {
+      refuse(fmt::format("key '{}' is given twice in one object", key));
+    }
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    open(false);
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  // The tree's parse names it.
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  void open(bool object) {
+    if (++depth_ > kMaxJsonDepth)
+      refuse(fmt::format("nested deeper than {} levels", kMaxJsonDepth));
+    if (object) keys_.emplace_back();
+  }
+  [[noreturn]] void refuse(const std::string& what) const {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: not JSON ({})", origin_, what));
+  }
+  const std::string& origin_;
+  int depth_ = 0;
+  std::vector<std::set<std::string>> keys_;  // per open object, the keys seen so far
+};
+
+bool is_json_file(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".json";
+}
+
 }  // namespace
 
 PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
                             const std::string& base_dir) {
   return parse_text(yaml, origin, base_dir, "pipeline");
+}
+
+nlohmann::json read_pipeline_json(std::string_view text, const std::string& origin) {
+  // A first pass that builds nothing (nlohmann's parser callback would do
+  // it in one, but rescans an array at each of its objects' ends), then the
+  // tree; syntax errors are the second pass's.
+  JsonShapeCheck shape(origin);
+  nlohmann::json::sax_parse(text, &shape);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: not JSON ({})", origin, e.what()));
+  }
+}
+
+PipelineSpec parse_pipeline_json(const nlohmann::json& pipeline, const std::string& origin,
+                                 const std::string& base_dir) {
+  return parse_json(pipeline, origin, base_dir, "pipeline");
 }
 
 nlohmann::json needs_json(const DocumentNeeds& needs) {
@@ -365,9 +483,11 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
 }
 
 PipelineSpec load_pipeline_file(const std::string& path) {
-  return parse_text(read_file(path, "pipeline file"), path,
-                    std::filesystem::path(path).parent_path().string(),
-                    std::filesystem::path(path).stem().string());
+  const std::string text = read_file(path, "pipeline file");
+  const std::string base_dir = std::filesystem::path(path).parent_path().string();
+  const std::string name = std::filesystem::path(path).stem().string();
+  if (is_json_file(path)) return parse_json(read_pipeline_json(text, path), path, base_dir, name);
+  return parse_text(text, path, base_dir, name);
 }
 
 }  // namespace swarmkv

@@ -9,6 +9,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "swarmkv/error.h"
+#include "swarmkv/host.h"
 #include "swarmkv/log.h"
 
 namespace swarmkv::redis {
@@ -72,8 +74,10 @@ int parse_int(std::string_view text, std::string_view what, std::string_view url
   return v;
 }
 
-// The URL's %XX escapes decoded (a query value's '@', '&', '%').
-std::string percent_decoded(std::string_view text, std::string_view url) {
+// The URL's %XX escapes decoded (a query value's '@', '&', '%'; a
+// password's '@', ':', '/'). `what` names the text in an error, so that a
+// password is never echoed.
+std::string percent_decoded(std::string_view text, std::string_view url, std::string_view what) {
   std::string out;
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] != '%') {
@@ -88,7 +92,7 @@ std::string percent_decoded(std::string_view text, std::string_view url) {
     if (v < 0) {
       throw Error(
           ErrorCode::kInvalidArgument,
-          fmt::format("redis URL '{}': '%' in '{}' is not followed by two hex digits", url, text));
+          fmt::format("redis URL '{}': '%' in {} is not followed by two hex digits", url, what));
     }
     out += static_cast<char>(v);
     i += 2;
@@ -106,7 +110,9 @@ void parse_query(std::string_view query, Url& url, std::string_view shown) {
     const size_t eq = pair.find('=');
     const std::string_view name = pair.substr(0, eq);
     const std::string value =
-        eq == std::string_view::npos ? std::string() : percent_decoded(pair.substr(eq + 1), shown);
+        eq == std::string_view::npos
+            ? std::string()
+            : percent_decoded(pair.substr(eq + 1), shown, fmt::format("'{}'", pair.substr(eq + 1)));
     std::string* field = name == "cacert" ? &url.ca_file
                          : name == "cert" ? &url.cert_file
                          : name == "key"  ? &url.key_file
@@ -134,20 +140,40 @@ void parse_query(std::string_view query, Url& url, std::string_view shown) {
   }
 }
 
-// What `host` is: AF_INET, AF_INET6, or AF_UNSPEC for a name; and whether
-// it is this machine (127.0.0.0/8, ::1, localhost).
-struct HostKind {
-  int family = AF_UNSPEC;
-  bool loopback = false;
-};
-HostKind host_kind(const std::string& host) {
+// The URL as messages may show it: after the userinfo's first ':', all up
+// to the authority's last '@' masked. Where a '/', '?' or '#' in a password
+// cut the authority short (what follows its ':' is no port), up to the
+// URL's last '@'. Never the password, however the URL is malformed.
+std::string shown_url(std::string_view text) {
+  const size_t scheme_end = text.find("://");
+  if (scheme_end == std::string_view::npos) return std::string(text);
+  const size_t from = scheme_end + 3;
+  const size_t end = std::min(text.find_first_of("/?#", from), text.size());
+  const std::string_view authority = text.substr(from, end - from);
+  size_t at = authority.rfind('@');
+  if (at != std::string_view::npos) {
+    at += from;
+  } else {
+    const size_t bracket = !authority.empty() && authority.front() == '[' ? authority.find(']') : 0;
+    const size_t colon = authority.find(':', bracket == std::string_view::npos ? 0 : bracket);
+    const std::string_view after =
+        colon == std::string_view::npos ? std::string_view() : authority.substr(colon + 1);
+    const bool port = after.find_first_not_of("0123456789") == std::string_view::npos;
+    if (colon == std::string_view::npos || port) return std::string(text);
+    at = text.rfind('@');
+  }
+  const size_t colon = text.find(':', from);
+  if (at == std::string_view::npos || at < from || colon >= at) return std::string(text);
+  return std::string(text.substr(0, colon + 1)) + "***" + std::string(text.substr(at));
+}
+
+// What `host` is: AF_INET, AF_INET6, or AF_UNSPEC for a name.
+int host_family(const std::string& host) {
   in_addr v4{};
   in6_addr v6{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1)
-    return {AF_INET, (ntohl(v4.s_addr) >> 24) == 127};
-  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1)
-    return {AF_INET6, IN6_IS_ADDR_LOOPBACK(&v6) != 0};
-  return {AF_UNSPEC, host == "localhost"};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return AF_INET;
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return AF_INET6;
+  return AF_UNSPEC;
 }
 
 // OpenSSL's queued errors as one text, the queue emptied.
@@ -197,20 +223,12 @@ std::string Url::address() const {
 }
 
 bool Url::clear_text_off_host() const {
-  return !tls && !host_kind(host).loopback;
+  return !tls && !is_loopback_host(host);
 }
 
 Url parse_url(std::string_view text) {
   Url url;
-  // The URL as messages may show it: without what follows a ':' in the userinfo.
-  std::string shown(text);
-  const size_t scheme_end = text.find("://");
-  const size_t at = text.rfind('@');
-  if (scheme_end != std::string_view::npos && at != std::string_view::npos &&
-      text.substr(0, at).find(':', scheme_end + 3) != std::string_view::npos) {
-    shown = std::string(text.substr(0, text.substr(0, at).find(':', scheme_end + 3))) + ":***" +
-            std::string(text.substr(at));
-  }
+  const std::string shown = shown_url(text);
   std::string_view rest;
   if (text.substr(0, 8) == "redis://") {
     rest = text.substr(8);
@@ -223,46 +241,69 @@ Url parse_url(std::string_view text) {
                             "(redis[s]://[user[:password]@]host[:port][/db])",
                             shown));
   }
-  if (const size_t a = rest.rfind('@'); a != std::string_view::npos) {
-    const std::string_view userinfo = rest.substr(0, a);
-    rest = rest.substr(a + 1);
+  // RFC 3986: the authority ends at the first '/', '?' or '#'; its userinfo
+  // is what comes before its first '@'.
+  const size_t authority_end = std::min(rest.find_first_of("/?#"), rest.size());
+  std::string_view authority = rest.substr(0, authority_end);
+  std::string_view tail = rest.substr(authority_end);
+  if (const size_t at = authority.find('@'); at != std::string_view::npos) {
+    const std::string_view userinfo = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    if (authority.find('@') != std::string_view::npos) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("redis URL '{}': more than one '@' before the host: write an '@' "
+                              "in the user name or password as %40",
+                              shown));
+    }
     const size_t colon = userinfo.find(':');
-    url.user = std::string(userinfo.substr(0, colon));
-    if (colon != std::string_view::npos) url.password = std::string(userinfo.substr(colon + 1));
+    url.user = percent_decoded(userinfo.substr(0, colon), shown, "the user name");
+    if (colon != std::string_view::npos)
+      url.password = percent_decoded(userinfo.substr(colon + 1), shown, "the password");
   }
-  if (const size_t q = rest.find('?'); q != std::string_view::npos) {
-    parse_query(rest.substr(q + 1), url, shown);
-    rest = rest.substr(0, q);
+  if (tail.find('#') != std::string_view::npos) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("redis URL '{}': a '#' fragment means nothing to Redis (write a '#' "
+                            "in a password as %23)",
+                            shown));
   }
-  if (const size_t slash = rest.find('/'); slash != std::string_view::npos) {
-    const std::string_view db = rest.substr(slash + 1);
+  if (const size_t q = tail.find('?'); q != std::string_view::npos) {
+    parse_query(tail.substr(q + 1), url, shown);
+    tail = tail.substr(0, q);
+  }
+  if (!tail.empty()) {  // "/db"
+    const std::string_view db = tail.substr(1);
     if (!db.empty()) url.db = parse_int(db, "database", shown);
-    rest = rest.substr(0, slash);
   }
-  std::string_view port;
-  if (!rest.empty() && rest.front() == '[') {
-    const size_t close = rest.find(']');
+  std::optional<std::string_view> port;  // set: a ':' was given
+  if (!authority.empty() && authority.front() == '[') {
+    const size_t close = authority.find(']');
     if (close == std::string_view::npos) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("redis URL '{}': an IPv6 address lacks its ']'", shown));
     }
-    url.host = std::string(rest.substr(1, close - 1));
-    if (close + 1 < rest.size()) {
-      if (rest[close + 1] != ':')
+    url.host = std::string(authority.substr(1, close - 1));
+    if (close + 1 < authority.size()) {
+      if (authority[close + 1] != ':')
         throw Error(ErrorCode::kInvalidArgument,
                     fmt::format("redis URL '{}': expected ':port' after the address", shown));
-      port = rest.substr(close + 2);
+      port = authority.substr(close + 2);
     }
-  } else if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
-    url.host = std::string(rest.substr(0, colon));
-    port = rest.substr(colon + 1);
+  } else if (const size_t colon = authority.rfind(':'); colon != std::string_view::npos) {
+    url.host = std::string(authority.substr(0, colon));
+    port = authority.substr(colon + 1);
   } else {
-    url.host = std::string(rest);
+    url.host = std::string(authority);
   }
   if (url.host.empty())
     throw Error(ErrorCode::kInvalidArgument, fmt::format("redis URL '{}' has no host", shown));
-  if (!port.empty()) {
-    url.port = parse_int(port, "port", shown);
+  if (port && port->empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("redis URL '{}': the port after ':' is empty (leave out the ':' for "
+                            "6379)",
+                            shown));
+  }
+  if (port) {
+    url.port = parse_int(*port, "port", shown);
     if (url.port < 1 || url.port > 65535) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("redis URL '{}': port {} is outside 1-65535", shown, url.port));
@@ -341,7 +382,7 @@ struct Client::Tls {
                   fmt::format("{}: cannot connect: TLS: {}", url.address(), openssl_errors()));
     }
     X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
-    if (host_kind(url.host).family != AF_UNSPEC) {
+    if (host_family(url.host) != AF_UNSPEC) {
       X509_VERIFY_PARAM_set1_ip_asc(param, url.host.c_str());
     } else {
       // SNI (SSL_set_tlsext_host_name, a macro with a C cast).

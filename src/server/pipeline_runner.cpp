@@ -17,7 +17,7 @@ namespace swarmkv::server {
 using nlohmann::json;
 
 PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
-  const json body = parse_body(body_text);
+  const json body = read_pipeline_json(body_text, "body");
   if (!body.is_object()) {
     refuse("body", fmt::format("must be a JSON object, a pipeline (got a {})", body.type_name()));
   }
@@ -36,19 +36,23 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
            "a pipeline request cannot read the server's files; send the document as "
            "document.text");
   }
-  // JSON is YAML: the pipeline file's reader checks every key, type and
-  // range, and the graph; its messages start with "body: ".
-  PipelineSpec spec = parse_pipeline(std::string(body_text), "body", "");
+  // The count before any agent is read or the graph is built: the work
+  // below grows with it.
+  if (const auto agents = body.find("agents");
+      agents != body.end() && agents->is_array() &&
+      std::cmp_greater(agents->size(), limits.max_agents)) {
+    refuse("agents", fmt::format("{} agents, more than the {} this server runs in one pipeline",
+                                 agents->size(), limits.max_agents));
+  }
+  // The pipeline file's reader checks every key, type and range, and the
+  // graph; its messages start with "body: ".
+  PipelineSpec spec = parse_pipeline_json(body, "body", "");
   if (!body.contains("exact")) spec.exact = limits.exact;  // the server's mode
   if (spec.exact && !limits.exact) {
     refuse("exact",
            "this server runs without the batch-invariant kernels exact mode needs (started "
            "with --no-exact, or a llama.cpp without them); send exact: false, or run the "
            "pipeline with `swarmkv run`");
-  }
-  if (std::cmp_greater(spec.agents.size(), limits.max_agents)) {
-    refuse("agents", fmt::format("{} agents, more than the {} this server runs in one pipeline",
-                                 spec.agents.size(), limits.max_agents));
   }
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     if (spec.agents[i].max_tokens > limits.max_tokens) {

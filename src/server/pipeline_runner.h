@@ -34,13 +34,14 @@ struct PipelineLimits {
   bool exact = false;          // the server is exact (ServerOptions::exact)
 };
 
-// Parses a /v1/pipelines body: the JSON of a pipeline file (parse_pipeline)
-// that names no model and no file, since a request must never read the
-// server's files. Throws Error(kInvalidArgument): "body: not JSON (...)",
-// "body: must be a JSON object (got ...)", "model: ...", "document.file:
-// ...", "exact: ..." (exact: true, and limits.exact is not), "agents:
-// ..." and "agents[i].max_tokens: ..." for the limits, or what
-// parse_pipeline throws, prefixed "body: ".
+// Parses a /v1/pipelines body: the JSON of a pipeline file
+// (read_pipeline_json, parse_pipeline_json) that names no model and no
+// file, since a request must never read the server's files. Throws
+// Error(kInvalidArgument): "body: not JSON (...)", "body: must be a JSON
+// object (got ...)", "model: ...", "document.file: ...", "agents: ..." for
+// more than limits.max_agents (checked before any agent is read), "exact:
+// ..." (exact: true, and limits.exact is not), "agents[i].max_tokens: ..."
+// for the limit, or what parse_pipeline_json throws, prefixed "body: ".
 PipelineSpec parse_pipeline_request(std::string_view body, const PipelineLimits& limits);
 
 class PipelineRunner;

@@ -12,6 +12,7 @@
 
 #include "engine_flags.h"
 #include "swarmkv/error.h"
+#include "swarmkv/host.h"
 #include "swarmkv/log.h"
 #include "swarmkv/paths.h"
 
@@ -43,7 +44,8 @@ ServeCommand::ServeCommand(CLI::App& app) {
   sub_->add_option("--api-key", options_.api_key,
                    "require 'Authorization: Bearer KEY' on every route but /health; a browser "
                    "is asked for it (any user name, KEY as the password) (default: "
-                   "$SWARMKV_API_KEY; none: no auth)");
+                   "$SWARMKV_API_KEY; none: no auth, with a warning off loopback; an empty key "
+                   "is an error)");
   sub_->add_option("-c,--n-ctx", options_.context.n_ctx,
                    "KV cells of the one context all requests share")
       ->capture_default_str()
@@ -144,8 +146,28 @@ ServeCommand::ServeCommand(CLI::App& app) {
 
 int ServeCommand::run() {
   ServerOptions options = options_;
+  // An empty key would mean no auth at all: `--api-key "$KEY"` with KEY
+  // unset must not turn it off.
+  if (sub_->count("--api-key") > 0 && options.api_key.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--api-key is empty (an unset variable?): give a key, or leave --api-key out to "
+                "serve without one");
+  }
   if (options.api_key.empty()) {
-    if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) options.api_key = key;
+    if (const char* key = std::getenv("SWARMKV_API_KEY"); key != nullptr) {
+      if (*key == '\0') {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "$SWARMKV_API_KEY is set but empty: give a key, or unset it to serve without "
+                    "one");
+      }
+      options.api_key = key;
+    }
+  }
+  if (options.api_key.empty() && !is_loopback_host(options.host)) {
+    log_warn(
+        "serve: listening on {} without --api-key: anyone who can reach this port can use the "
+        "model and read every posted run",
+        options.host);
   }
   if (sub_->count("--flash-attn") > 0) require_flash_attn_for_exact(flash_attn_, options.exact);
   options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
