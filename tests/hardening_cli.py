@@ -85,6 +85,43 @@ def invalid_utf8_agent_name_is_refused_by_name(ctx):
     assert json.loads(out)["error"]["code"] == "invalid_argument", out
 
 
+def on_a_terminal(ctx, *args):
+    """Runs the binary with stdout and stderr on a pseudo-terminal: (exit status, what it showed)."""
+    import pty
+    main, sub = pty.openpty()
+    env = dict(os.environ, SWARMKV_CACHE=ctx.path("cache"))
+    env.pop("SWARMKV_LOG_LEVEL", None)
+    p = subprocess.Popen([ctx.cli, *args], stdout=sub, stderr=sub, stdin=subprocess.DEVNULL, env=env,
+                         cwd=ctx.tmp)
+    os.close(sub)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main)
+    return p.wait(timeout=120), shown.decode("utf-8", "replace")
+
+
+@case
+def control_characters_reach_a_terminal_escaped(ctx):
+    # A title-setting OSC and a screen clear in an agent's name, quoted back by
+    # the error that names it (before any model loads).
+    agent = "  - {name: \"a\\e]0;pwned\\a\\e[2J\", prompt: q}\n"
+    p = ctx.write("p.yaml", "document: {text: x}\nagents:\n" + agent + agent)
+    rc, shown = on_a_terminal(ctx, "run", p, "--model", "/nonexistent.gguf")
+    assert rc == 2, (rc, shown)
+    assert "\x1b" not in shown and "\x07" not in shown, repr(shown)
+    assert "a\\x1b]0;pwned\\x07\\x1b[2J" in shown, repr(shown)
+    # Output to a pipe is kept as it is: programs read it.
+    rc, _, err = ctx.run("run", p, "--model", "/nonexistent.gguf")
+    assert rc == 2 and "a\x1b]0;pwned\x07\x1b[2J" in err, repr(err)
+
+
 @case
 def run_to_a_full_stdout_fails(ctx):
     p = ctx.write("p.yaml", "document: {text: The sky is blue.}\n"

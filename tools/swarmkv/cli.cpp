@@ -26,6 +26,7 @@
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/result_json.h"
+#include "terminal_text.h"
 #include "worker_cmd.h"
 
 namespace {
@@ -144,7 +145,7 @@ int run_generate(const GenerateArgs& args) {
     };
     std::cout << swarmkv::dump_json(out) << "\n";
   } else {
-    std::cout << answer.text << "\n";
+    std::cout << swarmkv::cli::TerminalText(stdout)(answer.text) << "\n";
     std::cerr << fmt::format(
         "\n[swarmkv] model {} | prompt {} tok in {:.1f} ms ({:.1f} tok/s) | answer {} tok in "
         "{:.1f} ms "
@@ -179,8 +180,9 @@ struct RunArgs {
 
 void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult& r,
                 const std::string& model_path, double load_ms) {
-  std::cout << fmt::format("pipeline {} | model {} | fork {}{}", spec.name, model_path,
-                           swarmkv::to_string(r.fork),
+  const swarmkv::cli::TerminalText shown(stdout);
+  std::cout << fmt::format("pipeline {} | model {} | fork {}{}", shown(spec.name),
+                           shown(model_path), swarmkv::to_string(r.fork),
                            r.exact                       ? " (exact)"
                            : r.exact_unavailable.empty() ? " (not exact: --no-exact)"
                                                          : " (not exact: unavailable)");
@@ -198,20 +200,20 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
                              swarmkv::to_string(s.source),
                              s.path.empty() || s.source == swarmkv::SnapshotSource::kPrefill
                                  ? std::string()
-                                 : " (" + s.path + ")",
+                                 : " (" + shown(s.path) + ")",
                              s.prefilled_tokens);
     if (s.reused_tokens > 0) std::cout << fmt::format(", loaded in {:.1f} ms", s.load_ms);
     if (s.published) std::cout << ", published to the snapshot store";
     for (const swarmkv::ErrorValue& e : s.discarded)
-      std::cout << "\n  skipped a damaged store entry: " << e.to_string();
+      std::cout << "\n  skipped a damaged store entry: " << shown(e.to_string());
     std::cout << "\n";
   }
   if (r.document_status != swarmkv::NodeStatus::kOk)
-    std::cout << "document: FAILED: " << r.document_error->to_string() << "\n";
+    std::cout << "document: FAILED: " << shown(r.document_error->to_string()) << "\n";
   for (const auto& a : r.agents) {
-    std::cout << "\n== " << a.name << " (" << swarmkv::to_string(a.status)
-              << (a.worker.empty() ? std::string() : ", worker " + a.worker) << ") ==\n";
-    std::cout << (a.error ? a.error->to_string() : a.answer) << "\n";
+    std::cout << "\n== " << shown(a.name) << " (" << swarmkv::to_string(a.status)
+              << (a.worker.empty() ? std::string() : ", worker " + shown(a.worker)) << ") ==\n";
+    std::cout << shown(a.error ? a.error->to_string() : a.answer) << "\n";
   }
   std::cout << fmt::format("\n{:<16} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
                            "agent (ms)", "tokens", "prefill", "fork", "restore", "prompt",
@@ -220,7 +222,7 @@ void print_text(const swarmkv::PipelineSpec& spec, const swarmkv::PipelineResult
     const auto& t = a.timings_ms;
     std::cout << fmt::format(
         "{:<16} {:>7} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f}\n",
-        a.name.substr(0, 16), a.tokens.size(), t.prefill, t.fork, t.restore, t.prompt,
+        shown(a.name.substr(0, 16)), a.tokens.size(), t.prefill, t.fork, t.restore, t.prompt,
         t.first_token, t.generate, t.total);
   }
   std::string prefill_note;
@@ -321,12 +323,15 @@ int run_pipeline_cmd(const RunArgs& args) {
   }
   if (!args.html.empty()) swarmkv::cli::write_run_page(args.html, out, "");
   if (!result.ok()) {
+    const swarmkv::cli::TerminalText shown(stderr);
     if (result.document_status != swarmkv::NodeStatus::kOk) {
-      std::cerr << "swarmkv: error: document: " << result.document_error->to_string() << "\n";
+      std::cerr << "swarmkv: error: document: " << shown(result.document_error->to_string())
+                << "\n";
     }
     for (const auto& a : result.agents) {
       if (a.status != swarmkv::NodeStatus::kOk)
-        std::cerr << "swarmkv: error: agent " << a.name << ": " << a.error->to_string() << "\n";
+        std::cerr << "swarmkv: error: agent " << shown(a.name) << ": "
+                  << shown(a.error->to_string()) << "\n";
     }
     return swarmkv::cli::kExitFailed;
   }
@@ -653,7 +658,7 @@ int run(int argc, char** argv) {
 
   bool json = false;  // the chosen subcommand's --json: errors are JSON on stdout too
   const auto fail = [&](const swarmkv::ErrorValue& e, int status) {
-    std::cerr << "swarmkv: error: " << e.to_string() << "\n";
+    std::cerr << "swarmkv: error: " << swarmkv::cli::TerminalText(stderr)(e.to_string()) << "\n";
     if (json) {
       const nlohmann::json out = {
           {"ok", false},
