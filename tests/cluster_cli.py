@@ -796,6 +796,34 @@ def no_live_worker_fails_fast(c):
 
 
 @case
+def a_replayed_heartbeat_keeps_no_run_waiting(c):
+    """A keyed worker's heartbeat, copied while it lived and written back
+    after it stopped (a replay: the signature still holds), does not make a
+    keyed run wait its whole --timeout for a dead worker: the beat carries
+    the Redis time it was written at, inside its signature, and a stale one
+    is refused by name."""
+    c.use_small_pipeline()
+    c.start_redis()
+    key_file = os.path.join(c.tmp, "key")
+    with open(key_file, "w") as f:
+        f.write("a" * 64 + "\n")
+    c.start_worker("w1", "--cluster-key-file", key_file)
+    key_id = signed("a" * 64, "swarmkv key id")[:16]
+    beat_key = f"swarmkv:worker:{model_sha256(c.model)}:k{key_id}:exact:w1"
+    beat = c.redis_cmd("GET", beat_key).split(b"\r\n", 1)[1].rsplit(b"\r\n", 1)[0]
+    assert json.loads(beat)["sig"], beat
+    stop_worker(c, "w1")
+    time.sleep(5.5)  # the copied beat outlives its 5 heartbeats of life
+    c.redis_cmd("SET", beat_key, beat, "PX", 600000)
+    start = time.monotonic()
+    rc, out, err = c.run("--redis", c.url(), "--timeout", "120", "--cluster-key-file", key_file,
+                         timeout=150)
+    assert rc == 1 and time.monotonic() - start < 30, (rc, time.monotonic() - start, err)
+    assert "error: unauthenticated: no live exact swarmkv worker holds model" in err, err
+    assert "worker 'w1' is refused: its heartbeat is" in err and "(a replay?)" in err, err
+
+
+@case
 def jobs_go_to_workers_of_their_kernels(c):
     """An exact worker and a --no-exact one on one model: each run's jobs go
     to the worker loaded with its kernels only."""

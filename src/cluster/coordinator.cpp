@@ -41,20 +41,23 @@ std::vector<std::string> keys_under(redis::Client& redis, const std::string& pre
 }
 
 // Names of the workers whose heartbeat key for this pool is alive and,
-// under a cluster key, signed with it; `refused` gets the others' names
+// under a cluster key, signed with it and fresh (stale_heartbeat); `refused` gets the others' names
 // (with why), which a run without any accepted worker reports.
 std::vector<std::string> live_workers(redis::Client& redis, const std::string& pool,
                                       const ClusterKey& cluster_key,
                                       std::map<std::string, std::string>* refused = nullptr) {
   const std::string prefix = keys::worker(pool, "");
   std::vector<std::string> names;
+  const int64_t now_ms = cluster_key.empty() ? 0 : redis_time_ms(redis);
   for (std::string& name : keys_under(redis, prefix)) {
     if (!cluster_key.empty()) {
       const std::string key = prefix + name;
       const redis::Reply info = redis.command({"GET", key});
       if (info.is_nil()) continue;  // expired since the SCAN
       nlohmann::json doc = nlohmann::json::parse(info.str, nullptr, false);
-      if (const std::optional<std::string> why = json_refusal(cluster_key, key, doc)) {
+      std::optional<std::string> why = json_refusal(cluster_key, key, doc);
+      if (!why) why = stale_heartbeat(doc, now_ms);
+      if (why) {
         if (refused != nullptr) (*refused)[name] = *why;
         continue;
       }

@@ -92,6 +92,19 @@ void sign_json(const ClusterKey& key, const std::string& where, nlohmann::json& 
 // As entry_refusal, for a JSON message read from `where`; removes its "sig".
 std::optional<std::string> json_refusal(const ClusterKey& key, const std::string& where,
                                         nlohmann::json& doc);
+// Redis's clock (TIME) in milliseconds: the one clock that a worker stamping
+// its heartbeat and a coordinator judging it both read, whatever their own
+// machines' clocks say. Throws Error(kIo).
+int64_t redis_time_ms(redis::Client& redis);
+// A signed heartbeat carries the Redis time it was written at
+// (kHeartbeatAtField) and how long it lives (kHeartbeatTtlField), inside its
+// signature: a coordinator refuses one older than that, so that a beat copied
+// from a worker now dead and written again (a replay) does not keep it live.
+inline constexpr const char* kHeartbeatAtField = "beat_ms";
+inline constexpr const char* kHeartbeatTtlField = "ttl_ms";
+// nullopt: a signed heartbeat `doc` (signature checked) is fresh at Redis
+// time `now_ms`; else why not.
+std::optional<std::string> stale_heartbeat(const nlohmann::json& doc, int64_t now_ms);
 // SHA-256 in lower-case hex: what a signed manifest holds per chunk.
 std::string sha256_hex(std::string_view bytes);
 

@@ -285,15 +285,18 @@ redis::ClientOptions riding_out(const std::atomic<bool>* stop) {
 
 // The worker's heartbeat on its own connection: its key, and the idle time
 // of the job in hand reset so that no other worker claims it.
+// Under a cluster key each beat is signed afresh with the Redis time it is
+// written at (stale_heartbeat).
 class Heartbeat {
  public:
   Heartbeat(const redis::Url& url, std::string worker_key, std::string stream, std::string name,
-            std::string info, double period_s)
+            nlohmann::json info, const ClusterKey& cluster_key, double period_s)
       : redis_(url, riding_out(&quit_)),
         key_(std::move(worker_key)),
         stream_(std::move(stream)),
         name_(std::move(name)),
         info_(std::move(info)),
+        cluster_key_(cluster_key),
         period_s_(period_s) {
     beat();
     thread_ = std::thread([this] { loop(); });
@@ -327,7 +330,12 @@ class Heartbeat {
       job = job_;
     }
     const auto ttl_ms = static_cast<int64_t>(period_s_ * 5000);
-    redis_.command({"SET", key_, info_, "PX", std::to_string(ttl_ms)});
+    if (!cluster_key_.empty()) {
+      info_[kHeartbeatAtField] = redis_time_ms(redis_);
+      info_[kHeartbeatTtlField] = ttl_ms;
+      sign_json(cluster_key_, key_, info_);
+    }
+    redis_.command({"SET", key_, info_.dump(), "PX", std::to_string(ttl_ms)});
     if (!job.empty()) {
       redis_.try_command({"XCLAIM", stream_, keys::kWorkersGroup, name_, "0", job, "JUSTID"});
     }
@@ -349,7 +357,9 @@ class Heartbeat {
 
   std::atomic<bool> quit_{false};
   redis::Client redis_;  // used only by thread_ after the constructor
-  const std::string key_, stream_, name_, info_;
+  const std::string key_, stream_, name_;
+  nlohmann::json info_;  // used only by beat(): the constructor, then thread_
+  const ClusterKey& cluster_key_;
   const double period_s_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -395,8 +405,8 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
                          {"model_file", model_file},
                          {"pid", ::getpid()},
                          {"started_unix", unix_now()}};
-  // Signed: a coordinator with the cluster key counts only workers that have it.
-  sign_json(options.cluster_key, keys::worker(pool, name), info);
+  // Signed (by each beat): a coordinator with the cluster key counts only
+  // workers that have it.
   if (options.cluster_key.empty()) {
     log_warn(
         "worker {}: no cluster key (--cluster-key-file, $SWARMKV_CLUSTER_KEY): it runs any "
@@ -409,8 +419,8 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
         "network readable (rediss:// speaks TLS)",
         name, url.address());
   }
-  Heartbeat heartbeat(url, keys::worker(pool, name), stream, name, info.dump(),
-                      options.heartbeat_s);
+  Heartbeat heartbeat(url, keys::worker(pool, name), stream, name, std::move(info),
+                      options.cluster_key, options.heartbeat_s);
   SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
   log_info("worker {}: serving model {} (sha256 {}, {} runs) from {}", name, model_file,
            fp.substr(0, 12), exact ? "exact" : "--no-exact", url.address());
