@@ -44,13 +44,14 @@ def environment(lib, base=None):
     return dict(os.environ if base is None else base, LD_LIBRARY_PATH=lib)
 
 
-def bench_run(binary, lib, arm, agents, doc_tokens, n_predict, tmp, extra=()):
+def bench_run(binary, lib, arm, agents, doc_tokens, n_predict, tmp, extra=(), model=MODEL):
     """One `swarmkv bench` trial of `arm` (synthetic document of `doc_tokens` tokens, `agents`
-    agents, `n_predict` tokens each) on the build in `lib`; extra: more arguments (--no-exact).
+    agents, `n_predict` tokens each) of `model` on the build in `lib`; extra: more arguments
+    (--no-exact).
     Returns the run's figures: end to end, prefill, branch phase, peak RSS, the median step with
     every agent decoding (None without one) and each agent's tokens."""
     out = tempfile.mkdtemp(prefix=f"{arm}-{agents}-{doc_tokens}-", dir=tmp)
-    cmd = [binary, "bench", "--model", MODEL, "--arms", arm, "--branches", str(agents),
+    cmd = [binary, "bench", "--model", model, "--arms", arm, "--branches", str(agents),
            "--doc-tokens", str(doc_tokens), "--n-predict", str(n_predict), "--trials", "1",
            "--pause-ms", "0", "--out", out, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, env=environment(lib), timeout=1800)
