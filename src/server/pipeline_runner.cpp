@@ -1,10 +1,12 @@
 #include "server/pipeline_runner.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <openssl/rand.h>
 
 #include "server/openai.h"
 #include "server/text_stream.h"
@@ -65,6 +67,22 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
 }
 
 // ------------------------------------------------------------------ job
+
+namespace {
+
+// 128 random bits in hex: a run's id may not be guessed from another's (a
+// client that could read /runs/<id> must have been told the id).
+std::string new_run_id() {
+  std::array<unsigned char, 16> bits{};
+  if (RAND_bytes(bits.data(), static_cast<int>(bits.size())) != 1) {
+    throw Error(ErrorCode::kInternal, "pipeline: no random bytes for a run id (RAND_bytes)");
+  }
+  std::string id;
+  for (const unsigned char b : bits) id += fmt::format("{:02x}", b);
+  return id;
+}
+
+}  // namespace
 
 PipelineJob::PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline prepared,
                          const std::string& model)
@@ -169,12 +187,13 @@ std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
   const RunOptions defaults;
   check_memory(spec, *model_, prepared.budget, defaults.guard);
   std::shared_ptr<PipelineJob> job;
+  std::string id = new_run_id();
   {
     std::lock_guard lock(mutex_);
     if (full()) return nullptr;  // another request took the slot meanwhile
-    job =
-        std::make_shared<PipelineJob>(std::to_string(++runs_), std::move(spec), std::move(prepared),
-                                      std::filesystem::path(model_->path()).filename().string());
+    ++runs_;
+    job = std::make_shared<PipelineJob>(std::move(id), std::move(spec), std::move(prepared),
+                                        std::filesystem::path(model_->path()).filename().string());
     live_.push_back(job);
     queue_.push_back(job);
     recent_.push_front(job);

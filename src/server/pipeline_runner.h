@@ -52,7 +52,7 @@ class PipelineJob {
   PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline prepared,
               const std::string& model);
 
-  // "1", "2", ...: its place among the server's runs (GET /runs/<id>).
+  // 32 hex digits, random (GET /runs/<id>): not to be guessed from another.
   const std::string& id() const noexcept { return id_; }
   // The next event, or nullopt after `timeout` without one.
   std::optional<PipelineEvent> next(std::chrono::milliseconds timeout) {
