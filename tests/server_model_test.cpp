@@ -1166,6 +1166,43 @@ TEST_F(ServerTest, APostedPipelineIsRefusedWithItsReason) {
   EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 0);
 }
 
+// A posted pipeline runs on the server's threads (serve -t), not on every
+// core, and cannot ask for more: it ran on all of them, or on whatever its
+// `threads` said. Fewer are its own business.
+TEST_F(ServerTest, APostedPipelineRunsOnTheServersThreadsAndCannotRaiseThem) {
+  if (hardware_threads() < 2) GTEST_SKIP() << "needs 2 hardware threads to ask for more than 1";
+  ServerOptions options = small_options();
+  options.context.n_threads = 1;
+  Running server(model_, options);
+  auto c = server.client();
+  const auto post = [&](const json& body) {
+    return c->Post("/v1/pipelines?stream=false", body.dump(), "application/json");
+  };
+  for (const json& threads : {json(nullptr), json(0), json(1)}) {
+    json body = one_agent_pipeline(2);
+    if (!threads.is_null()) body["threads"] = threads;
+    const auto res = post(body);
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json engine = json::parse(res->body)["engine"];
+    EXPECT_EQ(engine["threads"], 1) << threads;
+    EXPECT_EQ(engine["threads_batch"], 1) << threads;
+  }
+  for (const char* key : {"threads", "threads_batch"}) {
+    json body = one_agent_pipeline(2);
+    body[key] = 2;
+    const auto res = post(body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << key << ": " << res->body;
+    const json e = json::parse(res->body)["error"];
+    EXPECT_EQ(e["param"], key);
+    EXPECT_EQ(e["message"], fmt::format("{}: 2 threads, more than the 1 this server runs with "
+                                        "(serve -t/--threads); leave '{}' out to run on the "
+                                        "server's",
+                                        key, key));
+  }
+}
+
 // One pipeline at a time (the default): a second gets 429 while the first
 // runs; hanging up on the first fails its agent at its next token, which
 // frees the slot for the next pipeline, whose result alone comes back with

@@ -325,6 +325,37 @@ TEST(PipelineRequestTest, EachRefusalIsPrecise) {
             "agents[0].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
 }
 
+// The server's threads apply to a posted pipeline: none or 0 (all cores)
+// means the server's, fewer are taken, more are refused naming the key.
+TEST(PipelineRequestTest, ThreadsAreTheServersAndCannotBeRaised) {
+  if (hardware_threads() < 2) GTEST_SKIP() << "needs 2 hardware threads to ask for more than 1";
+  const PipelineLimits server{.n_threads = 1, .n_threads_batch = 1};
+  const PipelineSpec plain = parse_pipeline_request(kPipeline, server);
+  EXPECT_EQ(plain.n_threads, 1);
+  EXPECT_EQ(plain.n_threads_batch, 1);
+  const std::string all_cores =
+      R"({"threads": 0, "threads_batch": 0, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})";
+  EXPECT_EQ(parse_pipeline_request(all_cores, server).n_threads, 1);
+  EXPECT_EQ(parse_pipeline_request(all_cores, server).n_threads_batch, 1);
+  const PipelineLimits two{.n_threads = 2, .n_threads_batch = 2};
+  const std::string one =
+      R"({"threads": 1, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})";
+  EXPECT_EQ(parse_pipeline_request(one, two).n_threads, 1);
+  EXPECT_EQ(parse_pipeline_request(one, two).n_threads_batch, 2);
+  EXPECT_EQ(
+      pipeline_refusal(
+          R"({"threads": 2, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})", server),
+      "threads: 2 threads, more than the 1 this server runs with (serve -t/--threads); "
+      "leave 'threads' out to run on the server's");
+  EXPECT_EQ(
+      pipeline_refusal(
+          R"({"threads_batch": 2, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})",
+          server),
+      "threads_batch: 2 threads, more than the 1 this server runs with (serve -t/--threads); "
+      "leave 'threads_batch' out to run on the server's");
+  EXPECT_EQ(parse_pipeline_request(one, {}).n_threads, 1) << "no limit: as the body says";
+}
+
 // Python's json writes characters outside the BMP as surrogate pairs: the
 // body is JSON, and each pair is one character of the prompt and document.
 TEST(PipelineRequestTest, SurrogatePairsReachThePipelineAsTheirCharacters) {

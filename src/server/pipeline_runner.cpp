@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <tuple>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -17,6 +18,27 @@
 
 namespace swarmkv::server {
 using nlohmann::json;
+
+namespace {
+
+// The server's thread settings apply: a client takes no more of the
+// machine than the operator gave the server (serve -t).
+void apply_server_threads(const PipelineLimits& limits, PipelineSpec& spec) {
+  const std::tuple<const char*, int32_t&, int32_t> settings[] = {
+      {"threads", spec.n_threads, limits.n_threads},
+      {"threads_batch", spec.n_threads_batch, limits.n_threads_batch}};
+  for (const auto& [key, asked, server] : settings) {
+    if (server <= 0) continue;
+    if (asked == 0) asked = server;  // not given, or "all cores"
+    if (asked > server) {
+      refuse(key, fmt::format("{} threads, more than the {} this server runs with (serve "
+                              "-t/--threads); leave '{}' out to run on the server's",
+                              asked, server, key));
+    }
+  }
+}
+
+}  // namespace
 
 PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
   const json body = read_pipeline_json(body_text, "body");
@@ -50,6 +72,7 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
   // graph; its messages start with "body: ".
   PipelineSpec spec = parse_pipeline_json(body, "body", "");
   if (!body.contains("exact")) spec.exact = limits.exact;  // the server's mode
+  apply_server_threads(limits, spec);
   if (spec.exact && !limits.exact) {
     refuse("exact",
            "this server runs without the batch-invariant kernels exact mode needs (started "

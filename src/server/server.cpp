@@ -732,6 +732,9 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                                                 ? std::string()
                                                 : snapshot_store_dir(o.snapshots.cache_dir),
                             .exact = o.exact});
+  // Posted pipelines run on the threads the shared context runs with.
+  s.pipeline_limits.n_threads = s.engine->options().context.n_threads;
+  s.pipeline_limits.n_threads_batch = s.engine->options().context.n_threads_batch;
   s.pipelines =
       std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots, o.keep_runs);
 

@@ -66,7 +66,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "as for `run`)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 16));
-  sub_->add_option("-t,--threads", options_.context.n_threads, "CPU threads (0 = all cores)")
+  sub_->add_option("-t,--threads", options_.context.n_threads,
+                   "CPU threads (0 = all cores); posted pipelines run on them too, and one "
+                   "asking for more threads is refused")
       ->capture_default_str();
   sub_->add_option("--flash-attn", flash_attn_,
                    "flash attention: on or off; exact mode (the default) needs it on")
