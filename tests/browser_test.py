@@ -15,6 +15,10 @@ Cases:
                             seen running, followed until the last agent's bar
                             and the run's end; every agent in it; / lists the
                             run; without the key, 401 asking for Basic auth.
+                            Then a page on another site (evil.test, which
+                            the browser resolves to 127.0.0.1: DNS rebinding)
+                            cannot read the run (403) and its POST of a
+                            pipeline as text/plain is refused (403).
 
 Screenshots go to SCREENSHOTS (the closing notes show them).
 """
@@ -44,8 +48,9 @@ class Browser:
     """One headless Chromium page that records console errors, failed
     page errors and every request it makes."""
 
-    def __init__(self, playwright, chromium, credentials=None):
-        self.browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+    def __init__(self, playwright, chromium, credentials=None, args=()):
+        self.browser = playwright.chromium.launch(executable_path=chromium,
+                                                  args=["--no-sandbox", *args])
         self.context = self.browser.new_context(viewport={"width": 1280, "height": 900},
                                                 http_credentials=credentials)
         self.page = self.context.new_page()
@@ -124,6 +129,43 @@ def start_server(swarmkv, model, key, tmp):
     raise AssertionError(f"swarmkv serve did not listen within 120 s: {open(log_path).read()}")
 
 
+def another_site_cannot_use_the_server(pw, chromium, key, port, run_id, log_path):
+    """evil.test resolves to 127.0.0.1 in this browser, as a rebinding DNS
+    server would make it: the page at http://evil.test:PORT/ is the
+    server's, same-origin in the browser's eyes, but its requests say
+    Host: evil.test. A page at http://evil.test/ POSTs a pipeline as
+    text/plain (no preflight) to the server itself."""
+    # Chromium's own guard for pages reaching this machine (Local Network
+    # Access) off: the server must not rely on one the user may have granted.
+    b = Browser(pw, chromium, credentials={"username": "viewer", "password": key},
+                args=["--host-resolver-rules=MAP evil.test 127.0.0.1",
+                      "--disable-features=LocalNetworkAccessChecks,"
+                      "BlockInsecurePrivateNetworkRequests,PrivateNetworkAccessSendPreflights"])
+    res = b.page.goto(f"http://evil.test:{port}/runs/{run_id}")
+    expect(res.status == 403, f"a rebound name read the run: {res.status}")
+    expect("forbidden_host" in b.page.content(), b.page.content()[:300])
+    b.page.route("http://evil.test/", lambda route: route.fulfill(
+        status=200, content_type="text/html", body="<!doctype html><title>evil</title>"))
+    b.page.goto("http://evil.test/")
+    outcome = b.page.evaluate("""async (url) => {
+        await fetch(url + "/v1/pipelines", {method: "POST", mode: "no-cors",
+            headers: {"Content-Type": "text/plain"},
+            body: JSON.stringify({document: {text: "x"}, agents: [{name: "a", prompt: "b"}]})});
+        try {
+            return await (await fetch(url + "/v1/pipelines/" + %s)).text();
+        } catch (e) {
+            return "not read: " + e;
+        }
+    }""" % json.dumps(run_id), f"http://127.0.0.1:{port}")
+    b.close()
+    expect(outcome.startswith("not read"), f"the other site read the run: {outcome[:300]}")
+    with open(log_path) as f:
+        log = f.read()
+    expect(re.search(r"http POST /v1/pipelines 403 ", log), f"the cross-site POST: {log[-2000:]}")
+    expect(re.search(r"http GET /v1/pipelines/\{id\} 403 ", log), f"the cross-site read: {log[-2000:]}")
+    expect(log.count("pipeline run ") == 1, "the cross-site POST ran a pipeline")
+
+
 def fifty_agents_request(root, max_tokens):
     """The fifty-agent example as a request: its document as text, each
     agent's max_tokens lowered (the page, not the answers, is under test)."""
@@ -149,37 +191,40 @@ def served_fifty_agents_live(swarmkv, root, model, chromium, shots):
         base = f"http://127.0.0.1:{port}"
         posted = {}
 
+        accepted = threading.Event()
+
         def post():
-            req = urllib.request.Request(f"{base}/v1/pipelines?stream=false",
-                                         data=json.dumps(spec).encode(),
+            """Streamed: the run's id is in the headers, sent at once."""
+            req = urllib.request.Request(f"{base}/v1/pipelines", data=json.dumps(spec).encode(),
                                          headers={"Authorization": f"Bearer {key}",
                                                   "Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(req, timeout=600) as res:
                     posted["id"] = res.headers.get("X-SwarmKV-Run-Id")
-                    posted["result"] = json.loads(res.read())
+                    accepted.set()
+                    events = res.read().decode()
+                result = events[events.rindex("event: result\ndata: "):].split("\n")[1]
+                posted["result"] = json.loads(result[len("data: "):])
             except Exception as e:  # reported below
                 posted["error"] = repr(e)
+            accepted.set()
 
         poster = threading.Thread(target=post)
         try:
             poster.start()
+            expect(accepted.wait(120) and "id" in posted, f"the POST failed: {posted.get('error')}")
+            run = f"{base}/runs/{posted['id']}"
             try:  # (a browser without credentials just gives up on the challenge)
-                urllib.request.urlopen(f"{base}/runs/1", timeout=60)
-                raise AssertionError("/runs/1 answered without the key")
+                urllib.request.urlopen(run, timeout=60)
+                raise AssertionError(f"{run} answered without the key")
             except urllib.error.HTTPError as e:
                 expect(e.code == 401, f"without the key: {e.code}")
                 expect(e.headers.get("WWW-Authenticate", "").startswith("Basic "),
                        f"the 401 asks for Basic auth: {e.headers.get('WWW-Authenticate')}")
             with sync_playwright() as pw:
                 b = Browser(pw, chromium, credentials={"username": "viewer", "password": key})
-                deadline = time.monotonic() + 60
-                while True:  # the POST is accepted once its request is read and checked
-                    res = b.page.goto(f"{base}/runs/1")
-                    if res.status == 200 or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.2)
-                expect(res.status == 200, f"/runs/1: {res.status} {b.page.content()[:300]}")
+                res = b.page.goto(run)
+                expect(res.status == 200, f"{run}: {res.status} {b.page.content()[:300]}")
                 first_state = b.page.locator("#state").text_content()
                 expect(first_state.startswith(("queued", "running")),
                        f"the run had ended before the browser saw it: {first_state}")
@@ -195,18 +240,19 @@ def served_fifty_agents_live(swarmkv, root, model, chromium, shots):
                 check_every_agent(b.page, names, "served run")
                 b.page.screenshot(path=os.path.join(shots, "served-run-done.png"), full_page=False)
                 b.page.goto(f"{base}/")
-                link = b.page.locator("#run-1 a").first
-                expect(link.text_content() == "1", "/ lists run 1")
+                link = b.page.locator(f"#run-{posted['id']} a").first
+                expect(link.text_content() == posted["id"], f"/ lists run {posted['id']}")
                 link.click()
-                expect(b.page.url == f"{base}/runs/1", f"the list links to {b.page.url}")
+                expect(b.page.url == run, f"the list links to {b.page.url}")
                 expect(not b.errors, f"console errors: {b.errors}")
                 foreign = [u for u in b.requests if not u.startswith(base + "/")]
                 expect(not foreign, f"requests away from the server: {foreign}")
-                reloads = sum(1 for u in b.requests if u == f"{base}/runs/1")
+                reloads = sum(1 for u in b.requests if u == run)
                 b.close()
+                another_site_cannot_use_the_server(pw, chromium, key, port, posted["id"], log_path)
             poster.join(600)
             expect("result" in posted, f"the POST failed: {posted.get('error')}")
-            expect(posted["id"] == "1", f"X-SwarmKV-Run-Id: {posted['id']}")
+            expect(re.fullmatch(r"[0-9a-f]{32}", posted["id"]), f"X-SwarmKV-Run-Id: {posted['id']}")
             expect(posted["result"]["ok"], "the run failed")
             expect(reloads >= 3, f"the page was loaded {reloads} times: it did not follow the run")
         finally:

@@ -633,12 +633,14 @@ def a_job_no_worker_finishes_goes_to_the_dead_letters(c):
 
 @case
 def a_damaged_store_entry_is_removed_and_made_again(c):
-    """A snapshot in a worker's store with its cells moved one position on
-    and its checksums resealed passes every file check; the restore's
-    position check fails the agents, the worker removes the entry, the
-    coordinator has the snapshot made and published again and retries the
-    agents once: the run answers as the local run does. (The worker used to
-    keep the entry, and every later run failed on it.)"""
+    """A snapshot in a worker's store with its cells moved one position on,
+    or with only its first and last cell left, and its checksums resealed
+    passes every file check; the check of its cells before the restore
+    fails the agents, the worker removes the entry, the coordinator has the
+    snapshot made and published again and retries the agents once: the run
+    answers as the local run does. (The worker used to keep the entry, and
+    every later run failed on it; the two-cell one restored "ok" and
+    answered from a document with holes.)"""
     c.use_small_pipeline()
     c.start_redis()
     c.start_worker("w1")
@@ -648,21 +650,26 @@ def a_damaged_store_entry_is_removed_and_made_again(c):
     entries = [f for f in os.listdir(store) if f.endswith(".swkv")]
     assert len(entries) == 1, entries
     entry = os.path.join(store, entries[0])
-    p = subprocess.run([os.environ["SWARMKV_TEST_MOVE_CELLS"], entry], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
-    assert rc == 0, err
-    expect_equal_answers(json.loads(out), c.local("host"))
-    log = c.log("w1")
-    assert f"removed snapshot {entry} from its store: snapshot '{entry}': after its restore sequence 0 " \
-        "holds positions 1.." in log, log
-    assert "publishing the snapshot again" in err, err
-    assert os.path.exists(entry), "the snapshot made again is in the store"
+    refusals = {"move": "its KV cell 0 holds position 1 of sequences [0], where a prefill puts "
+                        "position 0 of sequence 0 alone",
+                "two-cells": "its state holds 2 KV cells, where its "}
+    for n, (mode, refusal) in enumerate(refusals.items(), 1):
+        p = subprocess.run([os.environ["SWARMKV_TEST_FORGE_CELLS"], entry, mode],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
+        assert rc == 0, err
+        expect_equal_answers(json.loads(out), c.local("host"))
+        log = c.log("w1")
+        assert f"removed snapshot {entry} from its store: snapshot '{entry}': {refusal}" in log, log
+        assert log.count("removed snapshot") == n, log
+        assert "publishing the snapshot again" in err, err
+        assert os.path.exists(entry), "the snapshot made again is in the store"
     # The entry made again is sound: a third run restores it and answers alike.
     rc, out, err = c.run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300")
     assert rc == 0, err
     expect_equal_answers(json.loads(out), c.local("host"))
-    assert log.count("removed snapshot") == c.log("w1").count("removed snapshot") == 1
+    assert c.log("w1").count("removed snapshot") == 2
 
 
 @case

@@ -440,19 +440,23 @@ def serve_process(ctx, *extra):
     raise AssertionError(f"serve printed no address (exit {p.wait()})")
 
 
-def http(port, path, body=None, timeout=60):
+def http(port, path, body=None, timeout=60, headers=None):
+    """A request as curl sends it: a JSON body with its Content-Type, and
+    `headers` on top (Host, Origin, another Content-Type)."""
     import urllib.request
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
-                                 json.dumps(body).encode() if body is not None else None)
+    data = json.dumps(body).encode() if body is not None else None
+    sent = {"Content-Type": "application/json"} if data is not None else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data,
+                                 dict(sent, **(headers or {})))
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.status, r.read().decode()
 
 
-def http_status(port, path, body=None):
+def http_status(port, path, body=None, headers=None):
     """The status of a request that may be refused (urllib raises on 4xx/5xx)."""
     import urllib.error
     try:
-        return http(port, path, body, timeout=10)
+        return http(port, path, body, timeout=10, headers=headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
 
@@ -571,6 +575,54 @@ def metrics_parse_whatever_paths_clients_ask_for(ctx):
     assert re.search(r"http GET other 404 \d+\.\d ms", log), log
     assert re.search(r"http POST /v1/chat/completions 200 \d+\.\d ms prompt_tokens \d+ "
                      r"cached_tokens \d+ completion_tokens 2\b", log), log
+
+
+# A web page must not drive the server: a Host that is not the server's
+# (DNS rebinding) and an Origin of another site get 403 on every route but
+# /health, a POST body that is not JSON 415 (a page can send text/plain to
+# any server without asking); --allow-host and --allow-origin widen the
+# rules. A same-origin client, or one that sends no Origin, is answered.
+# (serve read any body as JSON and looked at neither header.)
+@case
+def serve_refuses_other_sites_and_bodies_that_are_not_json(ctx):
+    p, port = serve_process(ctx, "--allow-host", "proxy.example", "--allow-origin",
+                            "https://app.example")
+    hi = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    try:
+        refused = {
+            "/v1/models": {"Host": f"evil.example:{port}"},
+            "/": {"Host": "evil.example"},
+            "/v1/pipelines/1": {"Host": "127.0.0.1.evil.example"},
+        }
+        for path, headers in refused.items():
+            status, body = http_status(port, path, headers=headers)
+            assert status == 403 and json.loads(body)["error"]["code"] == "forbidden_host", \
+                (path, status, body)
+        for origin in (f"http://evil.example:{port}", "null", f"http://localhost:{port + 1}"):
+            status, body = http_status(port, "/v1/chat/completions", hi, {"Origin": origin})
+            assert status == 403 and json.loads(body)["error"]["code"] == "forbidden_origin", \
+                (origin, status, body)
+        for ctype in ("text/plain", "application/x-www-form-urlencoded"):
+            status, body = http_status(port, "/v1/chat/completions", hi, {"Content-Type": ctype})
+            assert status == 415, (ctype, status, body)
+            assert json.loads(body)["error"]["message"] == (
+                f"body: Content-Type '{ctype}'; send the request as one JSON object with the "
+                "header 'Content-Type: application/json'"), body
+        assert http_status(port, "/health", headers={"Host": "evil.example"})[0] == 200
+        answered = [
+            ("/v1/models", None, {}),
+            ("/v1/models", None, {"Host": f"localhost:{port}"}),
+            ("/v1/models", None, {"Host": "proxy.example"}),
+            ("/v1/chat/completions", hi, {"Origin": f"http://127.0.0.1:{port}"}),
+            ("/v1/chat/completions", hi, {"Origin": "https://app.example"}),
+            ("/v1/chat/completions", hi, {"Content-Type": "application/json; charset=utf-8"}),
+        ]
+        for path, body, headers in answered:
+            status, text = http_status(port, path, body, headers)
+            assert status == 200, (path, headers, status, text)
+    finally:
+        p.terminate()
+        p.communicate(timeout=60)
 
 
 # A stream in flight at SIGTERM runs to its end within --drain, while the

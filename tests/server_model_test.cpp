@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 #include <csignal>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -97,14 +99,17 @@ bool await_metric(httplib::Client& c, const std::string& name, double value) {
 
 // POST /v1/chat/completions whose response body goes to `receive` as it
 // arrives (return false to hang up); this httplib's Post has no receiver.
+// `on_head`, when set, sees the response's status and headers first.
 httplib::Result post_receiving(httplib::Client& c, const json& body,
                                std::function<bool(const char*, size_t)> receive,
-                               const std::string& path = "/v1/chat/completions") {
+                               const std::string& path = "/v1/chat/completions",
+                               httplib::ResponseHandler on_head = {}) {
   httplib::Request req;
   req.method = "POST";
   req.path = path;
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
+  req.response_handler = std::move(on_head);
   req.content_receiver = [receive](const char* data, size_t len, uint64_t, uint64_t) {
     return receive(data, len);
   };
@@ -203,8 +208,9 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
 }
 
 // A posted pipeline's server-sent events in order, each "event: NAME\ndata:
-// JSON"; `keep_going` sees each as it arrives (false: hang up). Refusals
-// are not streamed: post them with Client::Post.
+// JSON"; `keep_going` sees each as it arrives (false: hang up), `run_id`
+// (when given) is the run's id before the first. Refusals are not
+// streamed: post them with Client::Post.
 struct PipelineEvent {
   std::string name;
   json data;
@@ -215,7 +221,8 @@ struct PipelineStream {
   std::string content_type;
 };
 PipelineStream post_pipeline(httplib::Client& c, const json& pipeline,
-                             const std::function<bool(const PipelineEvent&)>& keep_going = {}) {
+                             const std::function<bool(const PipelineEvent&)>& keep_going = {},
+                             std::string* run_id = nullptr) {
   PipelineStream out;
   std::string buffer;
   const auto res = post_receiving(
@@ -237,7 +244,11 @@ PipelineStream post_pipeline(httplib::Client& c, const json& pipeline,
         }
         return true;
       },
-      "/v1/pipelines");
+      "/v1/pipelines",
+      [run_id](const httplib::Response& head) {
+        if (run_id) *run_id = head.get_header_value("X-SwarmKV-Run-Id");
+        return true;
+      });
   if (res) {
     out.status = res->status;
     out.content_type = res->get_header_value("Content-Type");
@@ -920,15 +931,16 @@ TEST_F(ServerTest, EachBadRequestGetsItsStatusAndOpenAIsErrorShape) {
   EXPECT_EQ(json::parse(res->body)["error"]["message"], "no route GET /v1/nothing");
 }
 
-// A JSON body is read as JSON whatever its Content-Type (curl -d sends a
-// form type); this httplib would parse a form body itself and refuse one
-// over 8 KiB with a 413 that named the wrong limit.
-TEST_F(ServerTest, AJsonBodyIsReadAsJsonWhateverItsContentType) {
+// A POST body must be JSON, said so by its Content-Type (parameters
+// allowed): a page on another site can send text/plain or a form to any
+// server without asking first, never JSON. It was read as JSON whatever its
+// type (and this httplib would parse a form body itself).
+TEST_F(ServerTest, APostBodyMustSayItIsJson) {
   Running server(model_, small_options());
   auto c = server.client();
-  const std::string body = chat_body("", "Name a colour.", 6).dump() + std::string(50000, ' ');
+  const std::string body = chat_body("", "Name a colour.", 6).dump();
   const json as_json = post_chat(*c, json::parse(body));
-  for (const char* type : {"application/x-www-form-urlencoded", "text/plain"}) {
+  for (const char* type : {"application/json; charset=utf-8", "Application/JSON"}) {
     const auto res = c->Post("/v1/chat/completions", body, type);
     ASSERT_TRUE(res) << type;
     ASSERT_EQ(res->status, 200) << type << ": " << res->body;
@@ -936,13 +948,21 @@ TEST_F(ServerTest, AJsonBodyIsReadAsJsonWhateverItsContentType) {
               as_json["choices"][0]["message"]["content"])
         << type;
   }
-  const auto res =
-      c->Post("/v1/chat/completions", "--x\r\n\r\n--x--\r\n", "multipart/form-data; boundary=x");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 415);
-  EXPECT_EQ(json::parse(res->body)["error"]["message"],
-            "body: multipart form data; send the request as one JSON object (Content-Type: "
-            "application/json)");
+  for (const char* type :
+       {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"}) {
+    for (const char* path : {"/v1/chat/completions", "/v1/pipelines"}) {
+      const auto res = c->Post(path, body, type);
+      ASSERT_TRUE(res) << type;
+      EXPECT_EQ(res->status, 415) << type;
+      const json e = json::parse(res->body)["error"];
+      EXPECT_EQ(e["code"], "unsupported_media_type");
+      EXPECT_EQ(e["message"], fmt::format("body: Content-Type '{}'; send the request as one JSON "
+                                          "object with the header 'Content-Type: "
+                                          "application/json'",
+                                          type));
+    }
+  }
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 0) << "nothing posted ran";
 }
 
 // n completions of one prompt fork from the first: its prompt is
@@ -1051,6 +1071,50 @@ json one_agent_pipeline(int max_tokens, const std::string& prompt = "Who is the 
       {"agents", json::array({{{"name", "a"}, {"prompt", prompt}, {"max_tokens", max_tokens}}})}};
 }
 
+// A web page must not drive the server. DNS rebinding: a page whose own
+// name was pointed at 127.0.0.1 reads the server as same-origin, but its
+// requests carry that name as their Host; 403 on every route but /health.
+// CSRF: a page elsewhere POSTs with its Origin; 403. The server's own
+// names and origin, and clients that send no Origin, are answered; the
+// allow lists widen the rules. (Neither header was looked at.)
+TEST_F(ServerTest, AForeignHostOrOriginIsRefusedAndTheServersOwnAnswered) {
+  ServerOptions o = small_options();
+  o.allow_hosts = {"proxy.example"};
+  o.allow_origins = {"https://app.example"};
+  Running server(model_, o);
+  auto c = server.client();
+  const std::string port = std::to_string(server.port());
+  const std::string chat = chat_body("", "Hi", 1).dump();
+  const auto code = [](const httplib::Result& res) {
+    return res && res->status == 403 ? json::parse(res->body)["error"]["code"].get<std::string>()
+                                     : std::to_string(res ? res->status : 0);
+  };
+  for (const char* path : {"/", "/runs/1", "/v1/pipelines/1", "/v1/models", "/metrics"}) {
+    EXPECT_EQ(code(c->Get(path, {{"Host", "evil.example:" + port}})), "forbidden_host") << path;
+  }
+  EXPECT_EQ(
+      code(c->Post("/v1/chat/completions", {{"Host", "evil.example"}}, chat, "application/json")),
+      "forbidden_host");
+  EXPECT_EQ(c->Get("/health", {{"Host", "evil.example"}})->status, 200) << "/health tells nothing";
+  for (const std::string& origin :
+       std::vector<std::string>{"http://evil.example", "null", "http://localhost:" + port}) {
+    EXPECT_EQ(code(c->Post("/v1/pipelines", {{"Origin", origin}}, one_agent_pipeline(1).dump(),
+                           "application/json")),
+              "forbidden_origin")
+        << origin;
+  }
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 0) << "nothing posted ran";
+  for (const httplib::Headers& own :
+       {httplib::Headers{}, httplib::Headers{{"Origin", "http://127.0.0.1:" + port}},
+        httplib::Headers{{"Host", "localhost:" + port}, {"Origin", "http://localhost:" + port}},
+        httplib::Headers{{"Host", "proxy.example"}},
+        httplib::Headers{{"Origin", "https://app.example"}}}) {
+    const auto res = c->Post("/v1/chat/completions", own, chat, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+  }
+}
+
 // A body as Python's json writes it: characters outside the BMP as
 // surrogate pairs, which come back as themselves in the result.
 TEST_F(ServerTest, APostedPipelineKeepsCharactersOutsideTheBmp) {
@@ -1100,6 +1164,43 @@ TEST_F(ServerTest, APostedPipelineIsRefusedWithItsReason) {
             std::string::npos)
       << message;
   EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 0);
+}
+
+// A posted pipeline runs on the server's threads (serve -t), not on every
+// core, and cannot ask for more: it ran on all of them, or on whatever its
+// `threads` said. Fewer are its own business.
+TEST_F(ServerTest, APostedPipelineRunsOnTheServersThreadsAndCannotRaiseThem) {
+  if (hardware_threads() < 2) GTEST_SKIP() << "needs 2 hardware threads to ask for more than 1";
+  ServerOptions options = small_options();
+  options.context.n_threads = 1;
+  Running server(model_, options);
+  auto c = server.client();
+  const auto post = [&](const json& body) {
+    return c->Post("/v1/pipelines?stream=false", body.dump(), "application/json");
+  };
+  for (const json& threads : {json(nullptr), json(0), json(1)}) {
+    json body = one_agent_pipeline(2);
+    if (!threads.is_null()) body["threads"] = threads;
+    const auto res = post(body);
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json engine = json::parse(res->body)["engine"];
+    EXPECT_EQ(engine["threads"], 1) << threads;
+    EXPECT_EQ(engine["threads_batch"], 1) << threads;
+  }
+  for (const char* key : {"threads", "threads_batch"}) {
+    json body = one_agent_pipeline(2);
+    body[key] = 2;
+    const auto res = post(body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << key << ": " << res->body;
+    const json e = json::parse(res->body)["error"];
+    EXPECT_EQ(e["param"], key);
+    EXPECT_EQ(e["message"], fmt::format("{}: 2 threads, more than the 1 this server runs with "
+                                        "(serve -t/--threads); leave '{}' out to run on the "
+                                        "server's",
+                                        key, key));
+  }
 }
 
 // One pipeline at a time (the default): a second gets 429 while the first
@@ -1184,21 +1285,27 @@ TEST_F(ServerTest, PostedRunsAreListedAndFollowedBehindTheKey) {
 
   json mid_view;
   std::string mid_page;
-  const PipelineStream st = post_pipeline(*c, one_agent_pipeline(12), [&](const PipelineEvent& e) {
-    if (e.name == "token" && mid_view.is_null()) {
-      const auto v = browser.Get("/v1/pipelines/1");
-      const auto p = browser.Get("/runs/1");
-      EXPECT_TRUE(v && p);
-      if (v && p) {
-        EXPECT_EQ(v->status, 200) << v->body;
-        EXPECT_EQ(p->status, 200) << p->body;
-        mid_view = json::parse(v->body);
-        mid_page = p->body;
-      }
-    }
-    return true;
-  });
+  std::string id;  // the POST's X-SwarmKV-Run-Id
+  const PipelineStream st = post_pipeline(
+      *c, one_agent_pipeline(12),
+      [&](const PipelineEvent& e) {
+        if (e.name == "token" && mid_view.is_null()) {
+          const auto v = browser.Get("/v1/pipelines/" + id);
+          const auto p = browser.Get("/runs/" + id);
+          EXPECT_TRUE(v && p);
+          if (v && p) {
+            EXPECT_EQ(v->status, 200) << v->body;
+            EXPECT_EQ(p->status, 200) << p->body;
+            mid_view = json::parse(v->body);
+            mid_page = p->body;
+          }
+        }
+        return true;
+      },
+      &id);
   ASSERT_EQ(st.status, 200);
+  // 128 random bits: not to be guessed from another run's id.
+  EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{32}"))) << id;
   ASSERT_EQ(st.events.back().name, "result");
   const json& result = st.events.back().data;
   ASSERT_TRUE(mid_view.is_object()) << "no token event came";
@@ -1208,22 +1315,22 @@ TEST_F(ServerTest, PostedRunsAreListedAndFollowedBehindTheKey) {
   EXPECT_NE(mid_page.find("<meta http-equiv=\"refresh\" content=\"1\">"), std::string::npos);
   EXPECT_NE(mid_page.find("<g class=\"node running\">"), std::string::npos);
 
-  auto ended = browser.Get("/v1/pipelines/1");
+  auto ended = browser.Get("/v1/pipelines/" + id);
   ASSERT_TRUE(ended);
   json view = json::parse(ended->body);
   EXPECT_EQ(view["live"]["state"], "ok");
   view.erase("live");
   EXPECT_EQ(view, result) << "once it ended, its view is its result";
-  auto page = browser.Get("/runs/1");
+  auto page = browser.Get("/runs/" + id);
   ASSERT_TRUE(page);
   EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
   EXPECT_EQ(page->body.find("http-equiv=\"refresh\""), std::string::npos) << "it ended: no reload";
   EXPECT_NE(page->body.find("<a href=\"#agent-0\" id=\"bar-0\">"), std::string::npos);
-  EXPECT_NE(page->body.find("run 1 on this server"), std::string::npos);
+  EXPECT_NE(page->body.find("run " + id + " on this server"), std::string::npos);
 
   // The key, or nothing.
   httplib::Client anon("127.0.0.1", server.port());
-  const auto no_key = anon.Get("/runs/1");
+  const auto no_key = anon.Get("/runs/" + id);
   ASSERT_TRUE(no_key);
   EXPECT_EQ(no_key->status, 401);
   EXPECT_EQ(no_key->get_header_value("WWW-Authenticate"),
@@ -1236,14 +1343,14 @@ TEST_F(ServerTest, PostedRunsAreListedAndFollowedBehindTheKey) {
   // base64 of "anyone:wrong", of "k3y" (no colon), not base64, no scheme.
   for (const char* header :
        {"Basic YW55b25lOndyb25n", "Basic azN5", "Basic !!!!", "Basic k3y", "k3y"}) {
-    const auto res = anon.Get("/runs/1", {{"Authorization", header}});
+    const auto res = anon.Get("/runs/" + id, {{"Authorization", header}});
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 401) << header;
   }
-  const auto no_user = anon.Get("/runs/1", {{"Authorization", "basic OmszeQ=="}});  // ":k3y"
+  const auto no_user = anon.Get("/runs/" + id, {{"Authorization", "basic OmszeQ=="}});  // ":k3y"
   ASSERT_TRUE(no_user);
   EXPECT_EQ(no_user->status, 200) << "any user name, none too; the scheme in any case";
-  const auto bearer = c->Get("/runs/1");
+  const auto bearer = c->Get("/runs/" + id);
   ASSERT_TRUE(bearer);
   EXPECT_EQ(bearer->status, 200) << "a page takes the Bearer token too";
   const auto models = browser.Get("/v1/models");
@@ -1251,26 +1358,31 @@ TEST_F(ServerTest, PostedRunsAreListedAndFollowedBehindTheKey) {
   EXPECT_EQ(models->status, 200) << "and the API Basic auth";
 
   // Two more runs: the first leaves the list.
-  for (const char* id : {"2", "3"}) {
+  std::vector<std::string> ids = {id};
+  for (int i = 0; i < 2; ++i) {
     const auto res =
         c->Post("/v1/pipelines?stream=false", one_agent_pipeline(2).dump(), "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 200) << res->body;
-    EXPECT_EQ(res->get_header_value("X-SwarmKV-Run-Id"), id);
+    ids.push_back(res->get_header_value("X-SwarmKV-Run-Id"));
+    EXPECT_TRUE(std::regex_match(ids.back(), std::regex("[0-9a-f]{32}"))) << ids.back();
   }
-  const auto gone = browser.Get("/runs/1");
+  EXPECT_TRUE(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2]);
+  const auto gone = browser.Get("/runs/" + id);
   ASSERT_TRUE(gone);
   EXPECT_EQ(gone->status, 404);
   EXPECT_EQ(json::parse(gone->body)["error"]["message"],
-            "no run '1' here: this server keeps its last 2 pipeline runs (--keep-runs), and GET / "
-            "lists them");
+            fmt::format("no run '{}' here: this server keeps its last 2 pipeline runs "
+                        "(--keep-runs), and GET / lists them",
+                        id));
   const auto list = browser.Get("/");
   ASSERT_TRUE(list);
   EXPECT_EQ(list->status, 200);
-  EXPECT_NE(list->body.find("<tr id=\"run-3\">"), std::string::npos) << list->body;
-  EXPECT_NE(list->body.find("<tr id=\"run-2\">"), std::string::npos);
-  EXPECT_EQ(list->body.find("<tr id=\"run-1\">"), std::string::npos);
-  EXPECT_LT(list->body.find("run-3"), list->body.find("run-2")) << "newest first";
+  const auto row = [&](const std::string& run) { return list->body.find("<tr id=\"run-" + run); };
+  EXPECT_NE(row(ids[2]), std::string::npos) << list->body;
+  EXPECT_NE(row(ids[1]), std::string::npos);
+  EXPECT_EQ(row(ids[0]), std::string::npos);
+  EXPECT_LT(row(ids[2]), row(ids[1])) << "newest first";
   const auto metrics = c->Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_NE(

@@ -1,12 +1,14 @@
-// The OpenAI request parser, the pipeline request parser, the streamed text
-// and the error map of `swarmkv serve`, without a model or a socket: each
-// refusal names its field, in OpenAI's error shape.
+// The OpenAI request parser, the pipeline request parser, the streamed text,
+// the Host/Origin/Content-Type rules and the error map of `swarmkv serve`,
+// without a model or a socket: each refusal names its field, in OpenAI's
+// error shape.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
+#include "server/request_guard.h"
 #include "server/run_view.h"
 #include "server/text_stream.h"
 #include "swarmkv/result_json.h"
@@ -158,6 +160,82 @@ TEST(OpenAIErrorTest, FinishReasons) {
   EXPECT_EQ(finish_reason(StopReason::kStopString), "stop");
 }
 
+// ------------------------------------------------------------------ Host, Origin, Content-Type
+
+// The code of the guard's refusal of these headers, "" when it lets them in.
+std::string guard_code(const RequestGuard& guard, std::string_view host, std::string_view origin,
+                       std::string_view local = "127.0.0.1") {
+  const std::optional<Refusal> r = guard.check(host, origin, local);
+  return r ? r->code : "";
+}
+
+// DNS rebinding: a page's own name pointed at this server; its requests
+// still carry that name. Only the server's names and addresses pass.
+TEST(RequestGuardTest, AHostMustNameThisServer) {
+  const RequestGuard loopback("127.0.0.1", {}, {});
+  for (const char* host : {"127.0.0.1:8080", "127.0.0.1", "localhost:8080", "LOCALHOST",
+                           "localhost.", "[::1]:8080", "127.0.0.2:8080", ""}) {
+    EXPECT_EQ(guard_code(loopback, host, ""), "") << host;
+  }
+  for (const char* host : {"evil.example:8080", "evil.example", "127.0.0.1.evil.example",
+                           "localhost.evil.example:8080", "10.0.0.5:8080", ":8080", "[::1"}) {
+    EXPECT_EQ(guard_code(loopback, host, ""), "forbidden_host") << host;
+  }
+  // Bound to every interface: the address a connection arrived at is the
+  // server's (IPv4 also as an IPv6-mapped one); --host's name and
+  // --allow-host's names are too.
+  const RequestGuard all("0.0.0.0", {"Proxy.Example"}, {});
+  EXPECT_EQ(guard_code(all, "10.0.0.5:8080", "", "10.0.0.5"), "");
+  EXPECT_EQ(guard_code(all, "10.0.0.5:8080", "", "::ffff:10.0.0.5"), "");
+  EXPECT_EQ(guard_code(all, "10.0.0.6:8080", "", "10.0.0.5"), "forbidden_host");
+  EXPECT_EQ(guard_code(all, "proxy.example", "", "10.0.0.5"), "");
+  EXPECT_EQ(guard_code(all, "other.example", "", "10.0.0.5"), "forbidden_host");
+  EXPECT_EQ(guard_code(RequestGuard("box.lan", {}, {}), "BOX.lan:8080", ""), "");
+  const std::optional<Refusal> r = loopback.check("evil.example:8080", "", "127.0.0.1");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->message,
+            "Host 'evil.example:8080' is not this server's name or address: a page whose DNS name "
+            "was pointed at this server (DNS rebinding) must not use it or read its runs; serve "
+            "with --allow-host evil.example to answer to that name");
+}
+
+// A page on another site may POST here without asking first; the browser
+// says where it comes from. Only this server's own origin (and those
+// allowed) pass; a client that sends none (curl, the OpenAI clients) too.
+TEST(RequestGuardTest, AnOriginMustBeThisServersOwn) {
+  const RequestGuard guard("127.0.0.1", {}, {"https://App.Example/"});
+  EXPECT_EQ(guard_code(guard, "127.0.0.1:8080", "http://127.0.0.1:8080"), "");
+  EXPECT_EQ(guard_code(guard, "localhost:8080", "http://LOCALHOST:8080"), "");
+  EXPECT_EQ(guard_code(guard, "127.0.0.1:8080", "https://app.example"), "");
+  for (const char* origin :
+       {"http://evil.example", "http://127.0.0.1:8081", "http://localhost:8080", "null",
+        "https://app.example:444", "file://"}) {
+    EXPECT_EQ(guard_code(guard, "127.0.0.1:8080", origin), "forbidden_origin") << origin;
+  }
+  EXPECT_EQ(guard_code(guard, "", "http://127.0.0.1:8080"), "forbidden_origin");
+  const std::optional<Refusal> r =
+      guard.check("127.0.0.1:8080", "http://evil.example", "127.0.0.1");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->message,
+            "Origin 'http://evil.example' is not this server ('127.0.0.1:8080'): a page on another "
+            "site must not use it; serve with --allow-origin http://evil.example to let that site "
+            "in");
+}
+
+// Only JSON is read: text/plain and forms are what a page elsewhere sends
+// without a preflight.
+TEST(RequestGuardTest, OnlyAJsonContentTypeIsJson) {
+  for (const char* type : {"application/json", "application/json; charset=utf-8",
+                           "Application/JSON", " application/json ;charset=UTF-8"}) {
+    EXPECT_TRUE(is_json_content_type(type)) << type;
+  }
+  for (const char* type :
+       {"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+        "application/jsonx", "text/plain; application/json"}) {
+    EXPECT_FALSE(is_json_content_type(type)) << type;
+  }
+}
+
 // ------------------------------------------------------------------ /v1/pipelines
 
 std::string pipeline_refusal(const std::string& body, const PipelineLimits& limits = {},
@@ -245,6 +323,37 @@ TEST(PipelineRequestTest, EachRefusalIsPrecise) {
   small.max_agents = 2;
   EXPECT_EQ(pipeline_refusal(kPipeline, small),
             "agents[0].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
+}
+
+// The server's threads apply to a posted pipeline: none or 0 (all cores)
+// means the server's, fewer are taken, more are refused naming the key.
+TEST(PipelineRequestTest, ThreadsAreTheServersAndCannotBeRaised) {
+  if (hardware_threads() < 2) GTEST_SKIP() << "needs 2 hardware threads to ask for more than 1";
+  const PipelineLimits server{.n_threads = 1, .n_threads_batch = 1};
+  const PipelineSpec plain = parse_pipeline_request(kPipeline, server);
+  EXPECT_EQ(plain.n_threads, 1);
+  EXPECT_EQ(plain.n_threads_batch, 1);
+  const std::string all_cores =
+      R"({"threads": 0, "threads_batch": 0, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})";
+  EXPECT_EQ(parse_pipeline_request(all_cores, server).n_threads, 1);
+  EXPECT_EQ(parse_pipeline_request(all_cores, server).n_threads_batch, 1);
+  const PipelineLimits two{.n_threads = 2, .n_threads_batch = 2};
+  const std::string one =
+      R"({"threads": 1, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})";
+  EXPECT_EQ(parse_pipeline_request(one, two).n_threads, 1);
+  EXPECT_EQ(parse_pipeline_request(one, two).n_threads_batch, 2);
+  EXPECT_EQ(
+      pipeline_refusal(
+          R"({"threads": 2, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})", server),
+      "threads: 2 threads, more than the 1 this server runs with (serve -t/--threads); "
+      "leave 'threads' out to run on the server's");
+  EXPECT_EQ(
+      pipeline_refusal(
+          R"({"threads_batch": 2, "document": "x", "agents": [{"name": "a", "prompt": "b"}]})",
+          server),
+      "threads_batch: 2 threads, more than the 1 this server runs with (serve -t/--threads); "
+      "leave 'threads_batch' out to run on the server's");
+  EXPECT_EQ(parse_pipeline_request(one, {}).n_threads, 1) << "no limit: as the body says";
 }
 
 // Python's json writes characters outside the BMP as surrogate pairs: the

@@ -379,6 +379,16 @@ class Context {
   // anything when the state does not begin with this model's architecture
   // name; after a failure the memory is empty.
   void state_set(std::span<const std::uint8_t> src);
+  // Reads the cell list of a whole-context state (state_get) without
+  // restoring anything: calls `cell(pos, seqs)` for each cell of its first
+  // KV cache's first stream, in the state's order. That cache holds every
+  // cell the context held (a sliding-window model's window cache comes
+  // after it). Returns the state's stream count. Throws Error(kState) as
+  // state_set does when the state does not begin with this model's
+  // architecture name; Error(kCorruption) when the bytes end inside the
+  // list or a cell names more sequences than this context has.
+  uint32_t read_state_cells(std::span<const std::uint8_t> src,
+                            const std::function<void(Pos, std::span<const SeqId>)>& cell) const;
 
  private:
   friend struct detail::EngineAccess;

@@ -10,13 +10,16 @@
 // far), GET / and GET /runs/<id> (the runs as pages, run_page.h), GET
 // /v1/models, GET /health (no key needed), GET /metrics (Prometheus text).
 // The key goes as a Bearer token, or as the password of Basic auth (what a
-// browser sends). Errors are OpenAI's error JSON; docs/serve.md.
+// browser sends). A request must name this server as its Host, come from
+// no other site (Origin), and POST JSON (src/server/request_guard.h).
+// Errors are OpenAI's error JSON; docs/serve.md.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "swarmkv/engine.h"
 #include "swarmkv/pipeline.h"
@@ -28,6 +31,14 @@ struct ServerOptions {
   int port = 8080;                 // 0: any free port (Server::port() tells which)
   std::string api_key;  // non-empty: every route but /health needs "Bearer <key>" (or Basic auth
                         // with the key as the password)
+  // Every route but /health answers only a Host that names this server
+  // (localhost, this machine's name, `host`, an address it was reached at
+  // or a loopback one) and an Origin, when a browser sends one, that is
+  // its own: a web page cannot drive it, nor read its runs through DNS
+  // rebinding (403). More names a Host may carry (a reverse proxy's) and
+  // more origins ("https://app.example:8443") a page may come from:
+  std::vector<std::string> allow_hosts;
+  std::vector<std::string> allow_origins;
   // The id /v1/models lists (with the alias "swarmkv") and a request may
   // name; empty: the model file's name.
   std::string model_name;

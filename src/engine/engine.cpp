@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <type_traits>
 
@@ -823,22 +824,62 @@ std::size_t Context::state_get(std::span<std::uint8_t> dst) {
   return written;
 }
 
-void Context::state_set(std::span<const std::uint8_t> src) {
-  // The state begins with the architecture's name (a u32 length, then the
-  // bytes), and llama.cpp allocates the length it reads before comparing:
-  // 2^31 from a damaged or hostile snapshot cost 2.4 GB and 5 s. Checked
-  // here, so no size from the bytes reaches an allocation.
-  const std::string arch = kv_layout().architecture;
+namespace {
+
+// A state's bytes as llama.cpp's reader takes them: little-endian fields,
+// each checked against the end before it is read.
+class StateReader {
+ public:
+  explicit StateReader(std::span<const std::uint8_t> bytes) : bytes_(bytes) {}
+  uint32_t u32(const char* what) {
+    need(4, what);
+    uint32_t v = 0;
+    for (size_t i = 0; i < 4; ++i) v |= uint32_t{bytes_[at_ + i]} << (8 * i);
+    at_ += 4;
+    return v;
+  }
+  void skip(size_t n, const char* what) {
+    need(n, what);
+    at_ += n;
+  }
+
+ private:
+  void need(size_t n, const char* what) const {
+    if (bytes_.size() - at_ < n) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("the KV state ends at byte {} inside its {}", bytes_.size(), what));
+    }
+  }
+
+  std::span<const std::uint8_t> bytes_;
+  size_t at_ = 0;
+};
+
+// The state begins with the architecture's name (a u32 length, then the
+// bytes), and llama.cpp allocates the length it reads before comparing:
+// 2^31 from a damaged or hostile snapshot cost 2.4 GB and 5 s. Checked
+// first, so no size from the bytes reaches an allocation. Returns the
+// Error(kState) to throw when the state does not begin with `arch`.
+std::optional<Error> foreign_state(std::span<const std::uint8_t> src, const std::string& arch) {
   uint32_t arch_len = 0;
   for (size_t i = 0; i < 4 && i < src.size(); ++i) arch_len |= uint32_t{src[i]} << (8 * i);
-  if (src.size() < 4 + arch.size() || arch_len != arch.size() ||
-      !std::equal(arch.begin(), arch.end(), src.begin() + 4)) {
+  if (src.size() >= 4 + arch.size() && arch_len == arch.size() &&
+      std::equal(arch.begin(), arch.end(), src.begin() + 4)) {
+    return std::nullopt;
+  }
+  return Error(ErrorCode::kState,
+               fmt::format("state_set: the state does not begin with this model's architecture "
+                           "name '{}' (it gives a name of {} bytes); the data is corrupt or not "
+                           "a state of this model",
+                           arch, arch_len));
+}
+
+}  // namespace
+
+void Context::state_set(std::span<const std::uint8_t> src) {
+  if (std::optional<Error> foreign = foreign_state(src, kv_layout().architecture)) {
     memory_clear();
-    throw Error(ErrorCode::kState,
-                fmt::format("state_set: the state does not begin with this model's architecture "
-                            "name '{}' (it gives a name of {} bytes); the data is corrupt or not "
-                            "a state of this model",
-                            arch, arch_len));
+    throw *foreign;
   }
   const size_t consumed = llama_state_set_data(ctx_.get(), src.data(), src.size());
   if (consumed != src.size()) {
@@ -849,6 +890,40 @@ void Context::state_set(std::span<const std::uint8_t> src) {
                             "attention or K/V types differ, or the data is corrupt)",
                             consumed, src.size()));
   }
+}
+
+uint32_t Context::read_state_cells(
+    std::span<const std::uint8_t> src,
+    const std::function<void(Pos, std::span<const SeqId>)>& cell) const {
+  const std::string arch = kv_layout().architecture;
+  if (std::optional<Error> foreign = foreign_state(src, arch)) throw *foreign;
+  // llama_kv_cache::state_write: the stream count; per stream the cell
+  // count, then per cell its position, its sequence count, on M-RoPE
+  // models a 12-byte extension (llama_kv_cell_ext), and its sequence ids;
+  // then that stream's K/V rows.
+  const llama_rope_type rope = llama_model_rope_type(detail::EngineAccess::model(*model_));
+  const size_t ext_bytes =
+      rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE ? 3 * sizeof(int32_t) : 0;
+  StateReader in(src);
+  in.skip(4 + arch.size(), "architecture name");
+  const uint32_t n_streams = in.u32("stream count");
+  const uint32_t n_cells = n_streams > 0 ? in.u32("cell count") : 0;
+  std::vector<SeqId> seqs;
+  for (uint32_t i = 0; i < n_cells; ++i) {
+    const auto pos = static_cast<Pos>(in.u32("cell list"));
+    const uint32_t n_seq = in.u32("cell list");
+    if (n_seq > options_.n_seq_max) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("the KV state's cell {} names {} sequences, more than the {} of "
+                              "this context",
+                              i, n_seq, options_.n_seq_max));
+    }
+    in.skip(ext_bytes, "cell list");
+    seqs.resize(n_seq);
+    for (SeqId& s : seqs) s = static_cast<SeqId>(in.u32("cell list"));
+    cell(pos, seqs);
+  }
+  return n_streams;
 }
 
 // ---------------------------------------------------------------- Sampler

@@ -50,8 +50,7 @@ class HostFork final : public ContextPerBranchFork {
     std::memcpy(branch.bytes().data(), snapshot_.data(), snapshot_.size());
     const auto r0 = Clock::now();
     t.fork = ms_between(f0, r0);
-    ctx.state_set(branch.bytes());  // exact bytes or Error(kState), memory left empty
-    check_restored_prefix(ctx, prefix_tokens_, snapshot_path_);
+    restore_prefix(ctx, branch.bytes(), prefix_tokens_, snapshot_path_);
     t.restore = ms_between(r0, Clock::now());
     return 0;
   }

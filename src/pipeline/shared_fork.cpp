@@ -86,8 +86,8 @@ class SharedFork final : public ForkStrategy {
     auto ctx = std::make_unique<Context>(in.model, options);
     const Stopwatch r;
     if (!streaming) {
-      ctx->state_set(state.bytes);  // the prefix on sequence 0, each cell at its index
-      check_restored_prefix(*ctx, prefix.size(), state.use.path);
+      // The prefix on sequence 0, each cell at its index.
+      restore_prefix(*ctx, state.bytes, prefix.size(), state.use.path);
     }
     result.restore_ms = r.ms();
     result.prefill_ms = state.prefill_ms;

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
@@ -151,8 +153,7 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
     // Keep the first `reuse` tokens, then re-pack them: a whole-context
     // export skips the freed cells and a restore puts the rest at 0.., with
     // the head after them, as a prefill of those tokens leaves them.
-    ctx.state_set(payload);
-    check_restored_prefix(ctx, snapshot_tokens, use.path);
+    restore_prefix(ctx, payload, snapshot_tokens, use.path);
     ctx.seq_rm(0, static_cast<Pos>(reuse), -1);
     std::vector<uint8_t> trimmed(ctx.state_size());
     trimmed.resize(ctx.state_get(trimmed));
@@ -196,6 +197,15 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
   return out;
 }
 
+namespace {
+
+// How a check names the state it refuses.
+std::string state_name(const std::string& path) {
+  return path.empty() ? "the prefix state" : fmt::format("snapshot '{}'", path);
+}
+
+}  // namespace
+
 void check_restored_prefix(const Context& ctx, size_t n_tokens, const std::string& path) {
   const Pos lo = ctx.seq_pos_min(0);
   const Pos hi = ctx.seq_pos_max(0);
@@ -205,13 +215,53 @@ void check_restored_prefix(const Context& ctx, size_t n_tokens, const std::strin
       static_cast<size_t>(hi) + 1 == n_tokens) {
     return;
   }
-  const std::string what = path.empty() ? "the prefix state" : fmt::format("snapshot '{}'", path);
-  throw Error(
-      ErrorCode::kCorruption,
-      fmt::format("{}: after its restore sequence 0 holds {}, where its {} tokens are at "
-                  "0..{}",
-                  what, hi < 0 ? std::string("nothing") : fmt::format("positions {}..{}", lo, hi),
-                  n_tokens, static_cast<int64_t>(n_tokens) - 1));
+  throw Error(ErrorCode::kCorruption,
+              fmt::format("{}: after its restore sequence 0 holds {}, where its {} tokens are at "
+                          "0..{}",
+                          state_name(path),
+                          hi < 0 ? std::string("nothing") : fmt::format("positions {}..{}", lo, hi),
+                          n_tokens, static_cast<int64_t>(n_tokens) - 1));
+}
+
+void check_prefix_cells(const Context& ctx, std::span<const uint8_t> state, size_t n_tokens,
+                        const std::string& path) {
+  size_t n_cells = 0;
+  std::string astray;  // the first cell not where a prefill puts it
+  const auto cell = [&](Pos pos, std::span<const SeqId> seqs) {
+    const bool in_place = std::cmp_equal(pos, n_cells) && seqs.size() == 1 && seqs[0] == 0;
+    if (!in_place && astray.empty()) {
+      astray = fmt::format(
+          "its KV cell {} holds position {} of sequences [{}], where a prefill "
+          "puts position {} of sequence 0 alone",
+          n_cells, pos, fmt::join(seqs, ", "), n_cells);
+    }
+    ++n_cells;
+  };
+  std::string what;
+  try {
+    if (const uint32_t n_streams = ctx.read_state_cells(state, cell); n_streams != 1) {
+      what = fmt::format("its state has {} KV streams, where a prefill context's has 1", n_streams);
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    what = e.message();
+  }
+  if (what.empty() && n_cells != n_tokens) {
+    what = fmt::format(
+        "its state holds {} KV cells, where its {} tokens need {} (positions 0..{} "
+        "of sequence 0)",
+        n_cells, n_tokens, n_tokens, static_cast<int64_t>(n_tokens) - 1);
+  }
+  if (what.empty()) what = std::move(astray);
+  if (!what.empty())
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: {}", state_name(path), what));
+}
+
+void restore_prefix(Context& ctx, std::span<const uint8_t> state, size_t n_tokens,
+                    const std::string& path) {
+  check_prefix_cells(ctx, state, n_tokens, path);
+  ctx.state_set(state);
+  check_restored_prefix(ctx, n_tokens, path);
 }
 
 }  // namespace swarmkv::detail

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "swarmkv/pipeline.h"
@@ -56,6 +58,24 @@ size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_toke
 // wrote cells in no sequence or at other positions, which llama.cpp takes
 // as they are (an answer as if there were no document, or a decode error).
 void check_restored_prefix(const Context& ctx, size_t n_tokens, const std::string& path);
+
+// Before a prefix state of `n_tokens` is restored into `ctx`: its bytes
+// list one KV stream of exactly n_tokens cells, the i-th at position i of
+// sequence 0 alone, as a prefill leaves them (Context::read_state_cells).
+// Otherwise Error(kCorruption) naming the snapshot file `path` as
+// check_restored_prefix does: a state resealed with cells left out passed
+// the position check after its restore (its lowest and highest position
+// were there) and answered as if the document had holes.
+void check_prefix_cells(const Context& ctx, std::span<const uint8_t> state, size_t n_tokens,
+                        const std::string& path);
+
+// Restores the prefix state of `n_tokens` tokens from snapshot file `path`
+// ("": a state this process made) into `ctx`: check_prefix_cells,
+// Context::state_set, check_restored_prefix. Throws what they throw; `ctx`
+// is untouched after a failure of the first, empty after one of
+// state_set, and holds what was restored after one of the last.
+void restore_prefix(Context& ctx, std::span<const uint8_t> state, size_t n_tokens,
+                    const std::string& path);
 
 // Obtains the state of `prefix` as options.snapshot says (see SnapshotOptions).
 // Throws: for a named file what its reading throws (kNotFound, kCorruption,

@@ -1,10 +1,13 @@
 #include "server/pipeline_runner.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
+#include <tuple>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <openssl/rand.h>
 
 #include "server/openai.h"
 #include "server/text_stream.h"
@@ -15,6 +18,27 @@
 
 namespace swarmkv::server {
 using nlohmann::json;
+
+namespace {
+
+// The server's thread settings apply: a client takes no more of the
+// machine than the operator gave the server (serve -t).
+void apply_server_threads(const PipelineLimits& limits, PipelineSpec& spec) {
+  const std::tuple<const char*, int32_t&, int32_t> settings[] = {
+      {"threads", spec.n_threads, limits.n_threads},
+      {"threads_batch", spec.n_threads_batch, limits.n_threads_batch}};
+  for (const auto& [key, asked, server] : settings) {
+    if (server <= 0) continue;
+    if (asked == 0) asked = server;  // not given, or "all cores"
+    if (asked > server) {
+      refuse(key, fmt::format("{} threads, more than the {} this server runs with (serve "
+                              "-t/--threads); leave '{}' out to run on the server's",
+                              asked, server, key));
+    }
+  }
+}
+
+}  // namespace
 
 PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
   const json body = read_pipeline_json(body_text, "body");
@@ -48,6 +72,7 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
   // graph; its messages start with "body: ".
   PipelineSpec spec = parse_pipeline_json(body, "body", "");
   if (!body.contains("exact")) spec.exact = limits.exact;  // the server's mode
+  apply_server_threads(limits, spec);
   if (spec.exact && !limits.exact) {
     refuse("exact",
            "this server runs without the batch-invariant kernels exact mode needs (started "
@@ -65,6 +90,22 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
 }
 
 // ------------------------------------------------------------------ job
+
+namespace {
+
+// 128 random bits in hex: a run's id may not be guessed from another's (a
+// client that could read /runs/<id> must have been told the id).
+std::string new_run_id() {
+  std::array<unsigned char, 16> bits{};
+  if (RAND_bytes(bits.data(), static_cast<int>(bits.size())) != 1) {
+    throw Error(ErrorCode::kInternal, "pipeline: no random bytes for a run id (RAND_bytes)");
+  }
+  std::string id;
+  for (const unsigned char b : bits) id += fmt::format("{:02x}", b);
+  return id;
+}
+
+}  // namespace
 
 PipelineJob::PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline prepared,
                          const std::string& model)
@@ -169,12 +210,13 @@ std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
   const RunOptions defaults;
   check_memory(spec, *model_, prepared.budget, defaults.guard);
   std::shared_ptr<PipelineJob> job;
+  std::string id = new_run_id();
   {
     std::lock_guard lock(mutex_);
     if (full()) return nullptr;  // another request took the slot meanwhile
-    job =
-        std::make_shared<PipelineJob>(std::to_string(++runs_), std::move(spec), std::move(prepared),
-                                      std::filesystem::path(model_->path()).filename().string());
+    ++runs_;
+    job = std::make_shared<PipelineJob>(std::move(id), std::move(spec), std::move(prepared),
+                                        std::filesystem::path(model_->path()).filename().string());
     live_.push_back(job);
     queue_.push_back(job);
     recent_.push_front(job);

@@ -32,6 +32,11 @@ struct PipelineLimits {
   int32_t max_tokens = 4096;   // per agent
   uint32_t max_n_ctx = 32768;  // the KV cells its contexts may have (PipelineBudget::n_ctx)
   bool exact = false;          // the server is exact (ServerOptions::exact)
+  // The server's threads as its context runs them (n_threads,
+  // n_threads_batch); 0: not limited. A pipeline that names none (or 0,
+  // all cores) runs on these, and may name fewer, never more.
+  int32_t n_threads = 0;
+  int32_t n_threads_batch = 0;
 };
 
 // Parses a /v1/pipelines body: the JSON of a pipeline file
@@ -41,7 +46,9 @@ struct PipelineLimits {
 // object (got ...)", "model: ...", "document.file: ...", "agents: ..." for
 // more than limits.max_agents (checked before any agent is read), "exact:
 // ..." (exact: true, and limits.exact is not), "agents[i].max_tokens: ..."
-// for the limit, or what parse_pipeline_json throws, prefixed "body: ".
+// for the limit, "threads: ..." / "threads_batch: ..." for more than
+// limits.n_threads / n_threads_batch, or what parse_pipeline_json throws,
+// prefixed "body: ".
 PipelineSpec parse_pipeline_request(std::string_view body, const PipelineLimits& limits);
 
 class PipelineRunner;
@@ -52,7 +59,7 @@ class PipelineJob {
   PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline prepared,
               const std::string& model);
 
-  // "1", "2", ...: its place among the server's runs (GET /runs/<id>).
+  // 32 hex digits, random (GET /runs/<id>): not to be guessed from another.
   const std::string& id() const noexcept { return id_; }
   // The next event, or nullopt after `timeout` without one.
   std::optional<PipelineEvent> next(std::chrono::milliseconds timeout) {

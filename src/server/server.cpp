@@ -27,6 +27,7 @@
 #include "server/http_server.h"
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
+#include "server/request_guard.h"
 #include "swarmkv/chat.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -187,6 +188,7 @@ struct Server::Impl {
   std::unique_ptr<server::CompletionEngine> engine;
   std::unique_ptr<server::PipelineRunner> pipelines;
   server::HttpServer http;
+  std::optional<server::RequestGuard> request_guard;  // set by the constructor
   int port = 0;
   int listen_fd = -1;  // the listening socket, as set_socket_options saw it
   std::atomic<int32_t> in_flight{0};
@@ -379,9 +381,14 @@ struct Server::Impl {
   std::shared_ptr<InFlight> admit(httplib::Response& res);
   void chat(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void pipeline(const httplib::Request& req, const std::string& body, httplib::Response& res);
-  // Registers a POST route whose body is read as JSON whatever its
-  // Content-Type: httplib would parse a form-encoded body itself and
-  // refuse one over 8 KiB with 413.
+  // Answers 403 and returns true for a request whose Host or Origin the
+  // guard refuses.
+  bool refused_by_guard(const httplib::Request& req, httplib::Response& res);
+  // Registers a POST route whose body must be JSON (Content-Type
+  // application/json, else 415): a page on another site can send a form or
+  // text/plain to any server without asking first, never JSON. The body is
+  // read here: httplib would parse a form-encoded one itself and refuse one
+  // over 8 KiB with 413.
   void post_json(const std::string& route,
                  void (Impl::*handle)(const httplib::Request& req, const std::string& body,
                                       httplib::Response& res));
@@ -393,12 +400,15 @@ void Server::Impl::post_json(const std::string& route,
                                                   httplib::Response& res)) {
   http.Post(route, [this, handle](const httplib::Request& req, httplib::Response& res,
                                   const httplib::ContentReader& read) {
-    if (req.is_multipart_form_data()) {
+    if (const std::string type = req.get_header_value("Content-Type");
+        !server::is_json_content_type(type)) {
       send_error(res,
                  {ErrorCode::kInvalidArgument,
-                  "body: multipart form data; send the request as one JSON object "
-                  "(Content-Type: application/json)"},
-                 {{415, "invalid_request_error", ""}});
+                  fmt::format("body: {}; send the request as one JSON object with the header "
+                              "'Content-Type: application/json'",
+                              type.empty() ? std::string("no Content-Type")
+                                           : fmt::format("Content-Type '{}'", type))},
+                 {{415, "invalid_request_error", "unsupported_media_type"}});
       return;
     }
     std::string body;
@@ -417,6 +427,15 @@ void Server::Impl::post_json(const std::string& route,
     }
     (this->*handle)(req, body, res);
   });
+}
+
+bool Server::Impl::refused_by_guard(const httplib::Request& req, httplib::Response& res) {
+  const std::optional<server::Refusal> refusal = request_guard->check(
+      req.get_header_value("Host"), req.get_header_value("Origin"), req.local_addr);
+  if (!refusal) return false;
+  send_error(res, {ErrorCode::kInvalidArgument, refusal->message},
+             {{403, "invalid_request_error", refusal->code}});
+  return true;
 }
 
 std::shared_ptr<InFlight> Server::Impl::admit(httplib::Response& res) {
@@ -694,6 +713,7 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                     "keep_runs >= 1 (got {}, {}, {}, {})",
                     o.max_pipelines, o.max_pipeline_agents, o.max_pipeline_ctx, o.keep_runs));
   }
+  s.request_guard.emplace(o.host, o.allow_hosts, o.allow_origins);
   s.pipeline_limits = {.max_agents = o.max_pipeline_agents,
                        .max_tokens = o.max_tokens,
                        .max_n_ctx = o.max_pipeline_ctx,
@@ -712,6 +732,9 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                                                 ? std::string()
                                                 : snapshot_store_dir(o.snapshots.cache_dir),
                             .exact = o.exact});
+  // Posted pipelines run on the threads the shared context runs with.
+  s.pipeline_limits.n_threads = s.engine->options().context.n_threads;
+  s.pipeline_limits.n_threads_batch = s.engine->options().context.n_threads_batch;
   s.pipelines =
       std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots, o.keep_runs);
 
@@ -729,8 +752,9 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   s.http.set_payload_max_length(o.max_body_bytes);
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
     trace = {.start = Clock::now(), .usage = std::nullopt};
-    if (req.path == "/health" || s.authorised(req))
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (s.refused_by_guard(req, res)) return httplib::Server::HandlerResponse::Handled;
+    if (s.authorised(req)) return httplib::Server::HandlerResponse::Unhandled;
     // A browser asks its user for the key when told Basic; an API client
     // is told Bearer.
     const bool page = is_page(req.path);

@@ -50,8 +50,7 @@ std::optional<StoredPrefix> PrefixStore::find(std::span<const Token> prompt,
     // The entry is a prefill context's whole state; its first `reuse` tokens
     // as one sequence's state.
     Context ctx(model_, detail::prefill_context_options(serving_, have));
-    ctx.state_set(payload);
-    detail::check_restored_prefix(ctx, have, match->entry.path);
+    detail::restore_prefix(ctx, payload, have, match->entry.path);
     if (reuse < have) ctx.seq_rm(0, static_cast<Pos>(reuse), -1);
     StoredPrefix out;
     out.tokens = reuse;

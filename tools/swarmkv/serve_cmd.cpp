@@ -28,9 +28,11 @@ ServeCommand::ServeCommand(CLI::App& app) {
       "JSON of a pipeline file (document.text, no model, no file) and streams its agents' "
       "events, then `run --json`'s result (?stream=false: the result alone); a browser sees the "
       "last runs at / and each at /runs/ID (graph, timeline and answers, live while it runs). "
-      "Bound to 127.0.0.1 "
-      "unless --host says "
-      "otherwise. SIGTERM or Ctrl-C drain: requests in flight may finish for --drain seconds "
+      "Bound to 127.0.0.1 unless --host says otherwise. So that a web page cannot drive it "
+      "or read its runs, every route but /health answers 403 to a Host that is not this "
+      "server's name or address (DNS rebinding) and to an Origin of another site, POST "
+      "routes 415 to a body that is not Content-Type application/json, and run ids are "
+      "random. SIGTERM or Ctrl-C drain: requests in flight may finish for --drain seconds "
       "(then they fail: a stream ends with an error event and [DONE]) while /health answers 503 "
       "draining and new requests 503; then it exits 0. Logs at info level unless --log-level says "
       "otherwise. See docs/serve.md.");
@@ -46,6 +48,15 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "is asked for it (any user name, KEY as the password) (default: "
                    "$SWARMKV_API_KEY; none: no auth, with a warning off loopback; an empty key "
                    "is an error)");
+  sub_->add_option("--allow-host", options_.allow_hosts,
+                   "a name a request's Host may carry besides localhost, this machine's name, "
+                   "--host and the addresses the server is reached at (a reverse proxy's public "
+                   "name); repeatable")
+      ->allow_extra_args(false);
+  sub_->add_option("--allow-origin", options_.allow_origins,
+                   "a site (scheme://host[:port]) whose pages may use this server from a "
+                   "browser besides its own; repeatable")
+      ->allow_extra_args(false);
   sub_->add_option("-c,--n-ctx", options_.context.n_ctx,
                    "KV cells of the one context all requests share")
       ->capture_default_str()
@@ -55,7 +66,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "as for `run`)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 16));
-  sub_->add_option("-t,--threads", options_.context.n_threads, "CPU threads (0 = all cores)")
+  sub_->add_option("-t,--threads", options_.context.n_threads,
+                   "CPU threads (0 = all cores); posted pipelines run on them too, and one "
+                   "asking for more threads is refused")
       ->capture_default_str();
   sub_->add_option("--flash-attn", flash_attn_,
                    "flash attention: on or off; exact mode (the default) needs it on")
