@@ -633,6 +633,14 @@ TEST(ClusterKeyTest, AnEntryIsRefusedUnsignedOrChangedOrMoved) {
   cluster::StreamEntry unsigned_entry = e;
   unsigned_entry.fields.erase("sig");
   EXPECT_EQ(cluster::entry_refusal(kKey, "jobs", unsigned_entry), "it is unsigned");
+  cluster::StreamEntry truncated = e;
+  truncated.fields["sig"].resize(40);
+  EXPECT_EQ(cluster::entry_refusal(kKey, "jobs", truncated),
+            "its signature is malformed (40 characters; a signature is 64 hex digits)");
+  cluster::StreamEntry garbled = e;
+  garbled.fields["sig"][7] = 'Z';
+  EXPECT_EQ(cluster::entry_refusal(kKey, "jobs", garbled),
+            "its signature is malformed (64 characters; a signature is 64 hex digits)");
   EXPECT_EQ(cluster::xadd(cluster::ClusterKey(), "jobs", 10, fields).size(), 6u + 2 * 2);
 }
 

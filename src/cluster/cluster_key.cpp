@@ -139,6 +139,13 @@ std::optional<std::string> refusal(const ClusterKey& key, const std::string& tex
                                    const std::string* signature) {
   if (key.empty()) return std::nullopt;
   if (signature == nullptr || signature->empty()) return "it is unsigned";
+  // A signature is an HMAC-SHA256 in lower-case hex; anything else was cut
+  // or garbled on its way, not made with another key.
+  if (signature->size() != 64 ||
+      signature->find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return fmt::format("its signature is malformed ({} characters; a signature is 64 hex digits)",
+                       signature->size());
+  }
   if (!key.verifies(text, *signature)) return "it is signed with another cluster key";
   return std::nullopt;
 }
