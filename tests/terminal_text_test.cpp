@@ -27,4 +27,8 @@ TEST(TerminalText, TextIsKeptAsItIs) {
   EXPECT_EQ(terminal_safe(""), "");
 }
 
+TEST(TerminalText, OneLineFieldsEscapeNewlinesAndTabsToo) {
+  EXPECT_EQ(terminal_safe("a\nb\tc\x1b", /*keep_lines=*/false), "a\\x0ab\\x09c\\x1b");
+}
+
 }  // namespace

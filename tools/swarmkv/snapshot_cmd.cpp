@@ -1,6 +1,7 @@
 #include "snapshot_cmd.h"
 
 #include "progress.h"
+#include "terminal_text.h"
 
 #include <unistd.h>
 
@@ -105,24 +106,10 @@ nlohmann::json header_json(const SnapshotHeader& h, const std::string& path) {
           {"sections", sections}};
 }
 
-// Text from a snapshot's metadata as a terminal may show it: control
-// characters (C0, DEL and C1) as \xNN / \u00NN, so that a file cannot
-// move the cursor, retitle the window or clear the screen.
+// Text from a snapshot's metadata as a terminal may show it, on one line:
+// a file cannot move the cursor, retitle the window or clear the screen.
 std::string printable(std::string_view text) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
-    if (c < 0x20 || c == 0x7f) {
-      out += fmt::format("\\x{:02x}", c);
-    } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {
-      out += fmt::format("\\u{:04x}", next);
-      ++i;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
+  return terminal_safe(text, /*keep_lines=*/false);
 }
 
 }  // namespace
