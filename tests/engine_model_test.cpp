@@ -459,7 +459,7 @@ TEST_P(EngineModelForkTest, UnifiedBatchedLogitsStayWithinBound) {
   EXPECT_EQ(shared.seq_pos_max(1), static_cast<Pos>(prefix.size() + prompts[0].size()) - 1);
 }
 
-// Exact mode's kernels (ModelOptions::batch_invariant, engine_options
+// Exact mode's kernels (ModelOptions::batch_invariant, EngineSettings::context_options
 // with exact): one agent's tokens decoded alone, as the re-prefill does, and
 // beside another agent's in a unified cache, as the shared fork does, give
 // bit-identical logits at every step: its prompt 4 rows at a time alone and
@@ -484,7 +484,7 @@ TEST_P(ExactKernelTest, ARowDecodesTheSameAloneAndBesideAnother) {
   spec.n_threads = 2;
   std::shared_ptr<const Model> model;
   try {
-    model = test::load_test_model(GetParam(), model_options(spec));
+    model = test::load_test_model(GetParam(), spec.model_options());
   } catch (const Error& e) {  // another test of this process decoded first
     GTEST_SKIP() << "needs a process of its own (ctest runs each case alone): " << e.what();
   }
@@ -501,7 +501,7 @@ TEST_P(ExactKernelTest, ARowDecodesTheSameAloneAndBesideAnother) {
   ASSERT_GT(other.size() + mine.size(), static_cast<size_t>(detail::kExactMaxRows) + 1);
   ASSERT_GT(mine.size() % 4, 0u) << "a chunk of fewer than 4 rows at the end";
   const auto P = static_cast<Pos>(p.prefix.size());
-  ContextOptions solo_options = engine_options(spec);
+  ContextOptions solo_options = spec.context_options();
   solo_options.n_ctx = 4096;
   ContextOptions pair_options = solo_options;
   pair_options.kv_unified = true;

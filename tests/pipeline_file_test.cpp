@@ -134,7 +134,7 @@ TEST_F(PipelineFileTest, EngineSettingsAreRead) {
   const PipelineSpec off = load_pipeline_file(write(
       "off.yaml", "flash_attn: false\ndocument: {text: x}\nagents: [{name: a, prompt: q}]\n"));
   EXPECT_FALSE(off.flash_attn);
-  EXPECT_FALSE(off.kv_type.has_value());  // engine_options decides
+  EXPECT_FALSE(off.kv_type.has_value());  // EngineSettings::context_options decides
 }
 
 TEST_F(PipelineFileTest, JsonIsAcceptedToo) {

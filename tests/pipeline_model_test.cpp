@@ -80,7 +80,7 @@ using Reference = test::GreedyReference;
 Reference recompute(const std::shared_ptr<const Model>& model, const PipelineSpec& spec,
                     const std::vector<Token>& prefix, const std::vector<Token>& prompt,
                     const AgentSpec& agent, bool split = false) {
-  ContextOptions o = engine_options(spec);
+  ContextOptions o = spec.context_options();
   o.n_ctx = static_cast<uint32_t>(prefix.size() + prompt.size()) + agent.max_tokens + 64;
   Context ctx(model, o);
   std::vector<Token> all = prefix;
@@ -557,7 +557,7 @@ class ExactForkTest : public ::testing::TestWithParam<test::TestModel> {
     PipelineSpec exact;
     exact.exact = true;
     try {
-      model_ = test::load_test_model(GetParam(), model_options(exact));
+      model_ = test::load_test_model(GetParam(), exact.model_options());
     } catch (const Error& e) {  // another test of this process decoded first
       GTEST_SKIP() << "needs a process of its own (ctest runs each case alone): " << e.what();
     }

@@ -348,7 +348,7 @@ TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
   spec.n_threads_batch = 2;
   spec.flash_attn = true;
   spec.kv_type = KvType::kQ8_0;
-  ContextOptions o = engine_options(spec);
+  ContextOptions o = spec.context_options();
   EXPECT_EQ(o.n_batch, 256u);
   EXPECT_EQ(o.n_ubatch, 256u);                   // 0 = n_batch
   EXPECT_EQ(o.n_threads, effective_threads(1));  // resolved ($SWARMKV_MAX_THREADS caps them)
@@ -357,15 +357,15 @@ TEST(EngineSettingsTest, OnePipelineGivesEveryContextTheSameSettings) {
   EXPECT_EQ(o.type_k, KvType::kQ8_0);
   EXPECT_EQ(o.type_v, KvType::kQ8_0);
   spec.n_ubatch = 128;
-  EXPECT_EQ(engine_options(spec).n_ubatch, 128u);
+  EXPECT_EQ(spec.context_options().n_ubatch, 128u);
   // Automatic: 256 where it divides n_batch, else n_batch itself.
   spec.n_ubatch = 0;
   spec.n_batch = 512;
-  EXPECT_EQ(engine_options(spec).n_ubatch, 256u);
+  EXPECT_EQ(spec.context_options().n_ubatch, 256u);
   spec.n_batch = 384;
-  EXPECT_EQ(engine_options(spec).n_ubatch, 384u);
+  EXPECT_EQ(spec.context_options().n_ubatch, 384u);
   spec.n_batch = 64;
-  EXPECT_EQ(engine_options(spec).n_ubatch, 64u);
+  EXPECT_EQ(spec.context_options().n_ubatch, 64u);
   // The context-level rule is the same one.
   o.flash_attn = false;
   try {
@@ -385,22 +385,22 @@ TEST(EngineSettingsTest, ExactModeTurnsOnFlashAttentionAndOneThreadOnlyWithoutTh
   PipelineSpec spec = four_agents();
   spec.n_threads = 2;
   spec.exact = true;
-  const ContextOptions o = engine_options(spec);
+  const ContextOptions o = spec.context_options();
   EXPECT_TRUE(o.flash_attn);
   EXPECT_EQ(o.n_threads, attention_batch_invariant() ? effective_threads(2) : 1);
   EXPECT_EQ(o.n_threads_batch, effective_threads(2));
-  EXPECT_TRUE(model_options(spec).batch_invariant);
+  EXPECT_TRUE(spec.model_options().batch_invariant);
   spec.n_threads_batch = 1;
-  EXPECT_EQ(engine_options(spec).n_threads_batch, 1);
+  EXPECT_EQ(spec.context_options().n_threads_batch, 1);
   spec.exact = false;
-  EXPECT_EQ(engine_options(spec).n_threads, effective_threads(2));
-  EXPECT_FALSE(engine_options(spec).flash_attn);
-  EXPECT_FALSE(model_options(spec).batch_invariant);
+  EXPECT_EQ(spec.context_options().n_threads, effective_threads(2));
+  EXPECT_FALSE(spec.context_options().flash_attn);
+  EXPECT_FALSE(spec.model_options().batch_invariant);
   // q8_0 needs flash attention, which exact mode brings.
   spec.kv_type = KvType::kQ8_0;
-  EXPECT_THROW(validate_engine_settings(spec), Error);
+  EXPECT_THROW(spec.validate(), Error);
   spec.exact = true;
-  EXPECT_NO_THROW(validate_engine_settings(spec));
+  EXPECT_NO_THROW(spec.validate());
   // With the attention kernel any micro-batch is batch-invariant; without
   // it, 64 rows take ggml's tiled path.
   EXPECT_EQ(detail::branch_decoding(spec).max_rows, attention_batch_invariant() ? 0u : 63u);
@@ -418,18 +418,18 @@ TEST(EngineSettingsTest, KvTypeDefaultsToQ8_0WhereFlashAttentionRuns) {
   PipelineSpec spec = four_agents();
   ASSERT_FALSE(spec.kv_type.has_value());
   ASSERT_TRUE(spec.exact);
-  EXPECT_EQ(engine_options(spec).type_k, KvType::kQ8_0);
-  EXPECT_EQ(engine_options(spec).type_v, KvType::kQ8_0);
+  EXPECT_EQ(spec.context_options().type_k, KvType::kQ8_0);
+  EXPECT_EQ(spec.context_options().type_v, KvType::kQ8_0);
   spec.exact = false;
-  EXPECT_EQ(engine_options(spec).type_k, KvType::kF16);
-  EXPECT_EQ(engine_options(spec).type_v, KvType::kF16);
-  EXPECT_NO_THROW(validate_engine_settings(spec));
+  EXPECT_EQ(spec.context_options().type_k, KvType::kF16);
+  EXPECT_EQ(spec.context_options().type_v, KvType::kF16);
+  EXPECT_NO_THROW(spec.validate());
   spec.flash_attn = true;
-  EXPECT_EQ(engine_options(spec).type_v, KvType::kQ8_0);
+  EXPECT_EQ(spec.context_options().type_v, KvType::kQ8_0);
   spec.exact = true;
   spec.kv_type = KvType::kF16;
-  EXPECT_EQ(engine_options(spec).type_k, KvType::kF16);
-  EXPECT_EQ(engine_options(spec).type_v, KvType::kF16);
+  EXPECT_EQ(spec.context_options().type_k, KvType::kF16);
+  EXPECT_EQ(spec.context_options().type_v, KvType::kF16);
 }
 
 TEST(EngineSettingsTest, WithoutTheAttentionKernelExactModeRunsOneRowStepsOnOneThread) {
@@ -441,7 +441,7 @@ TEST(EngineSettingsTest, WithoutTheAttentionKernelExactModeRunsOneRowStepsOnOneT
   spec.n_threads = 2;
   spec.exact = true;
   EXPECT_FALSE(attention_batch_invariant());
-  EXPECT_EQ(engine_options(spec).n_threads, 1);
+  EXPECT_EQ(spec.context_options().n_threads, 1);
   EXPECT_EQ(detail::branch_decoding(spec).max_rows, 63u);
   if (before != nullptr) {
     setenv("GGML_CPU_FA_BATCH_INVARIANT", saved.c_str(), /*overwrite=*/1);

@@ -700,7 +700,7 @@ TEST_F(SnapshotBusTest, UnderAKeyOnlyASignedManifestAndItsOwnChunksAreTaken) {
 
 TEST(ClusterWireTest, ASpecSurvivesTheTrip) {
   // A K/V type left unset stays unset: the worker resolves it as the
-  // coordinator does (engine_options), from the exactness that routes the job.
+  // coordinator does (EngineSettings::context_options), from the exactness that routes the job.
   PipelineSpec default_kv = fixtures::exact_variant(fixtures::spec_with_every_field_set());
   default_kv.kv_type.reset();
   for (const PipelineSpec& spec :

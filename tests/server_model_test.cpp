@@ -633,7 +633,7 @@ class ServerExactTest : public ::testing::TestWithParam<test::TestModel> {
     ServerOptions o = small_options();
     o.exact = true;
     o.context.flash_attn = true;  // as the server turns it on; the re-prefill reads it here
-    // The K/V type `serve` gets by default (engine_options: q8_0 where flash
+    // The K/V type `serve` gets by default (EngineSettings::context_options: q8_0 where flash
     // attention runs), as a pipeline's prefill stores it.
     o.context.type_k = o.context.type_v = KvType::kQ8_0;
     o.context.n_ctx = n_ctx;

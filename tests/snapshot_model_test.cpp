@@ -203,7 +203,7 @@ TEST_P(SnapshotModelTest, AppendedDocumentReusesTheCommonPrefixAndAnswersAsACold
     EXPECT_EQ(s.reused_tokens, 0);
   } else {
     EXPECT_EQ(s.source, SnapshotSource::kCache);
-    const auto chunk = static_cast<int32_t>(engine_options(spec).n_ubatch);
+    const auto chunk = static_cast<int32_t>(spec.context_options().n_ubatch);
     EXPECT_EQ(chunk, 256);  // the automatic micro-batch of n_batch 512
     EXPECT_EQ(s.reused_tokens % chunk, 0);
     // All of the first document's whole micro-batches.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -259,6 +260,68 @@ void validate_threads(int32_t n_threads);
 void validate_context_options(const ContextOptions& options);
 // The V-cache rule alone: "kv_type q8_0 needs flash attention ...".
 void validate_kv_types(KvType type_k, KvType type_v, bool flash_attn);
+
+// The engine settings a run or a server chooses (docs/engine-settings.md;
+// the defaults are the fastest end to end in bench/results/prefill-settings):
+// the one value every context and model option of `run`, `serve`, the
+// cluster and a snapshot's prefill is derived from, so that they bind alike
+// (a snapshot binds to them). PipelineSpec has them as its base.
+struct EngineSettings {
+  uint32_t n_batch = 512;  // prefill chunk size (a shared fork: at least n_seq_max)
+  // The prefill's micro-batch, dividing n_batch; 0 = 256 when it divides
+  // n_batch (5-9 % faster than 512 here), else n_batch (auto_n_ubatch).
+  uint32_t n_ubatch = 0;
+  int32_t n_threads = 0;        // decode threads; 0 = all cores
+  int32_t n_threads_batch = 0;  // prefill (and batched-step) threads; 0 = n_threads
+  // Off: on, the prefill is 1.2-1.4x faster but the agents' decoding 2.2-4x
+  // slower (f16 cache), a net loss end to end on the README pipeline.
+  bool flash_attn = false;
+  // K and V cache; unset: kQ8_0 where flash attention runs (exact mode
+  // turns it on), else kF16 (a quantised V cache needs flash attention).
+  // Under the exact kernels q8_0 halves the KV memory and every snapshot at
+  // f16's speed on SmolLM2, within a tenth of it on Gemma 3
+  // (bench/results/cluster-q8).
+  std::optional<KvType> kv_type;
+  // Batch-invariant decoding, on by default: every answer equals, token for
+  // token, a re-prefill's with the same settings, whatever else shares its
+  // decode calls (docs/exact-mode.md). Turns flash attention on
+  // (context_options) and loads the model with batch-invariant kernels
+  // (model_options); settle_exact turns it off where the model could not be
+  // loaded so.
+  bool exact = true;
+  // Layers on a GPU build's GPU (ModelOptions::n_gpu_layers; 0 = CPU only,
+  // -1 = all). Not exact (the kernels are CPU-only); snapshots bind to it
+  // (KvLayout::offloaded_layers).
+  int32_t n_gpu_layers = 0;
+
+  // Throws Error(kInvalidArgument) naming the setting: n_batch >= 1,
+  // n_ubatch 0 or a divisor of n_batch (so that every prefill's
+  // micro-batches start at multiples of n_ubatch, which snapshot reuse
+  // relies on), threads and threads_batch (validate_threads), kv_type q8_0
+  // only with flash attention (or exact, which turns it on).
+  void validate() const;
+  // As context options: n_batch, n_ubatch, threads, flash attention and KV
+  // types (n_ctx, n_seq_max and kv_unified left at their defaults for the
+  // caller to set); threads resolved (0: all cores), the KV type too. With
+  // exact: flash attention on, and n_threads 1 where our attention kernel
+  // is missing (flash attention's split-KV path over 512 or more cells
+  // starts its chunks at absolute cell indices; one thread reads the row
+  // kernel every other step uses).
+  ContextOptions context_options() const;
+  // How to load the model: with batch-invariant kernels when exact.
+  ModelOptions model_options() const;
+  // These settings as they run on `model`: exact turned off when the model
+  // could not be loaded with batch-invariant kernels
+  // (Model::exact_unavailable names why). Throws Error(kInvalidArgument)
+  // when exact is asked of a model that could have had them but was loaded
+  // without (ModelOptions::batch_invariant false).
+  EngineSettings settle_exact(const Model& model) const;
+  bool operator==(const EngineSettings&) const = default;
+};
+
+// The micro-batch of a prefill in chunks of n_batch when none is given
+// (EngineSettings::n_ubatch 0): 256 when it divides n_batch, else n_batch.
+uint32_t auto_n_ubatch(uint32_t n_batch);
 
 // What a context with `options` allocates, estimated before it exists from
 // the model's shape: the KV cache (n_ctx cells x layers x K and V widths x

@@ -101,8 +101,10 @@ std::string render_prompt(std::string_view prompt,
 // (other agents' answers) or fork_from (its parent's conversation).
 bool renders_at_start(const AgentSpec& agent);
 
-// Everything a run needs. Defaults match the CLI's.
-struct PipelineSpec {
+// Everything a run needs. Defaults match the CLI's. Its engine settings
+// (n_batch, threads, flash attention, KV type, exact, GPU layers) are its
+// EngineSettings base (swarmkv/engine.h).
+struct PipelineSpec : EngineSettings {
   std::string name = "pipeline";
   std::string document;         // the shared document's text
   std::string document_source;  // where it came from ("file:<path>" or "text"), for messages
@@ -114,37 +116,7 @@ struct PipelineSpec {
   // budget. kShared has one context for the prefix and every branch;
   // kHost/kNone one per concurrently running agent (see PipelineBudget).
   uint32_t n_ctx = 0;
-  uint32_t n_batch = 512;  // prefill chunk size (kShared: at least n_seq_max)
-  // Engine settings (docs/engine-settings.md; the defaults are the fastest
-  // end to end in bench/results/prefill-settings). A snapshot binds to them.
-  // The prefill's micro-batch, dividing n_batch; 0 = 256 when it divides
-  // n_batch (5-9 % faster than 512 here), else n_batch.
-  uint32_t n_ubatch = 0;
-  int32_t n_threads = 0;        // decode threads; 0 = all cores
-  int32_t n_threads_batch = 0;  // prefill (and batched-step) threads; 0 = n_threads
-  // Off: on, the prefill is 1.2-1.4x faster but the agents' decoding 2.2-4x
-  // slower (f16 cache), a net loss end to end on the README pipeline.
-  bool flash_attn = false;
-  // K and V cache; unset: kQ8_0 where flash attention runs (exact mode
-  // turns it on), else kF16 (a quantised V cache needs flash attention).
-  // Under the exact kernels q8_0 halves the KV memory and every snapshot at
-  // f16's speed on SmolLM2, within a tenth of it on Gemma 3
-  // (bench/results/cluster-q8); engine_options resolves it.
-  std::optional<KvType> kv_type;
   ForkMode fork = ForkMode::kShared;
-  // Batch-invariant decoding, on by default: every agent's answer equals,
-  // token for token, what `fork: none` gives with the same settings, whatever
-  // the other agents do (docs/exact-mode.md). Turns flash attention on
-  // (engine_options), loads the model with batch-invariant kernels
-  // (model_options) and keeps finished branches' cells
-  // (detail::branch_decoding). Where the model could not be loaded so
-  // (Model::exact_unavailable: a llama.cpp without our patches, a GPU), the
-  // run is not exact and its result says why (PipelineResult).
-  bool exact = true;
-  // Layers on a GPU build's GPU (ModelOptions::n_gpu_layers; 0 = CPU only,
-  // -1 = all). A run with any is not exact (the kernels are CPU-only), and
-  // its snapshots bind to it (KvLayout::offloaded_layers).
-  int32_t n_gpu_layers = 0;
   // kShared: the most branches decoded at once; 0 = as many as fit
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
   // first admitted agents finish sooner, at the cost of throughput.
@@ -158,35 +130,9 @@ struct PipelineSpec {
   bool operator==(const PipelineSpec&) const = default;
 };
 
-// Throws Error(kInvalidArgument) naming the setting: n_batch >= 1, n_ubatch
-// 0 or a divisor of n_batch (so that every prefill's micro-batches start at
-// multiples of n_ubatch, which snapshot reuse relies on), threads and
-// threads_batch (validate_threads), kv_type q8_0 only with flash_attn. Part
-// of validate_pipeline.
-void validate_engine_settings(const PipelineSpec& spec);
-
-// The micro-batch of a prefill in chunks of n_batch when none is given
-// (PipelineSpec::n_ubatch 0): 256 when it divides n_batch, else n_batch.
-uint32_t auto_n_ubatch(uint32_t n_batch);
-
-// The engine settings of `spec` as context options: n_batch, n_ubatch,
-// threads, flash attention and KV types (n_ctx, n_seq_max and kv_unified
-// left at their defaults for the caller to set); threads resolved (0: all
-// cores), the KV type too (PipelineSpec::kv_type). With spec.exact: flash
-// attention on and n_threads 1.
-ContextOptions engine_options(const PipelineSpec& spec);
-
-// How to load the model for `spec`: exact mode with batch-invariant kernels
-// (ModelOptions::batch_invariant). prepare_pipeline refuses an exact
-// pipeline on a model loaded otherwise, unless the model could not be
-// (Model::exact_unavailable): then the run is not exact (exact_settled).
-ModelOptions model_options(const PipelineSpec& spec);
-
-// `spec` as it runs on `model`: itself, or, when it asks for exact but
-// the model could not be loaded with batch-invariant kernels
-// (Model::exact_unavailable), a copy in `storage` with exact off. Throws
-// Error(kInvalidArgument) when it asks for exact on a model that could have
-// had them but was loaded without (ModelOptions::batch_invariant false).
+// `spec` as it runs on `model` (EngineSettings::settle_exact): itself, or,
+// when exact is off there, a copy in `storage` with exact off. Throws what
+// settle_exact throws.
 // Every runner (run_pipeline, prepare_pipeline, prefill_document, the
 // coordinator) settles its spec so.
 const PipelineSpec& exact_settled(const PipelineSpec& spec, const Model& model,
@@ -240,20 +186,6 @@ enum class GuardPolicy { kSerialized, kConcurrent };
 std::string_view to_string(GuardPolicy policy) noexcept;
 GuardPolicy parse_guard_policy(std::string_view name);
 
-// Where kShared and kHost get the document's KV state (kNone never uses a
-// snapshot: it is the re-prefill reference). In order: `file` when set, else
-// the store when `cache` is not kOff, else a prefill.
-struct SnapshotOptions {
-  // The library's default is kOff (an embedding program opts in); the CLI's
-  // is kOn.
-  SnapshotCacheMode cache = SnapshotCacheMode::kOff;
-  std::string cache_dir;         // empty: <cache_dir()>/snapshots
-  uint64_t cache_max_bytes = 0;  // 0: default_snapshot_cache_max()
-  // Restore this snapshot file. Unlike a bad store entry (a warning, then a
-  // prefill), any problem with it fails the document node.
-  std::string file;
-};
-
 struct AgentResult;
 
 // What a run reports as it goes (RunOptions::on_agent_event).
@@ -290,25 +222,6 @@ struct RunOptions {
   // With an AgentExecutor, kStarted comes when an agent is handed to it and
   // no kToken comes (run_distributed's workers report no tokens).
   std::function<void(const AgentEvent&)> on_agent_event;
-};
-
-enum class SnapshotSource { kPrefill, kCache, kFile, kRedis };
-std::string_view to_string(SnapshotSource source) noexcept;
-
-// How a run obtained the document's KV state.
-struct SnapshotUse {
-  SnapshotSource source = SnapshotSource::kPrefill;  // where the reused tokens came from
-  std::string key;                                   // snapshot_key() of the document's prefix
-  std::string path;              // the file read, or the store entry published ("" if none)
-  int32_t reused_tokens = 0;     // prefix tokens restored from the snapshot
-  int32_t prefilled_tokens = 0;  // prefix tokens decoded in this run
-  size_t bytes = 0;              // the prefix's KV state
-  double load_ms = 0;            // finding, reading and verifying the snapshot (and trimming it)
-  double verify_ms = 0;          // the checksums, part of load_ms
-  bool published = false;        // written to the store by this run
-  // Store entries this run found damaged and skipped (warnings; the run
-  // went on without them).
-  std::vector<ErrorValue> discarded;
 };
 
 enum class NodeStatus { kOk, kFailed, kDependencyFailed };
@@ -400,7 +313,7 @@ struct PipelineResult {
   double restore_ms = 0;  // kShared: the prefix state into the shared context
   double branch_buffer_ms = 0;  // kHost: allocating and pre-faulting the first branch buffer
   double total_ms = 0;          // the whole run, model load excluded
-  // The engine settings of the run's prefill context (engine_options), the
+  // The engine settings of the run's prefill context (EngineSettings::context_options), the
   // threads as the contexts really run them.
   ContextOptions engine;
   // The model as loaded: the layers asked for a GPU and those it holds

@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -237,6 +238,39 @@ class SnapshotStore {
 
   std::string dir_;
   uint64_t max_bytes_;
+};
+
+// Where kShared and kHost get the document's KV state (kNone never uses a
+// snapshot: it is the re-prefill reference). In order: `file` when set, else
+// the store when `cache` is not kOff, else a prefill.
+struct SnapshotOptions {
+  // The library's default is kOff (an embedding program opts in); the CLI's
+  // is kOn.
+  SnapshotCacheMode cache = SnapshotCacheMode::kOff;
+  std::string cache_dir;         // empty: <cache_dir()>/snapshots
+  uint64_t cache_max_bytes = 0;  // 0: default_snapshot_cache_max()
+  // Restore this snapshot file. Unlike a bad store entry (a warning, then a
+  // prefill), any problem with it fails the document node.
+  std::string file;
+};
+
+enum class SnapshotSource { kPrefill, kCache, kFile, kRedis };
+std::string_view to_string(SnapshotSource source) noexcept;
+
+// How a run obtained the document's KV state.
+struct SnapshotUse {
+  SnapshotSource source = SnapshotSource::kPrefill;  // where the reused tokens came from
+  std::string key;                                   // snapshot_key() of the document's prefix
+  std::string path;              // the file read, or the store entry published ("" if none)
+  int32_t reused_tokens = 0;     // prefix tokens restored from the snapshot
+  int32_t prefilled_tokens = 0;  // prefix tokens decoded in this run
+  size_t bytes = 0;              // the prefix's KV state
+  double load_ms = 0;            // finding, reading and verifying the snapshot (and trimming it)
+  double verify_ms = 0;          // the checksums, part of load_ms
+  bool published = false;        // written to the store by this run
+  // Store entries this run found damaged and skipped (warnings; the run
+  // went on without them).
+  std::vector<ErrorValue> discarded;
 };
 
 }  // namespace swarmkv

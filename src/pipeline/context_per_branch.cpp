@@ -48,7 +48,7 @@ PipelineBudget ContextPerBranchFork::budget(int32_t prefix_tokens,
 }
 
 void ContextPerBranchFork::run(const RunInputs& in, ReadySet& dag, PipelineResult& result) {
-  ContextOptions options = engine_options(in.spec);
+  ContextOptions options = in.spec.context_options();
   options.n_ctx = in.prepared.budget.n_ctx;
   pool_ = std::make_unique<ContextPool>(in.model, options);
   const size_t agents = in.spec.agents.size();

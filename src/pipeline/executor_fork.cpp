@@ -31,7 +31,8 @@ class ExecutorFork final : public ForkStrategy {
       document.snapshot_key = snapshot_key(prefix_binding(*in.model, in.spec), in.prepared.prefix);
       document.snapshot = [&]() -> std::span<const uint8_t> {
         if (file.empty()) {
-          PrefixState made = obtain_prefix_state(in.spec, in.prepared.prefix, in.options, in.model);
+          PrefixState made = obtain_prefix_state(in.spec, in.prepared.prefix, in.options.snapshot,
+                                                 in.options.on_prefill_progress, in.model);
           file = encode_snapshot(prefix_meta(*in.model, in.spec, in.prepared.prefix), made.bytes);
           result.prefill_ms = made.prefill_ms;
           result.export_ms = made.export_ms;

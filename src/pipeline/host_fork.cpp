@@ -22,7 +22,8 @@ class HostFork final : public ContextPerBranchFork {
  private:
   void obtain_prefix(const RunInputs& in, PipelineResult& result) override {
     const std::vector<Token>& prefix = in.prepared.prefix;
-    PrefixState state = obtain_prefix_state(in.spec, prefix, in.options, in.model);
+    PrefixState state = obtain_prefix_state(in.spec, prefix, in.options.snapshot,
+                                            in.options.on_prefill_progress, in.model);
     const Stopwatch b;
     // Pre-fault one branch buffer now, so that the first fork costs a memcpy
     // like every later one (a fresh 80 MB buffer costs ~230 ms of page faults).

@@ -284,7 +284,7 @@ bool PipelineResult::ok() const noexcept {
 
 void validate_pipeline(const PipelineSpec& spec) {
   validate_document(spec);
-  validate_engine_settings(spec);
+  spec.validate();
   if (spec.agents.empty()) throw Error(ErrorCode::kInvalidArgument, "the pipeline has no agents");
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     const AgentSpec& a = spec.agents[i];
@@ -449,64 +449,13 @@ LatencySummary latency_summary(const PipelineResult& result) {
   return out;
 }
 
-void validate_engine_settings(const PipelineSpec& spec) {
-  if (spec.n_batch < 1)
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("n_batch must be >= 1 (got {})", spec.n_batch));
-  if (spec.n_ubatch > 0 && spec.n_batch % spec.n_ubatch != 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("n_ubatch must be 0 (automatic) or divide n_batch {} (got {})",
-                            spec.n_batch, spec.n_ubatch));
-  }
-  validate_threads(spec.n_threads);
-  validate_threads(spec.n_threads_batch);
-  if (spec.kv_type) validate_kv_types(*spec.kv_type, *spec.kv_type, spec.flash_attn || spec.exact);
-}
-
-uint32_t auto_n_ubatch(uint32_t n_batch) {
-  constexpr uint32_t kAutoUbatch = 256;
-  return n_batch % kAutoUbatch == 0 ? kAutoUbatch : n_batch;
-}
-
-ContextOptions engine_options(const PipelineSpec& spec) {
-  ContextOptions o;
-  o.n_batch = spec.n_batch;
-  o.n_ubatch = spec.n_ubatch > 0 ? spec.n_ubatch : auto_n_ubatch(spec.n_batch);
-  o.n_threads = effective_threads(spec.n_threads);
-  o.n_threads_batch =
-      spec.n_threads_batch > 0 ? effective_threads(spec.n_threads_batch) : o.n_threads;
-  o.flash_attn = spec.flash_attn;
-  if (spec.exact) {
-    // Without our attention kernel, a one-row step over 512 or more cells
-    // with several threads takes flash attention's split-KV path, whose
-    // chunks start at absolute cell indices; on one thread it is the row
-    // kernel every other step uses.
-    if (!attention_batch_invariant()) o.n_threads = 1;
-    o.flash_attn = true;
-  }
-  o.type_k = o.type_v = spec.kv_type.value_or(o.flash_attn ? KvType::kQ8_0 : KvType::kF16);
-  return o;
-}
-
-ModelOptions model_options(const PipelineSpec& spec) {
-  ModelOptions o;
-  o.batch_invariant = spec.exact;
-  o.n_gpu_layers = spec.n_gpu_layers;
-  return o;
-}
-
 const PipelineSpec& exact_settled(const PipelineSpec& spec, const Model& model,
                                   std::optional<PipelineSpec>& storage) {
-  if (!spec.exact || model.options().batch_invariant) return spec;
-  if (model.exact_unavailable().empty()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "exact needs the model loaded with batch-invariant kernels "
-                "(ModelOptions::batch_invariant, as model_options() gives): otherwise a matmul "
-                "rounds a token differently when other tokens share its decode call");
-  }
-  PipelineSpec& settled = storage.emplace(spec);
-  settled.exact = false;
-  return settled;
+  const EngineSettings settled = spec.settle_exact(model);
+  if (settled == spec) return spec;
+  PipelineSpec& out = storage.emplace(spec);
+  static_cast<EngineSettings&>(out) = settled;
+  return out;
 }
 
 PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
@@ -621,7 +570,7 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& given, const Model& model)
 void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBudget& budget,
                   GuardPolicy guard) {
   const ForkTraits traits = fork_traits(spec.fork);
-  ContextOptions branch = engine_options(spec);
+  ContextOptions branch = spec.context_options();
   branch.n_ctx = budget.n_ctx;
   branch.n_seq_max = budget.n_seq_max;
   if (traits.one_context) {
@@ -666,27 +615,14 @@ void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBu
   }
 }
 
-std::string_view to_string(SnapshotSource source) noexcept {
-  switch (source) {
-    case SnapshotSource::kPrefill:
-      return "prefill";
-    case SnapshotSource::kCache:
-      return "cache";
-    case SnapshotSource::kFile:
-      return "file";
-    case SnapshotSource::kRedis:
-      return "redis";
-  }
-  return "unknown";
-}
-
 PrefillReport prefill_document(const PipelineSpec& given, const std::shared_ptr<const Model>& model,
                                const RunOptions& options, const std::string& out_path) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "prefill_document needs a model");
   std::optional<PipelineSpec> storage;
   const PipelineSpec& spec = exact_settled(given, *model, storage);
   const std::vector<Token> prefix = prepare_prefix(spec, *model);
-  detail::PrefixState state = detail::obtain_prefix_state(spec, prefix, options, model);
+  detail::PrefixState state = detail::obtain_prefix_state(spec, prefix, options.snapshot,
+                                                          options.on_prefill_progress, model);
   PrefillReport report;
   report.prefix_tokens = static_cast<int32_t>(prefix.size());
   report.prefill_ms = state.prefill_ms;
@@ -828,7 +764,7 @@ PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<con
   result.fork = spec.fork;
   result.exact = spec.exact;
   if (asked.exact && !spec.exact) result.exact_unavailable = model->exact_unavailable();
-  result.engine = engine_options(spec);
+  result.engine = spec.context_options();
   result.n_gpu_layers = model->options().n_gpu_layers;
   result.offloaded_layers = model->offloaded_layers();
   result.prefix_tokens = prepared.budget.prefix_tokens;

@@ -66,13 +66,14 @@ class SharedFork final : public ForkStrategy {
   static std::unique_ptr<Context> prefill(const RunInputs& in, PipelineResult& result,
                                           bool stream_if_missing, bool& streaming) {
     const std::vector<Token>& prefix = in.prepared.prefix;
-    PrefixState state = obtain_prefix_state(in.spec, prefix, in.options, in.model,
+    PrefixState state = obtain_prefix_state(in.spec, prefix, in.options.snapshot,
+                                            in.options.on_prefill_progress, in.model,
                                             /*exact_only=*/stream_if_missing);
     streaming = state.bytes.empty();
     // Where the prefix came from, also when its restore fails below (a
     // store entry that fails is removed by name: run_pipeline).
     result.snapshot = state.use;
-    ContextOptions options = engine_options(in.spec);
+    ContextOptions options = in.spec.context_options();
     options.n_ctx = in.prepared.budget.n_ctx;
     options.kv_unified = true;
     options.n_seq_max = in.prepared.budget.n_seq_max;
@@ -80,7 +81,7 @@ class SharedFork final : public ForkStrategy {
     const BranchDecoding decoding = branch_decoding(in.spec);
     if (decoding.keep_cells)  // one more id: the park sequence
       options.n_seq_max = std::min(options.n_seq_max + 1, max_parallel_sequences());
-    options.n_ubatch = stream_if_missing && state.bytes.empty() ? engine_options(in.spec).n_ubatch
+    options.n_ubatch = stream_if_missing && state.bytes.empty() ? in.spec.context_options().n_ubatch
                        : decoding.max_rows > 0 ? std::min(options.n_batch, decoding.max_rows)
                                                : options.n_batch;
     auto ctx = std::make_unique<Context>(in.model, options);

@@ -22,22 +22,22 @@ ContextOptions prefill_context_options(const ContextOptions& engine, size_t n_to
   return o;
 }
 
-ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens) {
-  return prefill_context_options(engine_options(spec), n_tokens);
+ContextOptions prefill_context_options(const EngineSettings& engine, size_t n_tokens) {
+  return prefill_context_options(engine.context_options(), n_tokens);
 }
 
 SnapshotBinding prefix_binding(const Model& model, const ContextOptions& engine) {
   return binding_of(model, prefill_context_options(engine, 0));
 }
 
-SnapshotBinding prefix_binding(const Model& model, const PipelineSpec& spec) {
-  return prefix_binding(model, engine_options(spec));
+SnapshotBinding prefix_binding(const Model& model, const EngineSettings& engine) {
+  return prefix_binding(model, engine.context_options());
 }
 
-SnapshotMeta prefix_meta(const Model& model, const PipelineSpec& spec,
+SnapshotMeta prefix_meta(const Model& model, const EngineSettings& engine,
                          const std::vector<Token>& prefix) {
   SnapshotMeta meta;
-  meta.binding = prefix_binding(model, spec);
+  meta.binding = prefix_binding(model, engine);
   meta.tokens = prefix;
   meta.model_file = std::filesystem::path(model.path()).filename().string();
   return meta;
@@ -50,111 +50,96 @@ size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_toke
   return common / layout.n_ubatch * layout.n_ubatch;
 }
 
-PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Token>& prefix,
-                                const RunOptions& options,
-                                const std::shared_ptr<const Model>& model, bool exact_only) {
-  PrefixState out;
-  SnapshotUse& use = out.use;
-  const Stopwatch load;
-  const SnapshotBinding binding = prefix_binding(*model, spec);
-  use.key = snapshot_key(binding, prefix);
-  const SnapshotOptions& so = options.snapshot;
-  std::optional<SnapshotStore> store;
-  if (so.cache != SnapshotCacheMode::kOff) {
-    store.emplace(snapshot_store_dir(so.cache_dir), so.cache_max_bytes);
-  }
-  const auto discard = [&](const std::string& path, const ErrorValue& error) {
-    const bool remove = so.cache == SnapshotCacheMode::kOn;
-    log_warn("snapshot cache: skipping a damaged entry ({}){}", error.to_string(),
-             remove ? "; removed it" : "; left it (read-only)");
-    if (remove) store->remove_path(path);
-    use.discarded.push_back(error);
-  };
+namespace {
 
+// What a snapshot file or the store gives a prefix: a state of `tokens`
+// tokens whose first `reuse` it keeps (none: a prefill).
+struct Found {
   std::vector<uint8_t> payload;
   size_t reuse = 0;
-  size_t snapshot_tokens = 0;
+  size_t tokens = 0;
   SnapshotReadTimes times;
-  if (!so.file.empty()) {
-    const SnapshotHeader h = read_snapshot_header(so.file);
-    check_binding(so.file, h.meta.binding, binding);
-    const size_t common = common_prefix(h.meta.tokens, prefix);
-    reuse = reusable_tokens(common, h.meta.tokens.size(), prefix.size(), binding.layout);
-    if (reuse == 0) {
-      throw Error(
-          ErrorCode::kIncompatible,
-          fmt::format("snapshot '{}' does not fit this document: it holds {} tokens, shares "
-                      "the first {} with this prefix of {} tokens, and {}",
-                      so.file, h.meta.tokens.size(), common, prefix.size(),
-                      binding.layout.n_swa > 0
-                          ? "a sliding-window model can reuse only an exact match"
-                          : fmt::format("reuse needs at least one whole prefill chunk "
-                                        "({} tokens)",
-                                        binding.layout.n_ubatch)));
-    }
-    payload = read_snapshot_payload(so.file, h, &times);
-    use.source = SnapshotSource::kFile;
-    use.path = so.file;
-    snapshot_tokens = h.meta.tokens.size();
-  } else if (store) {
-    std::vector<SnapshotStore::Entry> bad;
-    std::optional<SnapshotStore::Match> match = store->best_match(binding, prefix, 1, &bad);
-    for (const SnapshotStore::Entry& e : bad) discard(e.path, *e.error);
-    if (match) {
-      const size_t have = match->entry.header->meta.tokens.size();
-      reuse = reusable_tokens(match->common_tokens, have, prefix.size(), binding.layout);
-      if (reuse == 0) {
-        log_info(
-            "snapshot cache: {} shares {} of this prefix's {} tokens, not enough to reuse ({}); "
-            "prefilling",
-            match->entry.key, match->common_tokens, prefix.size(),
-            binding.layout.n_swa > 0 ? "a sliding-window model reuses only an exact match"
-                                     : "less than one prefill chunk");
-      } else {
-        try {
-          payload = read_snapshot_payload(match->entry.path, *match->entry.header, &times);
-          use.source = SnapshotSource::kCache;
-          use.path = match->entry.path;
-          snapshot_tokens = have;
-          if (so.cache == SnapshotCacheMode::kOn) store->touch(match->entry.path);
-        } catch (const Error& e) {
-          if (e.code() != ErrorCode::kCorruption && e.code() != ErrorCode::kIo &&
-              e.code() != ErrorCode::kNotFound) {
-            throw;
-          }
-          discard(match->entry.path, e.value());
-          reuse = 0;
-        }
-      }
-    }
-  }
-  use.verify_ms = times.verify_ms;
+};
 
-  if (reuse == prefix.size() && snapshot_tokens == prefix.size()) {  // an exact match
-    out.bytes = std::move(payload);
-    use.reused_tokens = static_cast<int32_t>(reuse);
-    use.bytes = out.bytes.size();
-    use.load_ms = load.ms();
-    log_info("prefix: {} tokens restored from {} ({} bytes, {:.1f} ms)", reuse, use.path, use.bytes,
-             use.load_ms);
-    return out;
+// The named snapshot file: any problem with it is the run's.
+Found from_file(const std::string& file, const SnapshotBinding& binding,
+                const std::vector<Token>& prefix, SnapshotUse& use) {
+  const SnapshotHeader h = read_snapshot_header(file);
+  check_binding(file, h.meta.binding, binding);
+  const size_t common = common_prefix(h.meta.tokens, prefix);
+  Found found;
+  found.reuse = reusable_tokens(common, h.meta.tokens.size(), prefix.size(), binding.layout);
+  if (found.reuse == 0) {
+    throw Error(ErrorCode::kIncompatible,
+                fmt::format("snapshot '{}' does not fit this document: it holds {} tokens, shares "
+                            "the first {} with this prefix of {} tokens, and {}",
+                            file, h.meta.tokens.size(), common, prefix.size(),
+                            binding.layout.n_swa > 0
+                                ? "a sliding-window model can reuse only an exact match"
+                                : fmt::format("reuse needs at least one whole prefill chunk "
+                                              "({} tokens)",
+                                              binding.layout.n_ubatch)));
   }
-  if (exact_only) {  // the caller prefills the whole prefix itself
-    use.source = SnapshotSource::kPrefill;
-    use.path.clear();
-    use.prefilled_tokens = static_cast<int32_t>(prefix.size());
-    return out;
-  }
+  found.payload = read_snapshot_payload(file, h, &found.times);
+  found.tokens = h.meta.tokens.size();
+  use.source = SnapshotSource::kFile;
+  use.path = file;
+  return found;
+}
 
+// The store's best entry; a damaged one is removed (kOn) or left, and skipped.
+Found from_store(SnapshotStore& store, SnapshotCacheMode mode, const SnapshotBinding& binding,
+                 const std::vector<Token>& prefix, SnapshotUse& use) {
+  const auto discard = [&](const std::string& path, const ErrorValue& error) {
+    const bool remove = mode == SnapshotCacheMode::kOn;
+    log_warn("snapshot cache: skipping a damaged entry ({}){}", error.to_string(),
+             remove ? "; removed it" : "; left it (read-only)");
+    if (remove) store.remove_path(path);
+    use.discarded.push_back(error);
+  };
+  std::optional<StoreHit> hit = find_stored_prefix(
+      store, binding, prefix, 1,
+      [&](size_t common, size_t have) {
+        return reusable_tokens(common, have, prefix.size(), binding.layout);
+      },
+      discard);
+  Found found;
+  if (!hit) return found;
+  if (hit->reuse == 0) {
+    log_info(
+        "snapshot cache: {} shares {} of this prefix's {} tokens, not enough to reuse ({}); "
+        "prefilling",
+        hit->entry.key, hit->common, prefix.size(),
+        binding.layout.n_swa > 0 ? "a sliding-window model reuses only an exact match"
+                                 : "less than one prefill chunk");
+    return found;
+  }
+  found.reuse = hit->reuse;
+  found.payload = std::move(hit->payload);
+  found.times = hit->times;
+  found.tokens = hit->have;
+  use.source = SnapshotSource::kCache;
+  use.path = hit->entry.path;
+  if (mode == SnapshotCacheMode::kOn) store.touch(hit->entry.path);
+  return found;
+}
+
+// Decodes what `found` does not hold of `prefix` in a prefill context and
+// exports the whole state into `out`.
+void prefill_rest(const EngineSettings& engine, const std::vector<Token>& prefix, Found& found,
+                  const std::function<void(size_t, size_t)>& on_progress,
+                  const std::shared_ptr<const Model>& model, const Stopwatch& load,
+                  PrefixState& out) {
+  SnapshotUse& use = out.use;
+  const size_t reuse = found.reuse;
   Context ctx(model,
               prefill_context_options(
-                  spec, reuse > 0 ? std::max(prefix.size(), snapshot_tokens) : prefix.size()));
+                  engine, reuse > 0 ? std::max(prefix.size(), found.tokens) : prefix.size()));
   if (reuse > 0) {
     // Keep the first `reuse` tokens, then re-pack them: a whole-context
     // export skips the freed cells and a restore puts the rest at 0.., with
     // the head after them, as a prefill of those tokens leaves them.
-    restore_prefix(ctx, payload, snapshot_tokens, use.path);
-    ctx.seq_rm(0, static_cast<Pos>(reuse), -1);
+    restore_cut(ctx, found.payload, found.tokens, reuse, use.path);
     std::vector<uint8_t> trimmed(ctx.state_size());
     trimmed.resize(ctx.state_get(trimmed));
     ctx.state_set(trimmed);
@@ -162,17 +147,15 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
     use.source = SnapshotSource::kPrefill;
     use.path.clear();
   }
-  payload = {};
+  found.payload = {};
   use.reused_tokens = static_cast<int32_t>(reuse);
   use.prefilled_tokens = static_cast<int32_t>(prefix.size() - reuse);
   use.load_ms = reuse > 0 ? load.ms() : 0;
 
   const std::span<const Token> rest = std::span(prefix).subspan(reuse);
   std::function<void(size_t, size_t)> progress;
-  if (options.on_prefill_progress) {
-    progress = [&](size_t done, size_t) {
-      options.on_prefill_progress(reuse + done, prefix.size());
-    };
+  if (on_progress) {
+    progress = [&](size_t done, size_t) { on_progress(reuse + done, prefix.size()); };
   }
   const Stopwatch p;
   ctx.decode_prompt(rest, static_cast<Pos>(reuse), 0, /*logits_last=*/false, progress);
@@ -184,10 +167,47 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
   use.bytes = out.bytes.size();
   log_info("prefix: {} tokens reused, {} prefilled in {:.1f} ms, state {} bytes", reuse,
            rest.size(), out.prefill_ms, use.bytes);
+}
 
+}  // namespace
+
+PrefixState obtain_prefix_state(const EngineSettings& engine, const std::vector<Token>& prefix,
+                                const SnapshotOptions& so,
+                                const std::function<void(size_t, size_t)>& on_progress,
+                                const std::shared_ptr<const Model>& model, bool exact_only) {
+  PrefixState out;
+  SnapshotUse& use = out.use;
+  const Stopwatch load;
+  const SnapshotBinding binding = prefix_binding(*model, engine);
+  use.key = snapshot_key(binding, prefix);
+  std::optional<SnapshotStore> store;
+  if (so.cache != SnapshotCacheMode::kOff) {
+    store.emplace(snapshot_store_dir(so.cache_dir), so.cache_max_bytes);
+  }
+  Found found = !so.file.empty() ? from_file(so.file, binding, prefix, use)
+                : store          ? from_store(*store, so.cache, binding, prefix, use)
+                                 : Found{};
+  use.verify_ms = found.times.verify_ms;
+
+  if (found.reuse == prefix.size() && found.tokens == prefix.size()) {  // an exact match
+    out.bytes = std::move(found.payload);
+    use.reused_tokens = static_cast<int32_t>(found.reuse);
+    use.bytes = out.bytes.size();
+    use.load_ms = load.ms();
+    log_info("prefix: {} tokens restored from {} ({} bytes, {:.1f} ms)", found.reuse, use.path,
+             use.bytes, use.load_ms);
+    return out;
+  }
+  if (exact_only) {  // the caller prefills the whole prefix itself
+    use.source = SnapshotSource::kPrefill;
+    use.path.clear();
+    use.prefilled_tokens = static_cast<int32_t>(prefix.size());
+    return out;
+  }
+  prefill_rest(engine, prefix, found, on_progress, model, load, out);
   if (store && so.cache == SnapshotCacheMode::kOn) {
     try {
-      const std::string path = store->publish(prefix_meta(*model, spec, prefix), out.bytes);
+      const std::string path = store->publish(prefix_meta(*model, engine, prefix), out.bytes);
       use.published = true;
       if (use.source == SnapshotSource::kPrefill) use.path = path;
     } catch (const Error& err) {
@@ -195,6 +215,41 @@ PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Toke
     }
   }
   return out;
+}
+
+bool store_entry_damaged(const Error& e) {
+  return e.code() == ErrorCode::kCorruption || e.code() == ErrorCode::kIo ||
+         e.code() == ErrorCode::kNotFound;
+}
+
+std::optional<StoreHit> find_stored_prefix(
+    const SnapshotStore& store, const SnapshotBinding& binding, std::span<const Token> tokens,
+    size_t at_least, const std::function<size_t(size_t common, size_t have)>& reusable,
+    const std::function<void(const std::string& path, const ErrorValue& error)>& on_damaged) {
+  std::vector<SnapshotStore::Entry> bad;
+  std::optional<SnapshotStore::Match> match = store.best_match(binding, tokens, at_least, &bad);
+  for (const SnapshotStore::Entry& e : bad) on_damaged(e.path, *e.error);
+  if (!match) return std::nullopt;
+  StoreHit hit;
+  hit.have = match->entry.header->meta.tokens.size();
+  hit.common = match->common_tokens;
+  hit.reuse = reusable(hit.common, hit.have);
+  hit.entry = std::move(match->entry);
+  if (hit.reuse < at_least) return hit;
+  try {
+    hit.payload = read_snapshot_payload(hit.entry.path, *hit.entry.header, &hit.times);
+  } catch (const Error& e) {
+    if (!store_entry_damaged(e)) throw;
+    on_damaged(hit.entry.path, e.value());
+    return std::nullopt;
+  }
+  return hit;
+}
+
+void restore_cut(Context& ctx, std::span<const uint8_t> state, size_t have, size_t keep,
+                 const std::string& path) {
+  restore_prefix(ctx, state, have, path);
+  if (keep < have) ctx.seq_rm(0, static_cast<Pos>(keep), -1);
 }
 
 namespace {

@@ -6,12 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "swarmkv/pipeline.h"
+#include "swarmkv/engine.h"
+#include "swarmkv/snapshot.h"
 
 namespace swarmkv::detail {
 
@@ -23,22 +26,22 @@ struct PrefixState {
 };
 
 // The context a prefix of `n_tokens` tokens is prefilled in, from the
-// engine settings of a run or a server (engine_options, the server's
-// context): one sequence, not unified, n_ctx the next multiple of 256 above
+// engine settings of a run or a server (EngineSettings::context_options,
+// the server's context): one sequence, not unified, n_ctx the next multiple of 256 above
 // n_tokens. Every prefix snapshot is made in such a context, whoever makes
 // or reads it.
 ContextOptions prefill_context_options(const ContextOptions& engine, size_t n_tokens);
-ContextOptions prefill_context_options(const PipelineSpec& spec, size_t n_tokens);
+ContextOptions prefill_context_options(const EngineSettings& engine, size_t n_tokens);
 
 // The binding of a prefix snapshot made with these engine settings on
 // `model`: the one place a snapshot key's binding is assembled (run,
 // prefill, serve, the coordinator and the workers all key by it).
 SnapshotBinding prefix_binding(const Model& model, const ContextOptions& engine);
-SnapshotBinding prefix_binding(const Model& model, const PipelineSpec& spec);
+SnapshotBinding prefix_binding(const Model& model, const EngineSettings& engine);
 
-// The metadata of a snapshot of `prefix` made for `spec` on `model`: its
+// The metadata of a snapshot of `prefix` made with `engine` on `model`: its
 // binding (prefix_binding), the tokens, the model's file name.
-SnapshotMeta prefix_meta(const Model& model, const PipelineSpec& spec,
+SnapshotMeta prefix_meta(const Model& model, const EngineSettings& engine,
                          const std::vector<Token>& prefix);
 
 // How many leading tokens of a snapshot of `snapshot_tokens` tokens that
@@ -50,6 +53,33 @@ SnapshotMeta prefix_meta(const Model& model, const PipelineSpec& spec,
 // window, so a cut is not possible; see docs/snapshot-format.md).
 size_t reusable_tokens(size_t common, size_t snapshot_tokens, size_t prefix_tokens,
                        const KvLayout& layout);
+
+// Whether reading or restoring a store entry failed for damage to the
+// entry itself (kCorruption, kIo, kNotFound): a warning and a skip, not a
+// failure of the run or the request.
+bool store_entry_damaged(const Error& e);
+
+// A store entry whose first tokens a prefix or a prompt can take.
+struct StoreHit {
+  SnapshotStore::Entry entry;
+  size_t have = 0;               // tokens the entry holds
+  size_t common = 0;             // leading tokens it shares with the request
+  size_t reuse = 0;              // of them, the ones that can be kept (the caller's rule)
+  std::vector<uint8_t> payload;  // its state (a prefill context's), read when reuse >= at_least
+  SnapshotReadTimes times;
+};
+
+// The one store lookup of `run`, `prefill` and `serve`: the entry of
+// `binding` sharing the longest start with `tokens` (at least `at_least`
+// tokens), how many of its tokens can be kept (`reusable(common, have)`),
+// and its payload, read when that is at least `at_least`. Damaged entries,
+// found in the scan or on reading, go to `on_damaged(path, error)` and are
+// skipped. nullopt when no entry shares `at_least` tokens or the one that
+// does is damaged; other errors are thrown.
+std::optional<StoreHit> find_stored_prefix(
+    const SnapshotStore& store, const SnapshotBinding& binding, std::span<const Token> tokens,
+    size_t at_least, const std::function<size_t(size_t common, size_t have)>& reusable,
+    const std::function<void(const std::string& path, const ErrorValue& error)>& on_damaged);
 
 // After a prefix state was restored into `ctx`: sequence 0 holds positions
 // 0 .. n_tokens - 1 (on a sliding-window model, the last of them up to
@@ -77,15 +107,23 @@ void check_prefix_cells(const Context& ctx, std::span<const uint8_t> state, size
 void restore_prefix(Context& ctx, std::span<const uint8_t> state, size_t n_tokens,
                     const std::string& path);
 
-// Obtains the state of `prefix` as options.snapshot says (see SnapshotOptions).
+// restore_prefix of a state of `have` tokens, then only its first `keep`
+// tokens kept on sequence 0 (a store entry longer than what reuses it).
+void restore_cut(Context& ctx, std::span<const uint8_t> state, size_t have, size_t keep,
+                 const std::string& path);
+
+// Obtains the state of `prefix` with `engine`'s settings as `snapshot` says
+// (see SnapshotOptions); `on_progress` (may be empty) as
+// RunOptions::on_prefill_progress.
 // Throws: for a named file what its reading throws (kNotFound, kCorruption,
 // kIncompatible), kIncompatible when it shares no reusable tokens with the
 // prefix; decode errors of the prefill. A damaged store entry is only a
 // warning (use.discarded); failing to publish is only a warning.
 // `exact_only`: without a snapshot of exactly this prefix, return no bytes
 // (use: kPrefill, every token to prefill) instead of prefilling.
-PrefixState obtain_prefix_state(const PipelineSpec& spec, const std::vector<Token>& prefix,
-                                const RunOptions& options,
+PrefixState obtain_prefix_state(const EngineSettings& engine, const std::vector<Token>& prefix,
+                                const SnapshotOptions& snapshot,
+                                const std::function<void(size_t, size_t)>& on_progress,
                                 const std::shared_ptr<const Model>& model, bool exact_only = false);
 
 }  // namespace swarmkv::detail

@@ -319,4 +319,18 @@ SnapshotStore::GcReport SnapshotStore::gc(uint64_t max_bytes) const {
   return report;
 }
 
+std::string_view to_string(SnapshotSource source) noexcept {
+  switch (source) {
+    case SnapshotSource::kPrefill:
+      return "prefill";
+    case SnapshotSource::kCache:
+      return "cache";
+    case SnapshotSource::kFile:
+      return "file";
+    case SnapshotSource::kRedis:
+      return "redis";
+  }
+  return "unknown";
+}
+
 }  // namespace swarmkv

@@ -82,7 +82,7 @@ ServerRun run_server_once(bool concurrent, bool kv_unified, const PipelineSpec& 
   ServerConfig cfg;
   cfg.binary = args.server_bin;  // resolved once by run_bench
   cfg.model = model_path;
-  cfg.engine = engine_options(spec);
+  cfg.engine = spec.context_options();
   cfg.n_parallel = concurrent ? static_cast<int32_t>(n) : 1;
   cfg.n_ctx = per_slot * static_cast<uint32_t>(cfg.n_parallel);
   cfg.kv_unified = kv_unified;
@@ -283,7 +283,7 @@ int run_bench(const BenchArgs& requested) {
   const std::string model_path = resolve_model_path(args.model);
   PipelineSpec engine_spec;  // the engine flags alone decide how the model loads
   args.engine.apply(engine_spec);
-  auto model = Model::load(model_path, model_options(engine_spec));
+  auto model = Model::load(model_path, engine_spec.model_options());
   const std::string file_doc = args.doc_file.empty() ? "" : read_file(args.doc_file);
 
   json params = {{"model", model_path},
@@ -321,9 +321,9 @@ int run_bench(const BenchArgs& requested) {
     spec.document_source = args.doc_file.empty() ? "synthetic" : "file:" + args.doc_file;
     spec.n_threads = args.threads;
     args.engine.apply(spec);
-    validate_engine_settings(spec);
-    params["engine"] =
-        engine_json(engine_options(spec), model->options().n_gpu_layers, model->offloaded_layers());
+    spec.validate();
+    params["engine"] = engine_json(spec.context_options(), model->options().n_gpu_layers,
+                                   model->offloaded_layers());
     spec.system_prompt.clear();
     for (int32_t i = 0; i < point.branches; ++i) {
       AgentSpec a;

@@ -297,7 +297,7 @@ int run_pipeline_cmd(const RunArgs& args) {
   }
   const std::string model_path = swarmkv::resolve_model_path(spec.model);
   const swarmkv::Stopwatch load;
-  swarmkv::ModelOptions model_options = swarmkv::model_options(spec);
+  swarmkv::ModelOptions model_options = spec.model_options();
   // A coordinator tokenises and keys the document; its workers prefill and decode.
   model_options.metadata_only = args.redis.has_value();
   auto model = swarmkv::Model::load(model_path, model_options);

@@ -184,12 +184,13 @@ int ServeCommand::run() {
   }
   if (sub_->count("--flash-attn") > 0) require_flash_attn_for_exact(flash_attn_, options.exact);
   options.snapshots.cache = parse_snapshot_cache_mode(snapshot_cache_);
-  PipelineSpec engine;  // checked before the model loads
+  EngineSettings engine;
   engine.n_batch = options.context.n_batch;
   engine.n_threads = options.context.n_threads;
   engine.flash_attn = flash_attn_ == "on";
   engine.exact = options.exact;
-  validate_engine_settings(engine);
+  engine.n_gpu_layers = n_gpu_layers_.value_or(0);
+  engine.validate();  // before the model loads
   // SIGTERM and SIGINT are taken by one thread (sigwait), blocked in all
   // others, which inherit this mask; a client gone mid-write is an error
   // return, not SIGPIPE.
@@ -202,23 +203,22 @@ int ServeCommand::run() {
 
   const std::string model_path = resolve_model_path(model_);
   if (std::getenv("SWARMKV_LOG_LEVEL") == nullptr) set_log_level(LogLevel::kInfo);
-  auto model = Model::load(model_path, ModelOptions{.n_gpu_layers = n_gpu_layers_.value_or(0),
-                                                    .batch_invariant = options.exact});
-  if (options.exact && !attention_batch_invariant()) {
-    if (model->exact_unavailable().empty()) {  // Model::load said why otherwise
-      log_warn(
-          "serve: exact mode is off: GGML_CPU_FA_BATCH_INVARIANT=0 turns off the "
-          "batch-invariant attention kernel exact serving needs");
-    }
-    options.exact = false;
+  auto model = Model::load(model_path, engine.model_options());
+  engine = engine.settle_exact(*model);  // off where Model::load said why
+  if (engine.exact && !attention_batch_invariant()) {
+    log_warn(
+        "serve: exact mode is off: GGML_CPU_FA_BATCH_INVARIANT=0 turns off the "
+        "batch-invariant attention kernel exact serving needs");
+    engine.exact = false;
   }
-  // The serving context's settings go through the derivation `run` uses
-  // (engine_options: micro-batch, threads, flash attention, KV type, exact),
-  // so that a prompt's stored prefix has the binding `run` gives it; after
-  // the load, which settles exact and the attention kernel it reads.
-  engine.exact = options.exact;
+  // The serving context's settings are derived as `run`'s are
+  // (EngineSettings::context_options: micro-batch, threads, flash
+  // attention, KV type, exact), so that a prompt's stored prefix has the
+  // binding `run` gives it; after the load, which settles exact and the
+  // attention kernel it reads.
+  options.exact = engine.exact;
   const uint32_t n_ctx = options.context.n_ctx;
-  options.context = engine_options(engine);
+  options.context = engine.context_options();
   options.context.n_ctx = n_ctx;
   validate_context_options(options.context);
   Server server(model, options);

@@ -197,7 +197,7 @@ int SnapshotCommands::run_prefill() {
   if (!model_.empty()) spec.model = model_;
   if (threads_) spec.n_threads = *threads_;
   engine_.apply(spec);
-  validate_engine_settings(spec);
+  spec.validate();
   require_text(spec.document, "the document");
   require_text(spec.system_prompt, "the system prompt");
   RunOptions options;
@@ -209,7 +209,7 @@ int SnapshotCommands::run_prefill() {
   }
   options.on_prefill_progress = prefill_progress();
   const std::string model_path = resolve_model_path(spec.model);
-  auto model = Model::load(model_path, model_options(spec));
+  auto model = Model::load(model_path, spec.model_options());
   const PrefillReport r = prefill_document(spec, model, options, out_);
   if (json_) {
     nlohmann::json out = {
