@@ -8,6 +8,7 @@
 
 #include "kv/sequence_table.h"
 #include "kv/step_composer.h"
+#include "kv/step_executor.h"
 #include "server/text_stream.h"
 #include "swarmkv/log.h"
 
@@ -47,7 +48,10 @@ class CompletionEngine::Scheduler {
     enum class State { kFree, kWaiting, kPrefill, kGenerate, kCached };
     SeqId seq = 0;
     State state = State::kFree;
-    std::vector<Token> tokens;  // prompt, then each generated token once decoded
+    // Its prompt, then each generated token once decoded (`tokens`); the
+    // last sampled token (`next`), decoded in the next step; the sampler
+    // and tracker of a live choice.
+    detail::StepSequence step;
     size_t prompt_len = 0;
     // kWaiting: fork the first fork_len tokens of slot `source` once decoded.
     int source = -1;
@@ -55,10 +59,7 @@ class CompletionEngine::Scheduler {
     // Live:
     std::shared_ptr<Job> job;
     int32_t choice = 0;
-    std::unique_ptr<Sampler> sampler;
-    std::unique_ptr<GenerationTracker> tracker;
     TextStream sent;         // the answer's text as sent so far
-    Token pending = 0;       // kGenerate: the last sampled token, decoded in the next step
     uint64_t admitted = 0;   // admission order (prefill order in a batch)
     uint64_t last_used = 0;  // kCached: LRU
     int32_t max_tokens = 0;
@@ -74,11 +75,6 @@ class CompletionEngine::Scheduler {
   struct Request {
     int32_t remaining = 0;
     Usage usage;
-  };
-  // A row of the step's batch whose logits its slot samples.
-  struct Row {
-    size_t slot;
-    int32_t index;
   };
 
   size_t decoded(const Slot& s) const { return table_.length(s.seq); }
@@ -127,9 +123,9 @@ class CompletionEngine::Scheduler {
   // Events wait here until the step's stats are published: a client that
   // has its answer sees /metrics as of that step at least.
   std::vector<std::pair<std::shared_ptr<Job>, Event>> outbox_;
-  Batch batch_;
-  std::vector<Row> rows_;
-  std::vector<std::pair<size_t, size_t>> added_;  // slot, tokens added this step
+  detail::ContextStepDecoder decoder_;
+  detail::StepExecutor executor_;
+  std::vector<detail::StepToken> plan_;  // the step plan_step made
 };
 
 CompletionEngine::Scheduler::Scheduler(CompletionEngine& engine)
@@ -144,7 +140,8 @@ CompletionEngine::Scheduler::Scheduler(CompletionEngine& engine)
       sliding_window_(ctx_.kv_layout().n_swa > 0),
       n_ctx_(options_.context.n_ctx),
       slots_(static_cast<size_t>(options_.max_live + options_.max_cached)),
-      batch_(static_cast<int32_t>(options_.context.n_batch), 1) {
+      decoder_(ctx_, static_cast<int32_t>(options_.context.n_batch)),
+      executor_(decoder_, table_) {
   for (size_t i = 0; i < slots_.size(); ++i) slots_[i].seq = static_cast<SeqId>(i);
   local_.kv_cells_total = static_cast<int32_t>(n_ctx_);
 }
@@ -207,7 +204,7 @@ size_t CompletionEngine::Scheduler::reserved() const {
     const size_t left_prompt = s.state == Slot::State::kWaiting
                                    ? s.prompt_len - s.fork_len
                                    : s.prompt_len - std::min(s.prompt_len, decoded(s));
-    const size_t made = s.tracker ? s.tracker->n_tokens() : 0;
+    const size_t made = s.step.tracker ? s.step.tracker->n_tokens() : 0;
     n += left_prompt + static_cast<size_t>(s.max_tokens) - std::min<size_t>(made, s.max_tokens);
   }
   return n;
@@ -236,7 +233,7 @@ void CompletionEngine::Scheduler::fail_job(const std::shared_ptr<Job>& job,
 }
 
 void CompletionEngine::Scheduler::send_text(Slot& s, bool done) {
-  std::string text = s.sent.next(s.tracker->text(), done);
+  std::string text = s.sent.next(s.step.tracker->text(), done);
   if (text.empty()) return;
   Event e;
   e.choice = s.choice;
@@ -248,7 +245,7 @@ void CompletionEngine::Scheduler::send_text(Slot& s, bool done) {
 void CompletionEngine::Scheduler::finish(size_t index) {
   Slot& s = slots_[index];
   send_text(s, /*done=*/true);
-  const Generation g = s.tracker->take();
+  const Generation g = s.step.tracker->take();
   Event done;
   done.kind = Event::Kind::kChoiceDone;
   done.choice = s.choice;
@@ -270,8 +267,8 @@ void CompletionEngine::Scheduler::finish(size_t index) {
     return;
   }
   s.job.reset();
-  s.sampler.reset();
-  s.tracker.reset();
+  s.step.sampler.reset();
+  s.step.tracker.reset();
   s.state = Slot::State::kCached;
   s.last_used = ++clock_;
 }
@@ -297,7 +294,7 @@ bool CompletionEngine::Scheduler::admit_one() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
     if (!s.holds_tokens()) continue;
-    const size_t l = std::min(common_prefix(req.prompt, s.tokens), req.prompt.size() - 1);
+    const size_t l = std::min(common_prefix(req.prompt, s.step.tokens), req.prompt.size() - 1);
     // Sliding-window layers let a sequence's cells that left its window be
     // overwritten, and a fork needs the window before its first own
     // position: fork only from a sequence not yet past the shared part. In
@@ -391,17 +388,16 @@ void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t s
     const auto it = std::find_if(slots_.begin(), slots_.end(),
                                  [](const Slot& s) { return s.state == Slot::State::kFree; });
     Slot& s = *it;
-    s.tokens = req.prompt;
+    s.step.tokens = req.prompt;
     s.prompt_len = req.prompt.size();
     s.job = p.job;
     s.choice = c;
     SamplingOptions sampling = req.sampling;
     sampling.seed += static_cast<uint32_t>(c);
-    s.sampler = std::make_unique<Sampler>(*engine_.model_, sampling);
     GenerateOptions gen;
     gen.max_tokens = req.max_tokens;
     gen.stop = req.stop;
-    s.tracker = std::make_unique<GenerationTracker>(*engine_.model_, gen);
+    s.step.start(*engine_.model_, sampling, gen);
     s.sent = TextStream(req.stop);
     s.max_tokens = req.max_tokens;
     s.admitted = ++clock_;
@@ -495,7 +491,7 @@ void CompletionEngine::Scheduler::drop_cancelled() {
 // One generated token per generating completion, then prompt tokens in
 // admission order while they fit; returns the prompt tokens planned.
 size_t CompletionEngine::Scheduler::plan_step() {
-  detail::StepComposer step(batch_.capacity());
+  detail::StepComposer step(static_cast<int32_t>(options_.context.n_batch));
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
     // n_batch >= max_live (the constructor): every one has room.
@@ -523,58 +519,48 @@ size_t CompletionEngine::Scheduler::plan_step() {
                                                   static_cast<int32_t>(end),
                                                   static_cast<int32_t>(s.prompt_len) - 1));
   }
-  batch_.clear();
-  rows_.clear();
-  added_.clear();
-  for (const detail::StepToken& t : step.tokens()) {
-    const Slot& s = slots_[t.owner];
-    if (t.logits) rows_.push_back({t.owner, batch_.size()});
-    batch_.add(t.prompt_index >= 0 ? s.tokens[static_cast<size_t>(t.prompt_index)] : s.pending,
-               t.pos, s.seq, t.logits);
-    if (added_.empty() || added_.back().first != t.owner) added_.push_back({t.owner, 0});
-    ++added_.back().second;
-  }
+  plan_ = step.tokens();
   return prefilled;
 }
 
 // Decodes the planned batch, samples its rows and forks the waiting
 // completions whose source has decoded their shared part.
 void CompletionEngine::Scheduler::decode_step(size_t prefilled) {
-  try {
-    ctx_.decode(batch_);
-  } catch (const Error& e) {
+  detail::StepExecutor::Callbacks on;
+  on.failed = [&](std::span<const size_t> in_step, const ErrorValue& error) {
     // Every request with a token in this batch fails; the others go on.
-    const ErrorValue error = e.value();
-    log_warn("serve: decode of {} tokens failed: {}", batch_.size(), error.to_string());
+    log_warn("serve: decode of {} tokens failed: {}", plan_.size(), error.to_string());
     must_reset_ = exact_;
     std::vector<std::shared_ptr<Job>> jobs;
-    for (const auto& [index, n] : added_) jobs.push_back(slots_[index].job);
+    for (const size_t index : in_step) jobs.push_back(slots_[index].job);
     for (const auto& job : jobs) fail_job(job, error);
-    return;
-  }
-  local_.decode_steps += 1;
-  local_.prefilled_tokens += prefilled;
-  for (const auto& [index, n] : added_) {
-    Slot& s = slots_[index];
-    table_.decoded(s.seq, n);
-    if (s.state == Slot::State::kGenerate) s.tokens.push_back(s.pending);
-  }
-  for (const Row& row : rows_) {
-    Slot& s = slots_[row.slot];
-    if (!s.live()) continue;
-    try {
-      const Token token = s.sampler->sample(ctx_, row.index);
-      s.state = Slot::State::kGenerate;
-      if (s.tracker->accept(token)) {
-        finish(row.slot);
-        continue;
-      }
-      s.pending = token;
-      send_text(s, /*done=*/false);
-    } catch (const Error& e) {
-      fail_job(s.job, e.value());
+  };
+  on.decoded = [&](double) {
+    local_.decode_steps += 1;
+    local_.prefilled_tokens += prefilled;
+    for (const detail::StepToken& t : plan_) {  // a generated token joins the sequence's tokens
+      detail::StepSequence& step = slots_[t.owner].step;
+      if (t.prompt_index < 0) step.tokens.push_back(step.next);
     }
-  }
+    return true;
+  };
+  on.sampled = [&](size_t index, Token, bool done) {
+    Slot& s = slots_[index];
+    s.state = Slot::State::kGenerate;
+    if (done) {
+      finish(index);
+      return;
+    }
+    send_text(s, /*done=*/false);
+  };
+  on.sample_failed = [&](size_t index, const ErrorValue& error) {
+    fail_job(slots_[index].job, error);
+  };
+  const auto owner = [&](size_t index) -> detail::StepSequence* {
+    Slot& s = slots_[index];
+    return s.live() ? &s.step : nullptr;
+  };
+  if (!executor_.run(plan_, owner, on)) return;
   for (Slot& w : slots_) {
     if (w.state != Slot::State::kWaiting) continue;
     const Slot& src = slot(w.source);
@@ -593,7 +579,7 @@ void CompletionEngine::Scheduler::run() {
     while (!queue_.empty() && admit_one()) {
     }
     const size_t prefilled = plan_step();
-    if (batch_.size() > 0) decode_step(prefilled);
+    if (!plan_.empty()) decode_step(prefilled);
   }
 }
 CompletionEngine::CompletionEngine(std::shared_ptr<const Model> model, EngineOptions options)
