@@ -287,13 +287,17 @@ bool CompletionEngine::Scheduler::admit_one() {
     if (live_count() > 0) return false;
     start_over();
   }
-  // The longest common prefix among the sequences that hold tokens; each
-  // completion decodes at least its last prompt token itself.
+  // The longest common prefix among the sequences that hold tokens or
+  // wait to (a waiting one's tokens are its prompt: requests queued when the
+  // cache starts over are admitted in one pass, before anything decodes,
+  // and a document's second request then waits on its first instead of
+  // prefilling it again); each completion decodes at least its last prompt
+  // token itself.
   int source = -1;
   size_t best = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
-    if (!s.holds_tokens()) continue;
+    if (!s.holds_tokens() && s.state != Slot::State::kWaiting) continue;
     const size_t l = std::min(common_prefix(req.prompt, s.step.tokens), req.prompt.size() - 1);
     // Sliding-window layers let a sequence's cells that left its window be
     // overwritten, and a fork needs the window before its first own
