@@ -44,14 +44,17 @@ import shlex
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import ROOT as REPO  # noqa: E402
+from swarmbench.ports import free_port  # noqa: E402
+from swarmbench.trials import alternate as order, log, median  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 SECTIONS = ("loopback", "links", "breakeven", "e2e")
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -106,10 +109,6 @@ PID = os.getpid()
 NS_A, NS_B = f"swkv-a-{PID}", f"swkv-b-{PID}"
 VETH_A, VETH_B = f"swkva{PID}", f"swkvb{PID}"  # at most 15 characters
 ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- resources
@@ -240,27 +239,12 @@ def busy_cores(window=0.5):
     return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, t1 - t0))
 
 
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def order(items, trial):
-    return items if trial % 2 == 0 else list(reversed(items))
-
-
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Resp:

@@ -24,14 +24,16 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench.ports import free_port  # noqa: E402
+from swarmbench.servers import Process, http_ready  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -45,12 +47,6 @@ DEFAULT_DOC = os.path.join(REPO, "examples/documents/apache-2.0.txt")
 DEFAULT_SYSTEM = ("You are a careful legal analyst. "
                   "Answer only from the document, concisely.")
 SLOT_FILE = "doc.bin"
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method, url, body=None, timeout=60.0):
@@ -89,47 +85,20 @@ class Server:
         self.log_path = log_path
         self.startup_timeout = args.startup_timeout
         self.proc = None
-        self.log = None
 
     def __enter__(self):
-        self.log = open(self.log_path, "ab")
-        self.log.write(("\n$ " + shlex.join(self.cmd) + "\n").encode())
-        self.log.flush()
+        with open(self.log_path, "ab") as log:
+            log.write(("\n$ " + shlex.join(self.cmd) + "\n").encode())
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log,
-                                     stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("llama-server exited with %s during start; "
-                                   "see %s" % (self.proc.returncode,
-                                               self.log_path))
-            try:
-                st, _, _ = http("GET", self.base + "/health", timeout=2.0)
-                if st == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("llama-server not healthy after %ss; see %s"
-                                   % (self.startup_timeout, self.log_path))
-            time.sleep(0.1)
+        self.proc = Process(self.cmd, self.log_path, append=True, name="llama-server")
+        self.proc.wait_ready(http_ready(self.port), self.startup_timeout)
         self.startup_ms = (time.perf_counter() - t0) * 1000.0
         return self
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+        if self.proc is not None:
+            self.proc.stop(timeout=15)
         self.proc = None
-        if self.log is not None:
-            self.log.close()
-            self.log = None
 
     def __exit__(self, *exc):
         self.stop()
@@ -139,14 +108,10 @@ class Server:
         return http("POST", self.base + path, body, timeout=timeout)
 
     def log_offset(self):
-        self.log.flush()
-        return os.path.getsize(self.log_path)
+        return self.proc.log_size()
 
     def log_since(self, off):
-        self.log.flush()
-        with open(self.log_path, "rb") as f:
-            f.seek(off)
-            return f.read().decode(errors="replace")
+        return self.proc.log_text(off)
 
 
 # Server log lines (trace level) that explain prompt-cache reuse decisions.

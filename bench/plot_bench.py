@@ -5,7 +5,7 @@ usage: /usr/bin/python3 bench/plot_bench.py OUT_DIR [--command "how it was run"]
 Reads OUT_DIR/best_run.json and OUT_DIR/all_trials.csv (result schema
 version 2, or version 1 mapped to it on load); writes OUT_DIR/plots/*.png
 and OUT_DIR/report.md. Needs matplotlib (Debian's python3-matplotlib,
-installed by scripts/lib.sh); the look is bench/plot_style.py's.
+installed by scripts/lib.sh); the look is bench/swarmbench/style.py's.
 """
 import argparse
 import csv
@@ -14,8 +14,8 @@ import os
 import statistics
 import sys
 
-sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
-import plot_style as ps  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import style as ps  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")

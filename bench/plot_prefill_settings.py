@@ -10,9 +10,9 @@ import os
 import statistics
 import sys
 
-sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
 sys.path.insert(0, os.path.dirname(__file__))
-import plot_style as ps  # noqa: E402
+from swarmbench import report, style as ps  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -30,15 +30,6 @@ trials = res["params"]["trials"]
 doc_tokens = res["params"]["doc_tokens"]
 med = statistics.median
 made = []
-
-ps.ARM_COLOURS.setdefault("prefill", "#56B4E9")
-ps.ARM_COLOURS.setdefault("branches", "#E69F00")
-ps.ARM_COLOURS.setdefault("end to end", "#009E73")
-ps.ARM_COLOURS.setdefault("swarmkv", "#009E73")
-ps.ARM_COLOURS.setdefault("llama-bench", "#0072B2")
-ps.ARM_COLOURS.setdefault("q4_1", "#999999")
-ps.ARM_COLOURS.setdefault("q4_0", "#0072B2")
-ps.ARM_COLOURS.setdefault("f16", "#D55E00")
 
 
 def short(c):
@@ -153,15 +144,11 @@ lines = ["# Prefill at this machine's limit: engine settings and weight formats"
          f"Engine: {res['environment']['engine'].split(' | ')[0]}. {trials} trials per arm, arms interleaved, "
          "order reversed every other trial; medians.", "",
          "Models: " + ", ".join(f"`{k}` = `{os.path.basename(v)}`" for k, v in res["models"].items()), "",
-         "Reproduce:", "", "```sh", open(os.path.join(args.out, "command.txt")).read().strip(), "```", ""]
+         *report.reproduce(args.out)]
 
 
 def table(head, rows):
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
-    for r in rows:
-        lines.append("| " + " | ".join(str(x) for x in r) + " |")
-    lines.append("")
+    lines.extend(report.md_table(head, rows) + [""])
 
 
 if "parity" in res:

@@ -28,8 +28,9 @@ import statistics
 import sys
 import tempfile
 
-sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
-import two_builds  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import builds as two_builds  # noqa: E402
+from swarmbench.trials import alternate  # noqa: E402
 MODEL = two_builds.MODEL
 POINTS = [(1, 3501), (4, 3501), (16, 3501), (50, 3501), (16, 1024), (16, 7000)]
 N_PREDICT = 32
@@ -44,7 +45,7 @@ def main():
     work = [("none", 1, 3501)] + [("shared", n, t) for n, t in POINTS]
     rows = []
     for trial in range(a.trials):
-        for kernel, lib in (builds if trial % 2 == 0 else builds[::-1]):
+        for kernel, lib in alternate(builds, trial):
             for arm, n, t in work:
                 r = two_builds.bench_run(a.bin, lib, arm, n, t, N_PREDICT, tmp)
                 r.update(trial=trial, kernel=kernel, arm=arm, agents=n, doc_tokens=t)

@@ -22,7 +22,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import ROOT  # noqa: E402
+from swarmbench.trials import alternate, run  # noqa: E402
 README_PIPELINE = os.path.join(ROOT, "examples/pipelines/apache-license.yaml")
 DOCUMENT = os.path.join(ROOT, "examples/documents/apache-2.0.txt")
 QUESTIONS = [
@@ -34,10 +36,17 @@ QUESTIONS = [
 
 
 def sh(args, timeout=1800):
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return run(args, timeout, quiet=True).stdout
+
+
+def cold_and_warm(binary, pipeline, model, fork, store, n_trials):
+    """`swarmkv run --json` of pipeline, cold (store off) and warm (the primed store at `store`),
+    alternated, n_trials each: yields (arm, trial, result)."""
+    for t in range(n_trials):
+        for arm in alternate(("cold", "warm"), t):
+            extra = ["--snapshot-cache", "off"] if arm == "cold" else ["--cache-dir", store]
+            yield arm, t, json.loads(sh([binary, "run", pipeline, "--model", model, "--json", "--fork", fork,
+                                         *extra]))
 
 
 def drop_page_cache(path):
@@ -133,38 +142,28 @@ def main():
         store = os.path.join(work, "store")
         for fork in ("shared", "host"):
             sh([binary, "prefill", README_PIPELINE, "--model", model, "--cache-dir", store])
-            for t in range(args.trials):
-                order = ("cold", "warm") if t % 2 == 0 else ("warm", "cold")
-                for arm in order:
-                    extra = ["--snapshot-cache", "off"] if arm == "cold" else ["--cache-dir", store]
-                    r = json.loads(sh([binary, "run", README_PIPELINE, "--model", model, "--json",
-                                       "--fork", fork, *extra]))
-                    results["readme"].append({
-                        "fork": fork, "arm": arm, "trial": t, "total_ms": r["total_ms"],
-                        "prefill_ms": r["prefill_ms"], "load_ms": r["snapshot"]["load_ms"],
-                        "source": r["snapshot"]["source"],
-                        "prefilled_tokens": r["snapshot"]["prefilled_tokens"],
-                        "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"]),
-                        "answers": [a["answer"] for a in r["agents"]]})
-                    print(fork, arm, t, round(r["total_ms"]), flush=True)
+            for arm, t, r in cold_and_warm(binary, README_PIPELINE, model, fork, store, args.trials):
+                results["readme"].append({
+                    "fork": fork, "arm": arm, "trial": t, "total_ms": r["total_ms"],
+                    "prefill_ms": r["prefill_ms"], "load_ms": r["snapshot"]["load_ms"],
+                    "source": r["snapshot"]["source"],
+                    "prefilled_tokens": r["snapshot"]["prefilled_tokens"],
+                    "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"]),
+                    "answers": [a["answer"] for a in r["agents"]]})
+                print(fork, arm, t, round(r["total_ms"]), flush=True)
 
         # ---- 1, 4, 16 agents.
         for n in [int(x) for x in args.agents.split(",")]:
             path = os.path.join(work, f"agents{n}.yaml")
             pipeline_with(n, path, args.max_tokens)
             for fork in ("shared", "host"):
-                for t in range(args.trials):
-                    order = ("cold", "warm") if t % 2 == 0 else ("warm", "cold")
-                    for arm in order:
-                        extra = ["--snapshot-cache", "off"] if arm == "cold" else ["--cache-dir", store]
-                        r = json.loads(sh([binary, "run", path, "--model", model, "--json",
-                                           "--fork", fork, *extra]))
-                        results["e2e"].append({
-                            "agents": n, "fork": fork, "arm": arm, "trial": t,
-                            "total_ms": r["total_ms"], "prefill_ms": r["prefill_ms"],
-                            "load_ms": r["snapshot"]["load_ms"], "source": r["snapshot"]["source"],
-                            "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"])})
-                        print(n, fork, arm, t, round(r["total_ms"]), flush=True)
+                for arm, t, r in cold_and_warm(binary, path, model, fork, store, args.trials):
+                    results["e2e"].append({
+                        "agents": n, "fork": fork, "arm": arm, "trial": t,
+                        "total_ms": r["total_ms"], "prefill_ms": r["prefill_ms"],
+                        "load_ms": r["snapshot"]["load_ms"], "source": r["snapshot"]["source"],
+                        "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"])})
+                    print(n, fork, arm, t, round(r["total_ms"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -181,9 +180,9 @@ def med(rows, key, **match):
 def plot_cold_vs_warm(results, out):
     """cold_vs_warm.png: total and first-token time, cold vs warm, per fork and agent count (trials as
     dots), and cold / warm in its own panel. False when matplotlib is missing."""
-    sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
+    sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
     try:
-        import plot_style as ps
+        from swarmbench import style as ps
         from matplotlib.lines import Line2D
     except ImportError:
         return False

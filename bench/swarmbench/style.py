@@ -1,8 +1,11 @@
 """The look shared by every bench plot (plot_bench.py, snapshot_bench.py,
-old_vs_new.py, plot_*.py, the summarize.py scripts in bench/results/).
+old_vs_new.py, plot_*.py, the other benches, the summarize.py scripts in
+bench/results/).
 
-- One colour per arm name in every plot (the Okabe-Ito palette, safe for
-  colour-blind readers); the reference arm `none` is grey.
+- One colour per arm name in every plot, from the one table ARM_COLOURS
+  (the Okabe-Ito palette, safe for colour-blind readers); the reference arm
+  `none` is grey. A bench adds the names it draws to that table, not a
+  table of its own.
 - Bars only on a linear axis that starts at 0, so that a bar's length is
   its value. grouped() draws one group per point, one bar per arm, the
   median as the bar and every trial as a white dot on it; when the values
@@ -40,7 +43,30 @@ ARM_COLOURS = {
     "warm": "#E69F00",  # snapshot_bench.py: the document's state from the snapshot store
     "old": "#000000",  # old_vs_new.py: the two binaries
     "new": "#F0E442",
+    "exact": "#224477",  # serve_load.py: the modes
+    "no-exact": "#DD6666",
+    # cluster_transfer.py: the phases, the arms, the trials
+    "publish": "#0072B2",
+    "fetch": "#009E73",
+    "prefill": "#56B4E9",  # also prefill_settings.py's phase: as "cold", the document prefilled
+    "local": "#999999",
+    "redis-1-worker": "#0072B2",
+    "redis-2-workers": "#009E73",
+    "first trial": "#E69F00",
+    "later trials": "#56B4E9",
+    # prefill_settings.py: the phases, the programs, the weight files
+    "branches": "#E69F00",
+    "end to end": "#009E73",
+    "swarmkv": "#009E73",
+    "llama-server": "#D55E00",  # results/serve/: the peer server
+    "llama-bench": "#0072B2",
+    "q4_1": "#999999",
+    "q4_0": "#0072B2",
+    "f16": "#D55E00",
 }
+# Lines per link rate (cluster_transfer.py), in the order drawn; no limit is grey.
+LINK_COLOURS = ["#CC79A7", "#E69F00", "#56B4E9", "#0072B2", "#882255", "#44AA99"]
+UNLIMITED_COLOUR = "#777777"
 # For arm names not listed above, handed out in the order they are first drawn.
 SPARE_COLOURS = ["#882255", "#44AA99", "#DDCC77", "#332288", "#117733", "#AA4499"]
 EDGE = "#333333"
