@@ -43,18 +43,10 @@ def bus_bench(binary, url, file, trials):
     return json.loads(out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default="build/release", help="build folder (swarmkv, bench/)")
-    ap.add_argument("--out", default="bench/results/redis-tls")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--trials", type=int, default=5)
-    args = ap.parse_args()
+def measure(args):
+    """Both redis-servers, the snapshot file, then the rounds: (one row per trial, the file's bytes)."""
     swarmkv = os.path.join(args.bin, "swarmkv")
     bench = os.path.join(args.bin, "bench", "swarmkv_bus_bench")
-    os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
-    report.write_command(args.out, note="from the repository root, after scripts/bench.sh built build/release")
-
     running = []
     with tempfile.TemporaryDirectory(prefix="swarmkv-tls-bench-") as tmp:
         try:
@@ -91,6 +83,11 @@ def main():
             for p in running:
                 p.stop(timeout=10, sig=signal.SIGKILL)
 
+    return rows, size
+
+
+def write_report(args, rows, size):
+    """OUT/trials.csv, OUT/results.json and OUT/report.md; returns the medians per arm."""
     report.write_csv(os.path.join(args.out, "trials.csv"), list(rows[0]), rows)
     summary = {}
     for arm in ("plain", "tls"):
@@ -128,7 +125,11 @@ def main():
                  "rate; the client and redis-server each encrypt on their own core). Trials per "
                  "round are in trials.csv; the TLS arm varies more between rounds than plain.")
     open(os.path.join(args.out, "report.md"), "w").write("\n".join(lines) + "\n")
+    return summary
 
+
+def plot(args, rows, summary, size):
+    n = args.rounds * args.trials
     from swarmbench import style as ps
     fig, axes = ps.figure(rows=1, cols=2, width=9)
     for ax, k in zip(axes[0], ("publish_ms", "fetch_ms")):
@@ -139,6 +140,21 @@ def main():
     ps.arm_legend(axes[0][-1], ["plain", "tls"], dots="one trial")
     ps.title(fig, f"Snapshot bus over loopback, plain vs TLS (median of {n} trials; lower is better)")
     ps.save(fig, os.path.join(args.out, "plots", "bus.png"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default="build/release", help="build folder (swarmkv, bench/)")
+    ap.add_argument("--out", default="bench/results/redis-tls")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args()
+    os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
+    report.write_command(args.out, note="from the repository root, after scripts/bench.sh built build/release")
+
+    rows, size = measure(args)
+    summary = write_report(args, rows, size)
+    plot(args, rows, summary, size)
 
 
 if __name__ == "__main__":

@@ -69,23 +69,20 @@ def swarmkv_bench(binary, lib, agents, tmp):
 
 def plot(out):
     """OUT/plots/agents.png from OUT/results.json: host branch phase and shared step against agents."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from swarmbench import style
     with open(os.path.join(out, "results.json")) as f:
         r = json.load(f)
     points = r["summary"]["points"]
     ns = [p["agents"] for p in points]
-    colour = {"before": "#d66", "after": "#247"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = style.plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, scale, label in ((axes[0], "host_branch_phase_ms", 1000, "host branch phase (s)"),
                                   (axes[1], "shared_step_ms", 1, "shared batched step (ms)")):
         for build in ("before", "after"):
             ys = [p[build][key] / scale for p in points]
-            ax.plot(ns, ys, "o-", color=colour[build], label=build)
+            ax.plot(ns, ys, "o-", color=style.colour(build), label=build)
             for run in r["runs"]:
                 if run["build"] == build:
-                    ax.plot(run["agents"], run[key] / scale, ".", color=colour[build], alpha=0.4)
+                    ax.plot(run["agents"], run[key] / scale, ".", color=style.colour(build), alpha=0.4)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("agents")

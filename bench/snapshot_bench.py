@@ -71,6 +71,47 @@ def pipeline_with(n_agents, path, max_tokens):
                 f"agents:\n{agents}\n")
 
 
+def io_row(binary, model, work, n_trials):
+    """The README document's snapshot of `model`: its size, write speed, and verify, load and restore
+    times with the page cache warm and cold (medians of n_trials); zstd -1's ratio when zstd is here."""
+    name = os.path.basename(model)
+    store = os.path.join(work, "io-store")
+    shutil.rmtree(store, ignore_errors=True)
+    snap = os.path.join(work, "readme.swkv")
+    p = json.loads(sh([binary, "prefill", README_PIPELINE, "--model", model, "--json",
+                       "--snapshot-cache", "off", "--out", snap]))
+    size = os.path.getsize(snap)
+    row = {"model": name, "prefix_tokens": p["prefix_tokens"], "file_bytes": size,
+           "bytes_per_token": size / p["prefix_tokens"], "prefill_ms": p["prefill_ms"],
+           "export_ms": p["export_ms"], "write_ms": p["write_ms"],
+           "write_mb_s": size / 1e3 / p["write_ms"]}
+    for cache in ("warm", "cold"):
+        verify, load, restore = [], [], []
+        for _ in range(n_trials):
+            if cache == "cold":
+                drop_page_cache(snap)
+            v = json.loads(sh([binary, "snapshot", "verify", "--json", snap]))[0]
+            verify.append(v["total_ms"])
+            if cache == "cold":
+                drop_page_cache(snap)
+            r = json.loads(sh([binary, "run", README_PIPELINE, "--model", model, "--json",
+                               "--snapshot", snap, "--snapshot-cache", "off"]))
+            load.append(r["snapshot"]["load_ms"])
+            restore.append(r["restore_ms"])
+        mv, ml, mr = (statistics.median(x) for x in (verify, load, restore))
+        row.update({f"verify_ms_{cache}": mv, f"verify_mb_s_{cache}": size / 1e3 / mv,
+                    f"load_ms_{cache}": ml, f"load_mb_s_{cache}": size / 1e3 / ml,
+                    f"restore_ms_{cache}": mr,
+                    f"restore_mb_s_{cache}": size / 1e3 / mr})
+    if shutil.which("zstd"):
+        out = subprocess.run(["zstd", "-q", "-1", "-T1", "-c", snap], capture_output=True)
+        row["zstd1_ratio"] = size / len(out.stdout)
+        t0 = time.perf_counter()
+        subprocess.run(["zstd", "-q", "-d", "-T1", "-c"], input=out.stdout, capture_output=True)
+        row["zstd1_decompress_mb_s"] = size / 1e6 / (time.perf_counter() - t0)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--swarmkv")
@@ -97,43 +138,8 @@ def main():
     binary = args.swarmkv
     results = {"command": " ".join(sys.argv), "trials": args.trials, "io": [], "e2e": [], "readme": []}
     try:
-        # ---- I/O: size, write, verify and restore, page cache warm and cold.
-        for model in args.model:
-            name = os.path.basename(model)
-            store = os.path.join(work, "io-store")
-            shutil.rmtree(store, ignore_errors=True)
-            snap = os.path.join(work, "readme.swkv")
-            p = json.loads(sh([binary, "prefill", README_PIPELINE, "--model", model, "--json",
-                               "--snapshot-cache", "off", "--out", snap]))
-            size = os.path.getsize(snap)
-            row = {"model": name, "prefix_tokens": p["prefix_tokens"], "file_bytes": size,
-                   "bytes_per_token": size / p["prefix_tokens"], "prefill_ms": p["prefill_ms"],
-                   "export_ms": p["export_ms"], "write_ms": p["write_ms"],
-                   "write_mb_s": size / 1e3 / p["write_ms"]}
-            for cache in ("warm", "cold"):
-                verify, load, restore = [], [], []
-                for _ in range(args.trials):
-                    if cache == "cold":
-                        drop_page_cache(snap)
-                    v = json.loads(sh([binary, "snapshot", "verify", "--json", snap]))[0]
-                    verify.append(v["total_ms"])
-                    if cache == "cold":
-                        drop_page_cache(snap)
-                    r = json.loads(sh([binary, "run", README_PIPELINE, "--model", model, "--json",
-                                       "--snapshot", snap, "--snapshot-cache", "off"]))
-                    load.append(r["snapshot"]["load_ms"])
-                    restore.append(r["restore_ms"])
-                mv, ml, mr = (statistics.median(x) for x in (verify, load, restore))
-                row.update({f"verify_ms_{cache}": mv, f"verify_mb_s_{cache}": size / 1e3 / mv,
-                            f"load_ms_{cache}": ml, f"load_mb_s_{cache}": size / 1e3 / ml,
-                            f"restore_ms_{cache}": mr,
-                            f"restore_mb_s_{cache}": size / 1e3 / mr})
-            if shutil.which("zstd"):
-                out = subprocess.run(["zstd", "-q", "-1", "-T1", "-c", snap], capture_output=True)
-                row["zstd1_ratio"] = size / len(out.stdout)
-                t0 = time.perf_counter()
-                subprocess.run(["zstd", "-q", "-d", "-T1", "-c"], input=out.stdout, capture_output=True)
-                row["zstd1_decompress_mb_s"] = size / 1e6 / (time.perf_counter() - t0)
+        for model in args.model:  # I/O: size, write, verify and restore, page cache warm and cold
+            row = io_row(binary, model, work, args.trials)
             results["io"].append(row)
             print(json.dumps(row), flush=True)
 

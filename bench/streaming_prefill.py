@@ -111,16 +111,15 @@ def main():
                         f"{r['whole_done_ms']:.0f}", f"{r['total_ms']:.0f}",
                         f"{r['definitions_first_token_ms']:.0f}"])
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
+    from swarmbench import style
+    fig, ax = style.plt.subplots(figsize=(7, 4))
     labels, values = [], []
     for kernel in ("before", "after"):
         for needs in ("needs", "no_needs"):
             labels.append(f"{kernel}\n{needs.replace('_', ' ')}")
             values.append(summary[kernel][needs]["whole_done_ms"] / 1000)
-    bars = ax.bar(labels, values, color=["#d66", "#9bd", "#247", "#9bd"], edgecolor="#222",
+    bars = ax.bar(labels, values, color=[style.colour(k if n == "needs" else "no needs") for k in ("before", "after")
+                                          for n in ("needs", "no_needs")], edgecolor="#222",
                   hatch=["//", "", "//", ""])
     ax.bar_label(bars, fmt="%.1f s")
     ax.set_ylabel("whole-document agents done (s, median)")

@@ -45,6 +45,9 @@ ARM_COLOURS = {
     "new": "#F0E442",
     "exact": "#224477",  # serve_load.py: the modes
     "no-exact": "#DD6666",
+    "after": "#224477",  # prefix_attention.py, sgemm_rows.py, streaming_prefill.py: the two builds
+    "before": "#DD6666",
+    "no needs": "#99BBDD",  # streaming_prefill.py: the pipeline without its needs
     # cluster_transfer.py: the phases, the arms, the trials
     "publish": "#0072B2",
     "fetch": "#009E73",
