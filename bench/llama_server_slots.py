@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 
 sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import report  # noqa: E402
 from swarmbench.ports import free_port  # noqa: E402
 from swarmbench.servers import Process, http_ready  # noqa: E402
 
@@ -357,7 +358,7 @@ def write_md(path, results, argv, total_s):
         f.write("\n".join(lines))
 
 
-def main():
+def arguments():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append",
@@ -379,11 +380,38 @@ def main():
                     help="output file stem in --out")
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--req-timeout", type=float, default=600.0)
-    args = ap.parse_args()
+    return ap
+
+
+def timed_trial(model, prompt, args, workdir, i):
+    """run_trial with its wall time and the load average around it, printed on one line."""
+    t0 = time.perf_counter()
+    la0 = os.getloadavg()
+    rec = run_trial(model, prompt, args, workdir, i)
+    rec["loadavg_before"] = la0
+    rec["loadavg_after"] = os.getloadavg()
+    rec["trial_wall_s"] = time.perf_counter() - t0
+    print("  trial %d: cold %s tok %.0f ms | save %.1f ms %d B | "
+          "same: restore %s ms prompt_n %s cache_n %s | "
+          "fresh: restore %s ms prompt_n %s cache_n %s (%.1f s)" % (
+              i, rec["cold"]["timings.prompt_n"],
+              rec["cold"]["timings.prompt_ms"], rec["save_ms"],
+              rec["file_bytes"],
+              fmt(rec["same_process"]["restore_ms"]),
+              rec["same_process"]["completion"]["timings.prompt_n"],
+              rec["same_process"]["completion"]["timings.cache_n"],
+              fmt(rec["fresh_process"]["restore_ms"]),
+              rec["fresh_process"]["completion"]["timings.prompt_n"],
+              rec["fresh_process"]["completion"]["timings.cache_n"],
+              rec["trial_wall_s"]), flush=True)
+    return rec
+
+
+def main():
+    args = arguments().parse_args()
     models = args.model or [DEFAULT_MODEL]
 
-    argv = "python3 bench/llama_server_slots.py " + " ".join(
-        shlex.quote(a) for a in sys.argv[1:])
+    argv = report.invocation("python3")
     os.makedirs(args.out, exist_ok=True)
     with open(args.document) as f:
         doc_text = f.read()
@@ -399,28 +427,7 @@ def main():
             prompt, how, n_tok = build_prompt(model, doc_text, args, workdir)
             print("[%s] prompt via %s: %s tokens" %
                   (os.path.basename(model), how, n_tok), flush=True)
-            trials = []
-            for i in range(args.trials):
-                t0 = time.perf_counter()
-                la0 = os.getloadavg()
-                rec = run_trial(model, prompt, args, workdir, i)
-                rec["loadavg_before"] = la0
-                rec["loadavg_after"] = os.getloadavg()
-                rec["trial_wall_s"] = time.perf_counter() - t0
-                trials.append(rec)
-                print("  trial %d: cold %s tok %.0f ms | save %.1f ms %d B | "
-                      "same: restore %s ms prompt_n %s cache_n %s | "
-                      "fresh: restore %s ms prompt_n %s cache_n %s (%.1f s)" % (
-                          i, rec["cold"]["timings.prompt_n"],
-                          rec["cold"]["timings.prompt_ms"], rec["save_ms"],
-                          rec["file_bytes"],
-                          fmt(rec["same_process"]["restore_ms"]),
-                          rec["same_process"]["completion"]["timings.prompt_n"],
-                          rec["same_process"]["completion"]["timings.cache_n"],
-                          fmt(rec["fresh_process"]["restore_ms"]),
-                          rec["fresh_process"]["completion"]["timings.prompt_n"],
-                          rec["fresh_process"]["completion"]["timings.cache_n"],
-                          rec["trial_wall_s"]), flush=True)
+            trials = [timed_trial(model, prompt, args, workdir, i) for i in range(args.trials)]
             with open(os.path.join(workdir, "server.log"), "rb") as f:
                 log_tail = f.read()[-4000:].decode(errors="replace")
             results["models"].append({
