@@ -155,9 +155,12 @@ def bars_fit(values):
     return not vals or max(vals) / min(vals) <= BAR_SPAN
 
 
-def _slots(groups, arms):
+def _cells(groups, arms, median, trials):
+    """The bar width, and (arm, x, median, trials' positive values) for each arm in each group."""
     width = 0.8 / max(len(arms), 1)
-    return width, lambda i, j: i - 0.4 + width * (j + 0.5)
+    return width, [(arm, i - 0.4 + width * (j + 0.5), median(g, arm),
+                    [t for t in (trials(g, arm) if trials else []) if t > 0])
+                   for j, arm in enumerate(arms) for i, g in enumerate(groups)]
 
 
 def _ticks(ax, groups, labels):
@@ -169,23 +172,19 @@ def grouped_bars(ax, groups, arms, median, trials=None, labels=None, value_fmt=N
     """For each group (x position) one bar per arm from 0: median(group, arm); trials(group, arm) as
     dots. Missing or zero medians draw no bar. value_fmt(v) writes the value above the bar and its
     dots. Returns every value drawn, for value_scale(..., bars=True)."""
-    width, x_of = _slots(groups, arms)
+    width, cells = _cells(groups, arms, median, trials)
     drawn = []
-    for j, arm in enumerate(arms):
-        for i, g in enumerate(groups):
-            v = median(g, arm)
-            x = x_of(i, j)
-            pts = [t for t in (trials(g, arm) if trials else []) if t > 0]
-            if v is not None and v > 0:
-                ax.bar(x, v, width, color=colour(arm), edgecolor=EDGE, linewidth=0.6)
-                drawn.append(v)
-                if value_fmt:
-                    ax.annotate(value_fmt(v), (x, max([v] + pts)), xytext=(0, 3), textcoords="offset points",
-                                ha="center", va="bottom", fontsize=7, bbox=LABEL_BOX, zorder=3,
-                                rotation=90 if len(arms) * len(groups) > 12 else 0)
-            if pts:
-                ax.plot([x] * len(pts), pts, **DOT)
-                drawn += pts
+    for arm, x, v, pts in cells:
+        if v is not None and v > 0:
+            ax.bar(x, v, width, color=colour(arm), edgecolor=EDGE, linewidth=0.6)
+            drawn.append(v)
+            if value_fmt:
+                ax.annotate(value_fmt(v), (x, max([v] + pts)), xytext=(0, 3), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=7, bbox=LABEL_BOX, zorder=3,
+                            rotation=90 if len(arms) * len(groups) > 12 else 0)
+        if pts:
+            ax.plot([x] * len(pts), pts, **DOT)
+            drawn += pts
     _ticks(ax, groups, labels)
     return drawn
 
@@ -196,28 +195,24 @@ def grouped_points(ax, groups, arms, median, trials=None, labels=None, value_fmt
     value_fmt(v) writes the value at the marker: label "above", "below", "right", or "auto" (right
     of it when there are trials' dots, which lie above and below it, else above). Returns every
     value drawn, for value_scale(..., bars=False)."""
-    width, x_of = _slots(groups, arms)
+    _, cells = _cells(groups, arms, median, trials)
     drawn = []
-    for j, arm in enumerate(arms):
-        for i, g in enumerate(groups):
-            v = median(g, arm)
-            x = x_of(i, j)
-            pts = [t for t in (trials(g, arm) if trials else []) if t > 0]
-            if pts:
-                ax.plot([x] * len(pts), pts, **DOT)
-                drawn += pts
-            if v is not None and v > 0:
-                ax.plot([x], [v], color=colour(arm), **MEDIAN)
-                drawn.append(v)
-                where = label if label != "auto" else "right" if pts else "above"
-                if value_fmt and where == "right":
-                    ax.annotate(value_fmt(v), (x, v), xytext=(7, 0), textcoords="offset points", ha="left",
-                                va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
-                elif value_fmt:
-                    up = where == "above"
-                    ax.annotate(value_fmt(v), (x, v), xytext=(0, 6 if up else -6), textcoords="offset points",
-                                ha="center", va="bottom" if up else "top", fontsize=7, bbox=LABEL_BOX, zorder=3,
-                                rotation=90 if len(arms) * len(groups) > 12 else 0)
+    for arm, x, v, pts in cells:
+        if pts:
+            ax.plot([x] * len(pts), pts, **DOT)
+            drawn += pts
+        if v is not None and v > 0:
+            ax.plot([x], [v], color=colour(arm), **MEDIAN)
+            drawn.append(v)
+            where = label if label != "auto" else "right" if pts else "above"
+            if value_fmt and where == "right":
+                ax.annotate(value_fmt(v), (x, v), xytext=(7, 0), textcoords="offset points", ha="left",
+                            va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
+            elif value_fmt:
+                up = where == "above"
+                ax.annotate(value_fmt(v), (x, v), xytext=(0, 6 if up else -6), textcoords="offset points",
+                            ha="center", va="bottom" if up else "top", fontsize=7, bbox=LABEL_BOX, zorder=3,
+                            rotation=90 if len(arms) * len(groups) > 12 else 0)
     _ticks(ax, groups, labels)
     for k in range(len(groups) - 1):  # the groups apart
         ax.axvline(k + 0.5, color="#eeeeee", linewidth=0.8, zorder=0)
