@@ -15,7 +15,6 @@ import statistics
 import sys
 
 sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from swarmbench import report, style as ps  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
@@ -26,15 +25,9 @@ ap.add_argument("--notes", default="")
 args = ap.parse_args()
 
 res = json.load(open(os.path.join(args.out, "results.json")))
-plots = os.path.join(args.out, "plots")
-os.makedirs(plots, exist_ok=True)
+plots = ps.Plots(args.out)
+save, made = plots.save, plots.made
 med = statistics.median
-made = []
-
-
-def save(fig, name):
-    ps.save(fig, os.path.join(plots, name))
-    made.append(name)
 
 
 def rate_label(rate):

@@ -11,7 +11,6 @@ import statistics
 import sys
 
 sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
-sys.path.insert(0, os.path.dirname(__file__))
 from swarmbench import report, style as ps  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -22,23 +21,17 @@ args = ap.parse_args()
 import json  # noqa: E402
 
 res = json.load(open(os.path.join(args.out, "results.json")))
-plots = os.path.join(args.out, "plots")
-os.makedirs(plots, exist_ok=True)
+plots = ps.Plots(args.out)
+save, made = plots.save, plots.made
 configs = res["configs"]
 base = configs[0]
 trials = res["params"]["trials"]
 doc_tokens = res["params"]["doc_tokens"]
 med = statistics.median
-made = []
 
 
 def short(c):
     return c.replace(" ", "\n")
-
-
-def save(fig, name):
-    ps.save(fig, os.path.join(plots, name))
-    made.append(name)
 
 
 # ---------------------------------------------------------------- parity

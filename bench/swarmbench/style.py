@@ -23,6 +23,7 @@ bench/results/).
 Needs matplotlib (Debian's python3-matplotlib; run with /usr/bin/python3).
 """
 import math
+import os
 import textwrap
 
 import matplotlib
@@ -311,3 +312,17 @@ def title(fig, text):
 def save(fig, path):
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+class Plots:
+    """A report's OUT/plots/: save(fig, name) writes OUT/plots/<name> and keeps the name, in order,
+    in .made (for the report's list of plots)."""
+
+    def __init__(self, out):
+        self.dir = os.path.join(out, "plots")
+        os.makedirs(self.dir, exist_ok=True)
+        self.made = []
+
+    def save(self, fig, name):
+        save(fig, os.path.join(self.dir, name))
+        self.made.append(name)
