@@ -7,8 +7,6 @@ OUT_DIR/report.md (the tables of every section, the break-even model with
 this machine's numbers, notes; then OUT_DIR/analysis.md or --notes when
 there is one).
 """
-import argparse
-import json
 import math
 import os
 import statistics
@@ -19,12 +17,7 @@ from swarmbench import report, style as ps  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("out")
-ap.add_argument("--notes", default="")
-args = ap.parse_args()
-
-res = json.load(open(os.path.join(args.out, "results.json")))
+args, res = report.results_arguments()
 plots = ps.Plots(args.out)
 save, made = plots.save, plots.made
 med = statistics.median

@@ -5,7 +5,6 @@ usage: /usr/bin/python3 bench/plot_prefill_settings.py OUT_DIR [--notes ANALYSIS
 Reads OUT_DIR/results.json and command.txt; writes OUT_DIR/plots/*.png and
 OUT_DIR/report.md (the tables of every section, then the analysis).
 """
-import argparse
 import os
 import statistics
 import sys
@@ -13,14 +12,7 @@ import sys
 sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
 from swarmbench import report, style as ps  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("out")
-ap.add_argument("--notes", default="")
-args = ap.parse_args()
-
-import json  # noqa: E402
-
-res = json.load(open(os.path.join(args.out, "results.json")))
+args, res = report.results_arguments()
 plots = ps.Plots(args.out)
 save, made = plots.save, plots.made
 configs = res["configs"]

@@ -1,4 +1,5 @@
 """What a bench writes: the command that reproduces it, JSON, CSV and Markdown tables."""
+import argparse
 import csv
 import json
 import os
@@ -24,6 +25,17 @@ def write_command(out, name="command.sh", note="from the repository root", pytho
     with open(os.path.join(out, name), "w") as f:
         f.write(line + "\n" if name.endswith(".txt") else f"#!/bin/sh\n# {note}\n{line}\n")
     return line
+
+
+def results_arguments():
+    """A report script's command line, OUT_DIR [--notes ANALYSIS.md]: (the parsed arguments,
+    OUT_DIR/results.json read)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--notes", default="")
+    args = ap.parse_args()
+    with open(os.path.join(args.out, "results.json")) as f:
+        return args, json.load(f)
 
 
 def write_json(path, obj, indent=1):
