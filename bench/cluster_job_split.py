@@ -15,16 +15,18 @@ agent's own decode time, and the run's end to end. Writes OUT/results.json,
 OUT/trials.csv and OUT/report.md.
 """
 import argparse
-import csv
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import ROOT as source, report, servers  # noqa: E402
+from swarmbench.trials import alternate  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("swarmkv")
@@ -33,7 +35,6 @@ ap.add_argument("redis_server")
 ap.add_argument("out")
 ap.add_argument("--trials", type=int, default=3)
 args = ap.parse_args()
-source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.makedirs(args.out, exist_ok=True)
 tmp = tempfile.mkdtemp(prefix="swarmkv-job-split-")
 
@@ -55,28 +56,17 @@ pipeline = os.path.join(tmp, "skewed.yaml")
 with open(pipeline, "w") as f:
     f.write("\n".join(lines) + "\n")
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-url = f"redis://127.0.0.1:{port}"
 env = dict(os.environ, SWARMKV_CACHE=os.path.join(tmp, "cache"), SWARMKV_MODEL=args.model)
 env.pop("SWARMKV_LOG_LEVEL", None)
-children = []
-redis = subprocess.Popen([args.redis_server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-children.append(redis)
-time.sleep(0.5)
+children = [servers.redis(binary=args.redis_server)]
+url = f"redis://127.0.0.1:{children[0].port}"
 logs = {}
 for w in ("w1", "w2"):
     logs[w] = os.path.join(tmp, f"{w}.log")
-    children.append(subprocess.Popen([args.swarmkv, "worker", "--redis", url, "--name", w, "-t", "1",
-                                      "--cache-dir", os.path.join(tmp, f"store-{w}")], env=env,
-                                     stdout=open(logs[w], "w"), stderr=subprocess.STDOUT))
-deadline = time.monotonic() + 60
-while not all("serving model" in open(logs[w]).read() for w in logs):
-    if time.monotonic() > deadline:
-        sys.exit("the workers did not start")
-    time.sleep(0.2)
+    children.append(servers.Process([args.swarmkv, "worker", "--redis", url, "--name", w, "-t", "1",
+                                     "--cache-dir", os.path.join(tmp, f"store-{w}")], logs[w], env=env))
+for c in children[1:]:
+    c.wait_ready(servers.log_says(c, "serving model"), 60)
 
 DONE = re.compile(r"job (\S+) done: (\d+) result\(s\) in (\d+) ms")
 
@@ -110,7 +100,7 @@ trials = []
 try:
     one_run("cost")  # warm-up: both workers fetch the snapshot once
     for t in range(args.trials):
-        for arm in (["count", "cost"] if t % 2 == 0 else ["cost", "count"]):
+        for arm in alternate(["count", "cost"], t):
             row = one_run(arm)
             row["trial"] = t + 1
             trials.append(row)
@@ -119,9 +109,7 @@ try:
                   f"{row['longest_agent_ms']:.0f} ms, end to end {row['end_to_end_ms']:.0f} ms", flush=True)
 finally:
     for c in children:
-        c.terminate()
-    for c in children:
-        c.wait(30)
+        c.stop(30)
 
 summary = {}
 for arm in ("count", "cost"):
@@ -132,11 +120,9 @@ answers_equal = all(r["answers"] == trials[0]["answers"] for r in trials)
 with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump({"pipeline": open(pipeline).read(), "trials": trials, "median": summary,
                "answers_equal_across_arms": answers_equal}, f, indent=1)
-with open(os.path.join(args.out, "trials.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["trial", "arm", "busy_w1_ms", "busy_w2_ms", "busy_difference_ms", "longest_agent_ms",
-                "end_to_end_ms"])
-    for r in trials:
-        w.writerow([r["trial"], r["arm"], r["busy_w1_ms"], r["busy_w2_ms"], r["busy_difference_ms"],
-                    f"{r['longest_agent_ms']:.0f}", f"{r['end_to_end_ms']:.0f}"])
+report.write_csv(os.path.join(args.out, "trials.csv"),
+                 ["trial", "arm", "busy_w1_ms", "busy_w2_ms", "busy_difference_ms", "longest_agent_ms",
+                  "end_to_end_ms"],
+                 [[r["trial"], r["arm"], r["busy_w1_ms"], r["busy_w2_ms"], r["busy_difference_ms"],
+                   f"{r['longest_agent_ms']:.0f}", f"{r['end_to_end_ms']:.0f}"] for r in trials])
 print(json.dumps(summary), "answers equal across arms:", answers_equal)

@@ -37,15 +37,15 @@ import json
 import os
 import re
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import ROOT as REPO, report, servers  # noqa: E402
+from swarmbench.trials import alternate as order, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 SECTIONS = ("prefill", "agents16", "ppl", "transfer", "wire")
 KV = ("f16", "q8_0")
 CACHE = os.path.expanduser("~/.cache/swarmkv")
@@ -77,27 +77,6 @@ for name, path in models.items():
         sys.exit(f"no model {name} at {path} (scripts/fetch-model.sh)")
 
 
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def run(cmd, timeout=3600, env=None):
-    t = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-3000:]}")
-    log(f"{time.time() - t:6.1f} s  {' '.join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:6]))}")
-    return p
-
-
-def order(items, trial):
-    return list(items) if trial % 2 == 0 else list(reversed(items))
-
-
-def median(xs):
-    return statistics.median(xs)
-
-
 os.makedirs(args.out, exist_ok=True)
 results_path = os.path.join(args.out, "results.json")
 results = json.load(open(results_path)) if args.resume and os.path.exists(results_path) else {}
@@ -105,10 +84,7 @@ skip |= {s for s in SECTIONS if s in results} if args.resume else set()
 
 
 def keep():
-    tmp = results_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2)
-    os.replace(tmp, results_path)
+    report.write_json(results_path, results, indent=2)
 
 
 work = tempfile.mkdtemp(prefix="swarmkv-q8-bench-")
@@ -153,32 +129,10 @@ def prefill(model, doc, snap, kv):
     return {"prefill_ms": r["prefill_ms"], "prefix_tokens": r["prefix_tokens"], "file_bytes": os.path.getsize(snap)}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def fetch_over_loopback(files):
-    port = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no", "--loglevel", "warning"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    sys.exit("redis-server did not listen within 10 s")
-                time.sleep(0.05)
-        return {f: json.loads(run([BUS_BENCH, "--redis", f"redis://127.0.0.1:{port}", "--file", f, "--trials",
+    with servers.redis() as redis:
+        return {f: json.loads(run([BUS_BENCH, "--redis", f"redis://127.0.0.1:{redis.port}", "--file", f, "--trials",
                                    str(max(3, args.trials))]).stdout) for f in files}
-    finally:
-        redis.terminate()
-        redis.wait(10)
 
 
 if "prefill" not in skip:
@@ -281,7 +235,6 @@ if "wire" not in skip:
     results["wire"] = wire
     keep()
 
-with open(os.path.join(args.out, "command.txt"), "w") as f:
-    f.write("python3 bench/cluster_q8.py " + " ".join(sys.argv[1:]) + "\n")
+report.write_command(args.out, "command.txt", python="python3")
 shutil.rmtree(work, ignore_errors=True)
 subprocess.run(["/usr/bin/python3", os.path.join(HERE, "plot_cluster_q8.py"), args.out], check=True)

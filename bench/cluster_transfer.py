@@ -44,14 +44,18 @@ import shlex
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import ROOT as REPO  # noqa: E402
+from swarmbench.ports import free_port  # noqa: E402
+from swarmbench.servers import NotReady, Process, redis_ping  # noqa: E402
+from swarmbench.trials import alternate as order, log, median  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 SECTIONS = ("loopback", "links", "breakeven", "e2e")
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -108,10 +112,6 @@ VETH_A, VETH_B = f"swkva{PID}", f"swkvb{PID}"  # at most 15 characters
 ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"
 
 
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------- resources
 class Resources:
     """Every process and namespace this run made; cleanup() removes them all, once."""
@@ -123,32 +123,18 @@ class Resources:
         self.done = False
 
     def spawn(self, cmd, name, log_path, env=None):
-        f = open(log_path, "wb")
         # Own session: a terminal's Ctrl-C reaches this script only, and the
         # cleanup stops the children in order (workers get SIGTERM and drain).
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True)
-        f.close()
+        p = Process(cmd, log_path, env=env, new_session=True, name=name)
         self.procs.append((p, name, log_path))
         return p
 
     def stop(self, p, timeout=30.0, sig=signal.SIGTERM):
         """Signal p and wait; SIGKILL after timeout. Returns (exit status, seconds, killed)."""
         t = time.time()
-        killed = False
-        if p.poll() is None:
-            try:
-                p.send_signal(sig)
-            except ProcessLookupError:
-                pass
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                killed = True
-                p.kill()
-                p.wait(timeout=10)
+        rc, killed = p.stop(timeout, sig)
         self.procs = [x for x in self.procs if x[0] is not p]
-        return p.returncode, time.time() - t, killed
+        return rc, time.time() - t, killed
 
     def cleanup(self):
         if self.done:
@@ -240,27 +226,12 @@ def busy_cores(window=0.5):
     return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, t1 - t0))
 
 
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def order(items, trial):
-    return items if trial % 2 == 0 else list(reversed(items))
-
-
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Resp:
@@ -314,26 +285,23 @@ def start_redis(name, bind, port, netns=None):
            "--daemonize", "no", "--dir", d, "--logfile", ""]
     if netns:
         cmd = ["ip", "netns", "exec", netns] + cmd + ["--protected-mode", "no"]
-    p = R.spawn(cmd, f"redis-server {name}", os.path.join(d, "redis.log"), env=ENV)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        if p.poll() is not None:
-            raise RuntimeError(f"redis-server {name} exited {p.returncode}:\n{tail(os.path.join(d, 'redis.log'))}")
+    log_path = os.path.join(d, "redis.log")
+    p = R.spawn(cmd, f"redis-server {name}", log_path, env=ENV)
+
+    def ready():
+        if not netns:
+            return redis_ping(port)()
         try:
-            if netns:
-                ok = subprocess.run(["ip", "netns", "exec", NS_B, "redis-cli", "-h", bind, "-p", str(port), "ping"],
-                                    capture_output=True, text=True, timeout=5).stdout.strip() == "PONG"
-            else:
-                c = Resp(port)
-                ok = c.cmd("PING") == "PONG"
-                c.close()
-            if ok:
-                log(f"redis-server {name} (pid {p.pid}) ready at {bind}:{port}{' in ' + netns if netns else ''}")
-                return p
-        except (OSError, ConnectionError, subprocess.TimeoutExpired):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"redis-server {name} did not answer PING in 20 s")
+            return subprocess.run(["ip", "netns", "exec", NS_B, "redis-cli", "-h", bind, "-p", str(port), "ping"],
+                                  capture_output=True, text=True, timeout=5).stdout.strip() == "PONG"
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        p.wait_ready(ready, 20)
+    except NotReady as e:
+        raise RuntimeError(f"{e}:\n{tail(log_path)}") from None
+    log(f"redis-server {name} (pid {p.pid}) ready at {bind}:{port}{' in ' + netns if netns else ''}")
+    return p
 
 
 def tail(path, n=3000):
@@ -681,8 +649,8 @@ def start_workers(arm, port, db):
             if all(full in live for _, full, _, _ in procs):
                 return procs
             for p, full, lp, _ in procs:
-                if p.poll() is not None:
-                    raise RuntimeError(f"worker {full} exited {p.returncode} before it was live:\n{tail(lp)}")
+                if not p.alive():
+                    raise RuntimeError(f"worker {full} exited {p.proc.returncode} before it was live:\n{tail(lp)}")
             if time.time() > deadline:
                 raise RuntimeError(f"workers of {arm} not live after 120 s")
             time.sleep(0.1)

@@ -32,14 +32,14 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 import yaml
 
-sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
-import two_builds  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import builds as two_builds  # noqa: E402
+from swarmbench.trials import alternate  # noqa: E402
 
 F16 = two_builds.MODEL
 STEP_POINTS = [1, 16]
@@ -62,10 +62,7 @@ def readme_one_agent(tmp):
 
 
 def run(cmd, lib):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=two_builds.environment(lib), timeout=1800)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
-    return p.stdout
+    return two_builds.run(cmd, lib)
 
 
 def prefill(binary, lib, exact, pipeline, model):
@@ -106,7 +103,7 @@ def answers(binary, lib, model):
 def plot(out, rows, builds, weights):
     """OUT/plots/exact-over-stock.png: exact's speed over --no-exact's per trial and median, the
     prefill per weight file and the step per agent count, one arm per build."""
-    import plot_style as ps
+    from swarmbench import style as ps
     fig, axes = ps.figure(1, 2, width=11.0)
     for ax, part, groups, labels, name in (
             (axes[0][0], "prefill", weights, [w.replace("-", "\n") for w in weights],
@@ -173,8 +170,8 @@ def timing(a, tmp):
     modes = [True, False]
     rows = []
     for trial in range(a.trials):
-        for build, lib in (builds if trial % 2 == 0 else builds[::-1]):
-            for exact in (modes if trial % 2 == 0 else modes[::-1]):
+        for build, lib in alternate(builds, trial):
+            for exact in alternate(modes, trial):
                 mode = "exact" if exact else "stock"
                 for name, model in weights:
                     r = prefill(a.bin, lib, exact, pipeline, model)

@@ -24,14 +24,17 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import report  # noqa: E402
+from swarmbench.ports import free_port  # noqa: E402
+from swarmbench.servers import Process, http_ready  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -45,12 +48,6 @@ DEFAULT_DOC = os.path.join(REPO, "examples/documents/apache-2.0.txt")
 DEFAULT_SYSTEM = ("You are a careful legal analyst. "
                   "Answer only from the document, concisely.")
 SLOT_FILE = "doc.bin"
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method, url, body=None, timeout=60.0):
@@ -89,47 +86,20 @@ class Server:
         self.log_path = log_path
         self.startup_timeout = args.startup_timeout
         self.proc = None
-        self.log = None
 
     def __enter__(self):
-        self.log = open(self.log_path, "ab")
-        self.log.write(("\n$ " + shlex.join(self.cmd) + "\n").encode())
-        self.log.flush()
+        with open(self.log_path, "ab") as log:
+            log.write(("\n$ " + shlex.join(self.cmd) + "\n").encode())
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log,
-                                     stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("llama-server exited with %s during start; "
-                                   "see %s" % (self.proc.returncode,
-                                               self.log_path))
-            try:
-                st, _, _ = http("GET", self.base + "/health", timeout=2.0)
-                if st == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("llama-server not healthy after %ss; see %s"
-                                   % (self.startup_timeout, self.log_path))
-            time.sleep(0.1)
+        self.proc = Process(self.cmd, self.log_path, append=True, name="llama-server")
+        self.proc.wait_ready(http_ready(self.port), self.startup_timeout)
         self.startup_ms = (time.perf_counter() - t0) * 1000.0
         return self
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+        if self.proc is not None:
+            self.proc.stop(timeout=15)
         self.proc = None
-        if self.log is not None:
-            self.log.close()
-            self.log = None
 
     def __exit__(self, *exc):
         self.stop()
@@ -139,14 +109,10 @@ class Server:
         return http("POST", self.base + path, body, timeout=timeout)
 
     def log_offset(self):
-        self.log.flush()
-        return os.path.getsize(self.log_path)
+        return self.proc.log_size()
 
     def log_since(self, off):
-        self.log.flush()
-        with open(self.log_path, "rb") as f:
-            f.seek(off)
-            return f.read().decode(errors="replace")
+        return self.proc.log_text(off)
 
 
 # Server log lines (trace level) that explain prompt-cache reuse decisions.
@@ -392,7 +358,7 @@ def write_md(path, results, argv, total_s):
         f.write("\n".join(lines))
 
 
-def main():
+def arguments():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append",
@@ -414,11 +380,38 @@ def main():
                     help="output file stem in --out")
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--req-timeout", type=float, default=600.0)
-    args = ap.parse_args()
+    return ap
+
+
+def timed_trial(model, prompt, args, workdir, i):
+    """run_trial with its wall time and the load average around it, printed on one line."""
+    t0 = time.perf_counter()
+    la0 = os.getloadavg()
+    rec = run_trial(model, prompt, args, workdir, i)
+    rec["loadavg_before"] = la0
+    rec["loadavg_after"] = os.getloadavg()
+    rec["trial_wall_s"] = time.perf_counter() - t0
+    print("  trial %d: cold %s tok %.0f ms | save %.1f ms %d B | "
+          "same: restore %s ms prompt_n %s cache_n %s | "
+          "fresh: restore %s ms prompt_n %s cache_n %s (%.1f s)" % (
+              i, rec["cold"]["timings.prompt_n"],
+              rec["cold"]["timings.prompt_ms"], rec["save_ms"],
+              rec["file_bytes"],
+              fmt(rec["same_process"]["restore_ms"]),
+              rec["same_process"]["completion"]["timings.prompt_n"],
+              rec["same_process"]["completion"]["timings.cache_n"],
+              fmt(rec["fresh_process"]["restore_ms"]),
+              rec["fresh_process"]["completion"]["timings.prompt_n"],
+              rec["fresh_process"]["completion"]["timings.cache_n"],
+              rec["trial_wall_s"]), flush=True)
+    return rec
+
+
+def main():
+    args = arguments().parse_args()
     models = args.model or [DEFAULT_MODEL]
 
-    argv = "python3 bench/llama_server_slots.py " + " ".join(
-        shlex.quote(a) for a in sys.argv[1:])
+    argv = report.invocation("python3")
     os.makedirs(args.out, exist_ok=True)
     with open(args.document) as f:
         doc_text = f.read()
@@ -434,28 +427,7 @@ def main():
             prompt, how, n_tok = build_prompt(model, doc_text, args, workdir)
             print("[%s] prompt via %s: %s tokens" %
                   (os.path.basename(model), how, n_tok), flush=True)
-            trials = []
-            for i in range(args.trials):
-                t0 = time.perf_counter()
-                la0 = os.getloadavg()
-                rec = run_trial(model, prompt, args, workdir, i)
-                rec["loadavg_before"] = la0
-                rec["loadavg_after"] = os.getloadavg()
-                rec["trial_wall_s"] = time.perf_counter() - t0
-                trials.append(rec)
-                print("  trial %d: cold %s tok %.0f ms | save %.1f ms %d B | "
-                      "same: restore %s ms prompt_n %s cache_n %s | "
-                      "fresh: restore %s ms prompt_n %s cache_n %s (%.1f s)" % (
-                          i, rec["cold"]["timings.prompt_n"],
-                          rec["cold"]["timings.prompt_ms"], rec["save_ms"],
-                          rec["file_bytes"],
-                          fmt(rec["same_process"]["restore_ms"]),
-                          rec["same_process"]["completion"]["timings.prompt_n"],
-                          rec["same_process"]["completion"]["timings.cache_n"],
-                          fmt(rec["fresh_process"]["restore_ms"]),
-                          rec["fresh_process"]["completion"]["timings.prompt_n"],
-                          rec["fresh_process"]["completion"]["timings.cache_n"],
-                          rec["trial_wall_s"]), flush=True)
+            trials = [timed_trial(model, prompt, args, workdir, i) for i in range(args.trials)]
             with open(os.path.join(workdir, "server.log"), "rb") as f:
                 log_tail = f.read()[-4000:].decode(errors="replace")
             results["models"].append({

@@ -26,7 +26,6 @@ usage: python3 bench/many_agents.py [--out bench/results/many-agents]
            [--doc-tokens 3501] [--n-predict 32] [--max-live 5,10,25,50] [--resume]
 """
 import argparse
-import csv
 import json
 import os
 import shlex
@@ -35,7 +34,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import report  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--out", default=os.path.join("bench", "results", "many-agents"))
@@ -153,7 +153,7 @@ goals = {
 goals["goal_25x_met"] = goals["shared_vs_extrapolated_baseline_end_to_end"] >= 25
 goals["goal_p99_below_sequential_p50_met"] = (goals["shared_p99_completion_ms"]
                                               < goals["server_sequential_p50_completion_ms"])
-command = "python3 bench/many_agents.py " + shlex.join(a for a in sys.argv[1:] if a != "--resume")
+command = report.invocation("python3", [a for a in sys.argv[1:] if a != "--resume"])
 long_row = None
 if long_run:
     a = arm(long_run, "shared")
@@ -168,14 +168,8 @@ results = {"params": vars(args), "environment": arms50["environment"], "rows": r
            "command": command}
 with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
-with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-    w.writeheader()
-    w.writerows(rows)
-with open(os.path.join(args.out, "max_live.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(maxlive_rows[0].keys()))
-    w.writeheader()
-    w.writerows(maxlive_rows)
-with open(os.path.join(args.out, "command.txt"), "w") as f:
-    f.write(command + "\n")
+report.write_csv(os.path.join(args.out, "results.csv"), list(rows[0].keys()), rows)
+report.write_csv(os.path.join(args.out, "max_live.csv"), list(maxlive_rows[0].keys()), maxlive_rows)
+report.write_command(args.out, "command.txt", python="python3",
+                     argv=[a for a in sys.argv[1:] if a != "--resume"])
 subprocess.run([sys.executable, os.path.join(HERE, "plot_many_agents.py"), args.out], check=True)

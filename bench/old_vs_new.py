@@ -12,14 +12,17 @@ and swap order on every other trial; the branch phase is total_ms -
 prefill_ms (what the fork strategy and scheduler cost after the one
 document prefill), compared by medians.
 """
-import argparse, csv, json, os, statistics, subprocess, sys
+import argparse, json, os, statistics, subprocess, sys
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import ROOT as root, report  # noqa: E402
+from swarmbench.trials import alternate  # noqa: E402
 
 
 def plot_branch_phase(rows, out):
     """branch_phase.png: old vs new per fork (trials as dots), and new / old in its own panel (points)."""
-    sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
     try:
-        import plot_style as ps
+        from swarmbench import style as ps
         from matplotlib.lines import Line2D
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
@@ -75,7 +78,6 @@ if args.plot_only:
 if not args.out:
     ap.error("OLD_BIN NEW_BIN MODEL OUT_DIR are required (or --plot-only OUT_DIR)")
 os.makedirs(args.out, exist_ok=True)
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 docs = os.path.join(root, "examples", "documents")
 doc = (open(os.path.join(docs, "apache-2.0.txt")).read() + "\n\n" +
        open(os.path.join(docs, "mpl-2.0.txt")).read())[:17080]
@@ -91,8 +93,7 @@ rows = json.load(open(args.rows)) if args.rows else []
 for trial in range(1, 0 if args.rows else args.trials + 1):
     for n in branches:
         for fork in forks:
-            order = ["old", "new"] if trial % 2 else ["new", "old"]
-            for which in order:
+            for which in alternate(["old", "new"], trial - 1):
                 binary = args.old if which == "old" else args.new
                 proc = subprocess.run([binary, "run", os.path.join(args.out, f"pipeline-{n}.json"), "--model",
                                        args.model, "--fork", fork, "--json"], capture_output=True, text=True)
@@ -104,12 +105,8 @@ for trial in range(1, 0 if args.rows else args.trials + 1):
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "answers"}), flush=True)
 json.dump(rows, open(os.path.join(args.out, "rows.json"), "w"), indent=1)
-with open(os.path.join(args.out, "rows.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    keys = ["trial", "branches", "fork", "binary", "ok", "prefix_tokens", "total_ms", "prefill_ms", "branch_phase_ms"]
-    w.writerow(keys)
-    for r in rows:
-        w.writerow([r[k] for k in keys])
+keys = ["trial", "branches", "fork", "binary", "ok", "prefix_tokens", "total_ms", "prefill_ms", "branch_phase_ms"]
+report.write_csv(os.path.join(args.out, "rows.csv"), keys, [[r[k] for k in keys] for r in rows])
 
 med = statistics.median
 lines = ["# Old vs new binary, alternated back to back", "",

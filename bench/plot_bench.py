@@ -5,7 +5,7 @@ usage: /usr/bin/python3 bench/plot_bench.py OUT_DIR [--command "how it was run"]
 Reads OUT_DIR/best_run.json and OUT_DIR/all_trials.csv (result schema
 version 2, or version 1 mapped to it on load); writes OUT_DIR/plots/*.png
 and OUT_DIR/report.md. Needs matplotlib (Debian's python3-matplotlib,
-installed by scripts/lib.sh); the look is bench/plot_style.py's.
+installed by scripts/lib.sh); the look is bench/swarmbench/style.py's.
 """
 import argparse
 import csv
@@ -14,8 +14,8 @@ import os
 import statistics
 import sys
 
-sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
-import plot_style as ps  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import style as ps  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -273,12 +273,34 @@ def engine_summary(p):
     gpu = f", {e['offloaded_layers']} layers on the GPU" if e.get("offloaded_layers") else ""
     return f"{e['kv_type'].upper()} K/V, flash attention {'on' if e['flash_attn'] else 'off'}{gpu}"
 
-def write_report():
-    """report.md: method, environment, every table, the plots, limitations, analysis, command."""
-    first = results[0]
+def point_label(r):
+    return f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
+
+
+def best_trials():
+    """(result, point label, arm, best trial) for every point and arm that has one."""
+    for r in results:
+        for arm in arms:
+            bt = (r["arms"].get(arm) or {}).get("best_trial")
+            if bt:
+                yield r, point_label(r), arm, bt
+
+
+def identical_branches(a):
+    bt = a.get("best_trial") if a else None
+    if not bt:
+        return "—"
+    diffs = [b.get("first_difference_vs_reference", -1) for b in bt["branches"]]
+    same = sum(d == -1 for d in diffs)
+    tail = "" if same == len(diffs) else " (first difference at token " + ", ".join(str(d) for d in diffs if d != -1) + ")"
+    return f"{same}/{len(diffs)}{tail}"
+
+
+def report_head():
+    """report.md's title, method, environment and the results table's head."""
     env = best["environment"]
     p = best["params"]
-    lines = [
+    return [
         f"# SwarmKV benchmark: {', '.join(arms)}",
         "",
         "## Method",
@@ -315,29 +337,9 @@ def write_report():
     ]
 
 
-    def point_label(r):
-        return f"{sweep.split('=')[0]}={r['sweep_value']}" if sweep else f"{r['branches']} br, {r['doc_tokens']} tok"
-
-
-    def best_trials():
-        """(result, point label, arm, best trial) for every point and arm that has one."""
-        for r in results:
-            for arm in arms:
-                bt = (r["arms"].get(arm) or {}).get("best_trial")
-                if bt:
-                    yield r, point_label(r), arm, bt
-
-
-    def identical_branches(a):
-        bt = a.get("best_trial") if a else None
-        if not bt:
-            return "—"
-        diffs = [b.get("first_difference_vs_reference", -1) for b in bt["branches"]]
-        same = sum(d == -1 for d in diffs)
-        tail = "" if same == len(diffs) else " (first difference at token " + ", ".join(str(d) for d in diffs if d != -1) + ")"
-        return f"{same}/{len(diffs)}{tail}"
-
-
+def results_rows():
+    """One row per point and arm: medians, speed-ups, answers."""
+    lines = []
     for r in results:
         point = point_label(r)
         for arm in arms:
@@ -350,12 +352,15 @@ def write_report():
             sb = f"{s['best_trial_end_to_end']:.2f}× / {s['best_trial_branch2_activation']:.1f}×" if s else "—"
             sh = f"{s['end_to_end_vs_host']:.2f}×" if s and "end_to_end_vs_host" in s else "—"
             lines.append(f"| {point} | {arm} | {a['median_end_to_end_ms']:.0f} | {a['median_branch2_activation_ms']:.1f} | {sp} | {sh} | {sa} | {sb} | {identical_branches(a) if arm != 'none' else '—'} |")
+    return lines
 
-    # Memory per arm and point (best trial).
-    lines += ["", "Memory (best trial; KV bytes per cell measured on the engine; *needed* = (document + every branch's prompt and "
-              "generated tokens) × bytes/cell, the document counted once):", "",
-              "| point | arm | n_ctx | contexts | KV in use MiB | KV allocated MiB | allocated / needed | host buffers MiB | peak RSS MiB |",
-              "|---|---|---|---|---|---|---|---|---|"]
+
+def memory_table():
+    """Memory per arm and point (best trial)."""
+    lines = ["", "Memory (best trial; KV bytes per cell measured on the engine; *needed* = (document + every branch's prompt and "
+             "generated tokens) × bytes/cell, the document counted once):", "",
+             "| point | arm | n_ctx | contexts | KV in use MiB | KV allocated MiB | allocated / needed | host buffers MiB | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r, point, arm, bt in best_trials():
         if "memory" not in bt:
             continue
@@ -364,8 +369,12 @@ def write_report():
         rss = f"{bt['peak_rss_kib'] / 1024:.0f}" + ("" if bt.get("peak_rss_per_arm") else " (process)")
         lines.append(f"| {point} | {arm} | {bt['n_ctx']} | {m['contexts']} | {m['kv_bytes_peak'] / 2**20:.1f} | "
                      f"{m['kv_bytes_allocated'] / 2**20:.1f} | {ratio:.2f} | {m['host_buffer_bytes'] / 2**20:.1f} | {rss} |")
+    return lines
 
-    # Fork cost and batched decode steps of the shared arm.
+
+def shared_table():
+    """The shared arm's fork cost and batched decode steps."""
+    lines = []
     if "shared" in arms:
         lines += ["", "Shared arm: fork cost per branch (sampler set-up + `seq_cp`, median over branches, best trial) and generation-only decode "
                   "steps by the number of branches in the step (median ms per step):", "",
@@ -378,7 +387,12 @@ def write_report():
             forks = [b["timings_ms"]["fork"] for b in bt["branches"]]
             steps = ", ".join(f"{s['branches']}: {s['median_ms']:.1f} ({s['steps']} steps)" for s in bt.get("generation_step_ms_by_branches", []))
             lines.append(f"| {point} | {statistics.median(forks):.3f} / {max(forks):.3f} | {steps or '—'} |")
-    # The peer: llama-server arms next to ours, per point (best trial).
+    return lines
+
+
+def peer_tables():
+    """The peer: llama-server arms next to ours, per point (best trial)."""
+    lines = []
     if any(a.startswith("server-") for a in arms):
         lines += ["", "## Against llama-server (same llama.cpp build, same tokens, greedy)", "",
                   "Per arm (best trial): end-to-end, when the agents finished (from the arm's start: p50 / max), the branch phase "
@@ -404,14 +418,25 @@ def write_report():
             sp = r["speedup"].get("shared", {})
             fmt_ = lambda k: f"{sp[k]:.2f}×" if k in sp else "—"  # noqa: E731
             lines.append(f"| {point} | {fmt_('end_to_end_vs_server-concurrent')} | {fmt_('end_to_end_vs_server-sequential')} | {fmt_('branch_phase_vs_server-sequential')} |")
+    return lines
 
-    bt = first["arms"].get("host", {}).get("best_trial")
+
+def host_breakdown():
+    """Where a host branch's time goes (best trial, first point)."""
+    lines = []
+    bt = results[0]["arms"].get("host", {}).get("best_trial")
     if bt:
         lines += ["", "Where a host branch's time goes (best trial, first point):", "",
                   "| branch | fork ms | restore ms | prompt ms | first token ms | generate ms | total ms |", "|---|---|---|---|---|---|---|"]
         for b in bt["branches"]:
             lines.append(f"| {b['name']} | {b['timings_ms']['fork']:.1f} | {b['timings_ms']['restore']:.1f} | {b['timings_ms']['prompt']:.1f} | {b['timings_ms']['first_token']:.1f} | {b['timings_ms']['generate']:.1f} | {b['timings_ms']['total']:.1f} |")
         lines.append(f"\nPrefill {bt['prefill_ms']:.0f} ms ({bt['prefill_tokens_per_s']:.0f} tok/s), snapshot {bt['snapshot_bytes'] / 2**20:.1f} MiB exported in {bt['export_ms']:.1f} ms, peak RSS {bt['peak_rss_kib'] / 1024:.0f} MiB.")
+    return lines
+
+
+def write_report():
+    """report.md: method, environment, every table, the plots, limitations, analysis, command."""
+    lines = report_head() + results_rows() + memory_table() + shared_table() + peer_tables() + host_breakdown()
     lines += ["", "## Plots", ""] + [f"![{m}](plots/{m})" for m in made]
     lines += [
         "",

@@ -2,14 +2,13 @@
 
 usage: /usr/bin/python3 bench/plot_cluster_q8.py OUT
 """
-import csv
 import json
 import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plot_style as ps  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import report, style as ps  # noqa: E402
 
 out = sys.argv[1]
 res = json.load(open(os.path.join(out, "results.json")))
@@ -22,15 +21,9 @@ lines = []
 def table(head, rows, csv_name=None):
     """A markdown table in the report and, named, the same rows as OUT/<csv_name>.csv."""
     if csv_name:
-        with open(os.path.join(out, csv_name + ".csv"), "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(head)
-            w.writerows([[str(x).replace("**", "") for x in r] for r in rows])
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
-    for r in rows:
-        lines.append("| " + " | ".join(str(x) for x in r) + " |")
-    lines.append("")
+        report.write_csv(os.path.join(out, csv_name + ".csv"), head,
+                         [[str(x).replace("**", "") for x in r] for r in rows])
+    lines.extend(report.md_table(head, rows) + [""])
 
 
 def mbit(bytes_per_s):
@@ -45,7 +38,7 @@ lines += ["# f16 against q8_0 K/V on the exact kernels: half-size snapshots", ""
           f"exact mode (the default: flash attention on the batch-invariant kernel), {params['trials']} trials per "
           "arm, arms alternated within each trial; medians. What was decided from it (q8_0 the default where "
           "flash attention runs; no sub-8-bit wire encoding): NOTES.md, \"Half-size snapshots\".", "",
-          "Reproduce:", "", "```sh", open(os.path.join(out, "command.txt")).read().strip(), "```", ""]
+          *report.reproduce(out)]
 
 # ---------------------------------------------------------------- prefill and bytes
 pre = res.get("prefill", [])

@@ -7,45 +7,20 @@ OUT_DIR/report.md (the tables of every section, the break-even model with
 this machine's numbers, notes; then OUT_DIR/analysis.md or --notes when
 there is one).
 """
-import argparse
-import json
 import math
 import os
 import statistics
 import sys
 
-sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plot_style as ps  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import report, style as ps  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("out")
-ap.add_argument("--notes", default="")
-args = ap.parse_args()
-
-res = json.load(open(os.path.join(args.out, "results.json")))
-plots = os.path.join(args.out, "plots")
-os.makedirs(plots, exist_ok=True)
+args, res = report.results_arguments()
+plots = ps.Plots(args.out)
+save, made = plots.save, plots.made
 med = statistics.median
-made = []
-
-ps.ARM_COLOURS.setdefault("publish", "#0072B2")
-ps.ARM_COLOURS.setdefault("fetch", "#009E73")
-ps.ARM_COLOURS.setdefault("prefill", "#D55E00")
-ps.ARM_COLOURS.setdefault("local", "#999999")
-ps.ARM_COLOURS.setdefault("redis-1-worker", "#0072B2")
-ps.ARM_COLOURS.setdefault("redis-2-workers", "#009E73")
-ps.ARM_COLOURS.setdefault("first trial", "#E69F00")
-ps.ARM_COLOURS.setdefault("later trials", "#56B4E9")
-LINK_COLOURS = ["#CC79A7", "#E69F00", "#56B4E9", "#0072B2", "#882255", "#44AA99"]
-UNLIMITED_COLOUR = "#777777"
-
-
-def save(fig, name):
-    ps.save(fig, os.path.join(plots, name))
-    made.append(name)
 
 
 def rate_label(rate):
@@ -161,7 +136,7 @@ link_rates = [(x["rate"], x["bench"]["fetch_mb_s"] * 1e6) for x in links]  # byt
 
 
 def link_colour(k, rate):
-    return UNLIMITED_COLOUR if rate == "unlimited" else LINK_COLOURS[k % len(LINK_COLOURS)]
+    return ps.UNLIMITED_COLOUR if rate == "unlimited" else ps.LINK_COLOURS[k % len(ps.LINK_COLOURS)]
 
 
 def transfer_ms(r, bps):
@@ -333,17 +308,11 @@ if env.get("busy_cores_at_start") is not None:
                  else "") + ".", ""]
 if params.get("quick"):
     lines += ["**Smoke run (`--quick`): small sizes and one trial; not a measurement.**", ""]
-cmd_path = os.path.join(args.out, "command.txt")
-if os.path.exists(cmd_path):
-    lines += ["Reproduce:", "", "```sh", open(cmd_path).read().strip(), "```", ""]
+lines += report.reproduce(args.out)
 
 
-def table(head, body):
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
-    for r in body:
-        lines.append("| " + " | ".join(str(x) for x in r) + " |")
-    lines.append("")
+def table(head, rows):
+    lines.extend(report.md_table(head, rows) + [""])
 
 
 snap = res.get("snapshot")

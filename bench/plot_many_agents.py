@@ -6,9 +6,9 @@ import json
 import os
 import sys
 
-sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_style import ARM_COLOURS, plt, value_scale  # noqa: E402
+from swarmbench.style import ARM_COLOURS, plt, value_scale  # noqa: E402
 
 out = sys.argv[1]
 with open(os.path.join(out, "results.json")) as f:

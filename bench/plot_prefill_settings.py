@@ -5,49 +5,25 @@ usage: /usr/bin/python3 bench/plot_prefill_settings.py OUT_DIR [--notes ANALYSIS
 Reads OUT_DIR/results.json and command.txt; writes OUT_DIR/plots/*.png and
 OUT_DIR/report.md (the tables of every section, then the analysis).
 """
-import argparse
 import os
 import statistics
 import sys
 
-sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
-sys.path.insert(0, os.path.dirname(__file__))
-import plot_style as ps  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import report, style as ps  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("out")
-ap.add_argument("--notes", default="")
-args = ap.parse_args()
-
-import json  # noqa: E402
-
-res = json.load(open(os.path.join(args.out, "results.json")))
-plots = os.path.join(args.out, "plots")
-os.makedirs(plots, exist_ok=True)
+args, res = report.results_arguments()
+plots = ps.Plots(args.out)
+save, made = plots.save, plots.made
 configs = res["configs"]
 base = configs[0]
 trials = res["params"]["trials"]
 doc_tokens = res["params"]["doc_tokens"]
 med = statistics.median
-made = []
-
-ps.ARM_COLOURS.setdefault("prefill", "#56B4E9")
-ps.ARM_COLOURS.setdefault("branches", "#E69F00")
-ps.ARM_COLOURS.setdefault("end to end", "#009E73")
-ps.ARM_COLOURS.setdefault("swarmkv", "#009E73")
-ps.ARM_COLOURS.setdefault("llama-bench", "#0072B2")
-ps.ARM_COLOURS.setdefault("q4_1", "#999999")
-ps.ARM_COLOURS.setdefault("q4_0", "#0072B2")
-ps.ARM_COLOURS.setdefault("f16", "#D55E00")
 
 
 def short(c):
     return c.replace(" ", "\n")
-
-
-def save(fig, name):
-    ps.save(fig, os.path.join(plots, name))
-    made.append(name)
 
 
 # ---------------------------------------------------------------- parity
@@ -153,15 +129,11 @@ lines = ["# Prefill at this machine's limit: engine settings and weight formats"
          f"Engine: {res['environment']['engine'].split(' | ')[0]}. {trials} trials per arm, arms interleaved, "
          "order reversed every other trial; medians.", "",
          "Models: " + ", ".join(f"`{k}` = `{os.path.basename(v)}`" for k, v in res["models"].items()), "",
-         "Reproduce:", "", "```sh", open(os.path.join(args.out, "command.txt")).read().strip(), "```", ""]
+         *report.reproduce(args.out)]
 
 
 def table(head, rows):
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
-    for r in rows:
-        lines.append("| " + " | ".join(str(x) for x in r) + " |")
-    lines.append("")
+    lines.extend(report.md_table(head, rows) + [""])
 
 
 if "parity" in res:

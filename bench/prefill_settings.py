@@ -26,10 +26,12 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import report, trials  # noqa: E402
+from swarmbench.trials import alternate as order  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--build", required=True, help="the release build folder (swarmkv, bench/swarmkv_prefill_bench)")
@@ -80,13 +82,7 @@ def label(c):
 
 
 def run(cmd, timeout=1800):
-    t = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-3000:]}")
-    print(f"[{time.time() - t:6.1f} s] {' '.join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd))}",
-          file=sys.stderr, flush=True)
-    return p
+    return trials.run(cmd, timeout)
 
 
 def llama_bench_tps(model, fa, kv, ub, prompt, gen, reps):
@@ -109,10 +105,6 @@ def ours_tps(model, fa, kv, ub, tokens, reps):
     return [r["params"]["doc_tokens"] / (ms / 1000) for ms in r["results"][0]["prefill_ms"]]
 
 
-def order(items, trial):
-    return items if trial % 2 == 0 else list(reversed(items))
-
-
 results = {}
 results_path = os.path.join(args.out, "results.json")
 if args.resume and os.path.exists(results_path):
@@ -123,8 +115,8 @@ results.update({"params": vars(args), "models": models, "configs": [label(c) for
 
 def keep():
     """results.json after every section: a failure later loses nothing measured."""
-    with open(results_path, "w") as f:
-        json.dump(results, f, indent=2)
+    report.write_json(results_path, results, indent=2)
+
 
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
 results["environment"] = {"cpu": cpu, "cores": os.cpu_count(),
@@ -261,6 +253,5 @@ if "quality" not in skip:
             w.writerow([m, q["ppl"], q["ppl_stderr"], q["size_bytes"]])
 
 keep()
-with open(os.path.join(args.out, "command.txt"), "w") as f:
-    f.write("python3 " + " ".join(sys.argv) + "\n")
+report.write_command(args.out, "command.txt", python="python3")
 print(f"results in {args.out}", file=sys.stderr)

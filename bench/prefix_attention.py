@@ -21,31 +21,32 @@ usage: /usr/bin/python3 bench/prefix_attention.py --bin build/release/swarmkv
            --before-lib DIR --after-lib DIR [--out bench/results/prefix-attention]
            [--trials 3]
 """
-import csv
 import json
 import os
 import statistics
 import sys
 import tempfile
 
-sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
-import two_builds  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import builds as two_builds  # noqa: E402
+from swarmbench import report  # noqa: E402
+from swarmbench.trials import alternate  # noqa: E402
 MODEL = two_builds.MODEL
 POINTS = [(1, 3501), (4, 3501), (16, 3501), (50, 3501), (16, 1024), (16, 7000)]
 N_PREDICT = 32
 
 
-def main():
-    a = two_builds.arguments("prefix-attention").parse_args()
-    two_builds.start(a)
+WORK = [("none", 1, 3501)] + [("shared", n, t) for n, t in POINTS]
 
+
+def measure(a):
+    """Every point on both builds, alternated, --trials times: one row per run."""
     tmp = tempfile.mkdtemp(prefix="swarmkv-prefix-attention-")
     builds = [("before", a.before_lib), ("after", a.after_lib)]
-    work = [("none", 1, 3501)] + [("shared", n, t) for n, t in POINTS]
     rows = []
     for trial in range(a.trials):
-        for kernel, lib in (builds if trial % 2 == 0 else builds[::-1]):
-            for arm, n, t in work:
+        for kernel, lib in alternate(builds, trial):
+            for arm, n, t in WORK:
                 r = two_builds.bench_run(a.bin, lib, arm, n, t, N_PREDICT, tmp)
                 r.update(trial=trial, kernel=kernel, arm=arm, agents=n, doc_tokens=t)
                 rows.append(r)
@@ -53,17 +54,22 @@ def main():
                 print(f"trial {trial} {kernel:6} {arm:6} {n:2} agents {t:4} tokens: {step}, "
                       f"prefill {r['prefill_ms']:7.0f} ms, end to end {r['end_to_end_ms']:7.0f} ms",
                       flush=True)
+    return rows
 
-    def pick(kernel, arm, n, t):
-        return [r for r in rows if r["kernel"] == kernel and r["arm"] == arm and r["agents"] == n
-                and r["doc_tokens"] == t]
 
+def pick(rows, kernel, arm, n, t):
+    return [r for r in rows if r["kernel"] == kernel and r["arm"] == arm and r["agents"] == n
+            and r["doc_tokens"] == t]
+
+
+def summarise(a, rows):
+    """Medians per point and build, the goals' ratios; writes OUT/results.json and OUT/trials.csv."""
     def med(kernel, arm, n, t, key):
-        return statistics.median(r[key] for r in pick(kernel, arm, n, t))
+        return statistics.median(r[key] for r in pick(rows, kernel, arm, n, t))
 
     summary = {"points": [], "answers_equal_across_builds_and_trials": True}
-    for arm, n, t in work:
-        same = len({json.dumps(r["answers"]) for r in pick("before", arm, n, t) + pick("after", arm, n, t)}) == 1
+    for arm, n, t in WORK:
+        same = len({json.dumps(r["answers"]) for r in pick(rows, "before", arm, n, t) + pick(rows, "after", arm, n, t)}) == 1
         summary["answers_equal_across_builds_and_trials"] &= same
         p = {"arm": arm, "agents": n, "doc_tokens": t, "answers_equal": same}
         for kernel in ("before", "after"):
@@ -87,25 +93,22 @@ def main():
                    "runs": [{k: v for k, v in r.items() if k != "answers"} for r in rows]}, f, indent=1)
     keys = ["trial", "kernel", "arm", "agents", "doc_tokens", "step_ms", "steps", "prefill_ms",
             "prefill_tokens_per_s", "branch_phase_ms", "end_to_end_ms", "peak_rss_kib"]
-    with open(os.path.join(a.out, "trials.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(keys)
-        for r in rows:
-            w.writerow([r[k] for k in keys])
+    report.write_csv(os.path.join(a.out, "trials.csv"), keys, [[r[k] for k in keys] for r in rows])
+    return summary, point
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    colour = {"before": "#d66", "after": "#247"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+
+def plot(a, rows, point):
+    """OUT/plots/step-time.png: the step against the agents and against the document's length."""
+    from swarmbench import style
+    fig, axes = style.plt.subplots(1, 2, figsize=(11, 4))
     ns = [1, 4, 16, 50]
     ax = axes[0]
     for kernel in ("before", "after"):
         ys = [point[("shared", n, 3501)][kernel]["step_ms"] for n in ns]
-        ax.plot(ns, ys, "o-", color=colour[kernel], label=kernel)
+        ax.plot(ns, ys, "o-", color=style.colour(kernel), label=kernel)
         for n in ns:
-            ax.plot([n] * a.trials, [r["step_ms"] for r in pick(kernel, "shared", n, 3501)], ".",
-                    color=colour[kernel], alpha=0.4)
+            ax.plot([n] * a.trials, [r["step_ms"] for r in pick(rows, kernel, "shared", n, 3501)], ".",
+                    color=style.colour(kernel), alpha=0.4)
         for n, y in zip(ns, ys):
             ax.annotate(f"{y:.0f}", (n, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
     one = point[("shared", 1, 3501)]["after"]["step_ms"]
@@ -120,7 +123,7 @@ def main():
     ts = [1024, 3501, 7000]
     for kernel in ("before", "after"):
         ys = [point[("shared", 16, t)][kernel]["step_ms"] for t in ts]
-        ax.plot(ts, ys, "o-", color=colour[kernel], label=kernel)
+        ax.plot(ts, ys, "o-", color=style.colour(kernel), label=kernel)
         for t, y in zip(ts, ys):
             ax.annotate(f"{y:.0f}", (t, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
     ax.set_xlabel("document tokens")
@@ -131,6 +134,8 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "plots", "step-time.png"), dpi=110)
 
+
+def write_report(a, summary):
     with open(os.path.join(a.out, "report.md"), "w") as out:
         out.write(f"""# Shared-prefix attention (issue 43)
 
@@ -169,8 +174,16 @@ token equal across builds and trials at every point:
 
 ![step time](plots/step-time.png)
 """)
-    print(json.dumps(summary, indent=1))
 
+
+def main():
+    a = two_builds.arguments("prefix-attention").parse_args()
+    two_builds.start(a)
+    rows = measure(a)
+    summary, point = summarise(a, rows)
+    plot(a, rows, point)
+    write_report(a, summary)
+    print(json.dumps(summary, indent=1))
 
 if __name__ == "__main__":
     main()

@@ -41,8 +41,9 @@ import sys
 import tempfile
 import time
 
-sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
-import two_builds  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import builds as two_builds  # noqa: E402
+from swarmbench.trials import alternate  # noqa: E402
 
 SKELETON = os.path.join(two_builds.ROOT, "scripts", "gguf_skeleton.py")
 SHAPES = ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"]
@@ -77,10 +78,7 @@ def llama_bench(lib, model, doc_tokens):
     """Prompt processing tokens/s of the stock kernels, one repetition."""
     cmd = [os.path.join(os.path.dirname(lib), "bin", "llama-bench"), "-m", model, "-p", str(doc_tokens),
            "-n", "0", "-t", "2", "-r", "1", "-o", "json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=two_builds.environment(lib), timeout=3600)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed: {p.stderr[-2000:]}")
-    return json.loads(p.stdout)[0]["avg_ts"]
+    return json.loads(two_builds.run(cmd, lib, timeout=3600))[0]["avg_ts"]
 
 
 def snapshot_bytes_per_token(binary, lib, model, tmp):
@@ -91,12 +89,9 @@ def snapshot_bytes_per_token(binary, lib, model, tmp):
         with open(doc, "w") as f:
             f.write(WORDS * units)
         out = doc + ".swkv"
-        p = subprocess.run([binary, "prefill", doc, "--model", model, "--out", out, "--snapshot-cache", "off",
-                            "--json", "-t", "2"], capture_output=True, text=True,
-                           env=two_builds.environment(lib), timeout=1800)
-        if p.returncode != 0:
-            sys.exit(f"swarmkv prefill failed: {p.stderr[-2000:]}")
-        sizes.append((json.loads(p.stdout)["prefix_tokens"], os.path.getsize(out)))
+        r = json.loads(two_builds.run([binary, "prefill", doc, "--model", model, "--out", out,
+                                       "--snapshot-cache", "off", "--json", "-t", "2"], lib))
+        sizes.append((r["prefix_tokens"], os.path.getsize(out)))
     (t0, b0), (t1, b1) = sizes
     return (b1 - b0) / (t1 - t0)
 
@@ -139,7 +134,7 @@ def timing(a):
     points = [(s, w) for s in a.shapes for w in a.weights_for.get(s, a.weights)]
     with tempfile.TemporaryDirectory(prefix="real-sizes-") as tmp:
         for trial in range(a.trials):
-            for shape, weights in points if trial % 2 == 0 else points[::-1]:
+            for shape, weights in alternate(points, trial):
                 if any(r["trial"] == trial and r["shape"] == shape and r["weights"] == weights for r in rows):
                     continue
                 r = one_model(a, shape, weights, a.doc_tokens_for.get(shape, a.doc_tokens), tmp)
@@ -167,7 +162,7 @@ def label(m):
 
 def plot(out, med):
     """OUT/plots/real-sizes.png: prefill over llama-bench's, and 16 agents' speed-up over none."""
-    import plot_style as ps
+    from swarmbench import style as ps
     fig, axes = ps.figure(1, 2, width=11.0)
     groups = [label(m) for m in med]
     by = {label(m): m for m in med}

@@ -16,46 +16,25 @@ usage: /usr/bin/python3 bench/redis_tls.py --bin build/release
 Needs Debian's python3-matplotlib for the plot.
 """
 import argparse
-import csv
 import json
 import os
-import shlex
-import socket
 import statistics
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = os.environ.get(
-    "SWARMKV_TEST_MODEL",
-    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import MODEL, ROOT, report, servers  # noqa: E402
+from swarmbench.ports import free_port  # noqa: E402
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(args):
+def start_redis(tls_args):
+    """A plain redis-server, or (tls_args) one with a TLS port only; ready when it accepts."""
     port = free_port()
-    listen = ["--port", str(port)] if not args else ["--port", "0", "--tls-port", str(port), *args]
-    p = subprocess.Popen(["redis-server", *listen, "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--loglevel", "warning"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return p, port
-        except OSError:
-            if time.monotonic() > deadline or p.poll() is not None:
-                raise SystemExit("redis-server did not start")
-            time.sleep(0.05)
+    listen = ["--port", "0", "--tls-port", str(port), *tls_args] if tls_args else []
+    p = servers.redis(port, listen, ready=servers.tcp_ready)
+    return p, port
 
 
 def bus_bench(binary, url, file, trials):
@@ -64,21 +43,11 @@ def bus_bench(binary, url, file, trials):
     return json.loads(out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default="build/release", help="build folder (swarmkv, bench/)")
-    ap.add_argument("--out", default="bench/results/redis-tls")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--trials", type=int, default=5)
-    args = ap.parse_args()
+def measure(args):
+    """Both redis-servers, the snapshot file, then the rounds: (one row per trial, the file's bytes)."""
     swarmkv = os.path.join(args.bin, "swarmkv")
     bench = os.path.join(args.bin, "bench", "swarmkv_bus_bench")
-    os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
-    with open(os.path.join(args.out, "command.sh"), "w") as f:
-        f.write("#!/bin/sh\n# from the repository root, after scripts/bench.sh built build/release\n"
-                "/usr/bin/python3 " + " ".join(shlex.quote(a) for a in sys.argv) + "\n")
-
-    servers = []
+    running = []
     with tempfile.TemporaryDirectory(prefix="swarmkv-tls-bench-") as tmp:
         try:
             certs = os.path.join(tmp, "certs")
@@ -95,7 +64,7 @@ def main():
             tls, tls_port = start_redis(["--tls-cert-file", c("server.pem"), "--tls-key-file",
                                          c("server.key"), "--tls-ca-cert-file", c("test-ca.pem"),
                                          "--tls-auth-clients", "yes"])
-            servers = [plain, tls]
+            running = [plain, tls]
             urls = {"plain": f"redis://127.0.0.1:{plain_port}",
                     "tls": f"rediss://127.0.0.1:{tls_port}?cacert={c('test-ca.pem')}"
                            f"&cert={c('client.pem')}&key={c('client.key')}"}
@@ -111,14 +80,15 @@ def main():
                     print(f"round {r} {arm}: publish {res['publish_ms_median']:.1f} ms, "
                           f"fetch {res['fetch_ms_median']:.1f} ms", file=sys.stderr)
         finally:
-            for p in servers:
-                p.kill()
-                p.wait()
+            for p in running:
+                p.stop(timeout=10, sig=signal.SIGKILL)
 
-    with open(os.path.join(args.out, "trials.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    return rows, size
+
+
+def write_report(args, rows, size):
+    """OUT/trials.csv, OUT/results.json and OUT/report.md; returns the medians per arm."""
+    report.write_csv(os.path.join(args.out, "trials.csv"), list(rows[0]), rows)
     summary = {}
     for arm in ("plain", "tls"):
         mine = [x for x in rows if x["arm"] == arm]
@@ -155,8 +125,12 @@ def main():
                  "rate; the client and redis-server each encrypt on their own core). Trials per "
                  "round are in trials.csv; the TLS arm varies more between rounds than plain.")
     open(os.path.join(args.out, "report.md"), "w").write("\n".join(lines) + "\n")
+    return summary
 
-    import plot_style as ps
+
+def plot(args, rows, summary, size):
+    n = args.rounds * args.trials
+    from swarmbench import style as ps
     fig, axes = ps.figure(rows=1, cols=2, width=9)
     for ax, k in zip(axes[0], ("publish_ms", "fetch_ms")):
         ps.grouped(ax, ["bus"], ["plain", "tls"], lambda g, a: summary[a][k],
@@ -166,6 +140,21 @@ def main():
     ps.arm_legend(axes[0][-1], ["plain", "tls"], dots="one trial")
     ps.title(fig, f"Snapshot bus over loopback, plain vs TLS (median of {n} trials; lower is better)")
     ps.save(fig, os.path.join(args.out, "plots", "bus.png"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default="build/release", help="build folder (swarmkv, bench/)")
+    ap.add_argument("--out", default="bench/results/redis-tls")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args()
+    os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
+    report.write_command(args.out, note="from the repository root, after scripts/bench.sh built build/release")
+
+    rows, size = measure(args)
+    summary = write_report(args, rows, size)
+    plot(args, rows, summary, size)
 
 
 if __name__ == "__main__":

@@ -24,23 +24,16 @@ usage: /usr/bin/python3 bench/serve_load.py --bin build/release/swarmkv
            [--concurrency 8] [--n-ctx 16384] [--max-tokens 32]
 """
 import argparse
-import csv
 import http.client
 import json
 import os
-import shlex
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = os.environ.get(
-    "SWARMKV_TEST_MODEL",
-    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import MODEL, ROOT, report, servers, trials  # noqa: E402
 QUESTIONS = [
     "Summarise the text above in one line.",
     "Who are the parties named in the text above?",
@@ -71,54 +64,21 @@ def documents():
     return docs
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
-    """One `swarmkv serve` on a free loopback port; stopped with SIGTERM."""
+    """One `swarmkv serve` on a free loopback port (-t 2, snapshot store off); stopped with SIGTERM."""
 
     def __init__(self, binary, n_ctx, flags, log):
-        self.port = free_port()
-        cmd = [binary, "serve", "--port", str(self.port), "--model", MODEL, "-c", str(n_ctx),
-               "-t", "2", "--snapshot-cache", "off"] + flags
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"{' '.join(cmd)} exited {self.proc.returncode}: see {log}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        sys.exit(f"{' '.join(cmd)}: not healthy within 300 s")
+        self.p = servers.serve(binary, log, ["-c", str(n_ctx), "-t", "2", "--snapshot-cache", "off", *flags])
+        self.port = self.p.port
 
     def metrics(self):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         c.request("GET", "/metrics")
-        values = {}
-        for line in c.getresponse().read().decode().splitlines():
-            name, _, value = line.partition(" ")
-            if name in COUNTERS:
-                values[name] = float(value)
-        return values
+        text = c.getresponse().read().decode()
+        return {name: v for name in COUNTERS if (v := report.prometheus(text, name)) is not None}
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        self.p.stop(timeout=120)
 
 
 def complete(port, doc, question, max_tokens):
@@ -173,10 +133,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(os.path.join(a.out, "plots"), exist_ok=True)
     os.makedirs(os.path.join(a.out, "logs"), exist_ok=True)
-    with open(os.path.join(a.out, "command.sh"), "w") as f:
-        f.write("#!/bin/sh\n# from the repository root\n/usr/bin/python3 "
-                + os.path.relpath(os.path.abspath(sys.argv[0]), ROOT) + " "
-                + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "\n")
+    report.write_command(a.out)
 
     docs = documents()
     work = [(j, docs[j % 4], QUESTIONS[(j // 4) % len(QUESTIONS)]) for j in range(a.requests)]
@@ -184,7 +141,7 @@ def main():
     arms = [("exact", []), ("no-exact", ["--no-exact"])]
     runs = []
     for trial in range(a.trials):
-        for name, flags in (arms if trial % 2 == 0 else arms[::-1]):
+        for name, flags in trials.alternate(arms, trial):
             s = Server(a.bin, a.n_ctx, flags, os.path.join(a.out, "logs", f"{name}-{trial}.log"))
             try:
                 wall, results = load(s.port, work, a.concurrency, a.max_tokens)
@@ -241,22 +198,18 @@ def main():
                    "runs": [{k: v for k, v in r.items() if k != "results"} |
                             {"latency_s": [x["latency_s"] for x in r["results"]]} for r in runs]},
                   f, indent=1)
-    with open(os.path.join(a.out, "trials.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["trial", "arm", "wall_s", "requests_per_s", "latency_p50_s"] + list(COUNTERS))
-        for r in runs:
-            w.writerow([r["trial"], r["arm"], r["wall_s"], a.requests / r["wall_s"],
-                        statistics.median(x["latency_s"] for x in r["results"])]
-                       + [r["metrics"].get(c) for c in COUNTERS])
+    report.write_csv(os.path.join(a.out, "trials.csv"),
+                     ["trial", "arm", "wall_s", "requests_per_s", "latency_p50_s"] + list(COUNTERS),
+                     [[r["trial"], r["arm"], r["wall_s"], a.requests / r["wall_s"],
+                       statistics.median(x["latency_s"] for x in r["results"])]
+                      + [r["metrics"].get(c) for c in COUNTERS] for r in runs])
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for (name, _), colour in zip(arms, ("#247", "#d66")):
+    from swarmbench import style
+    fig, ax = style.plt.subplots(figsize=(7, 4))
+    for name, _ in arms:
         for i, r in enumerate(x for x in runs if x["arm"] == name):
             lat = sorted(x["latency_s"] for x in r["results"])
-            ax.plot(lat, [(k + 1) / len(lat) for k in range(len(lat))], color=colour, alpha=0.7,
+            ax.plot(lat, [(k + 1) / len(lat) for k in range(len(lat))], color=style.colour(name), alpha=0.7,
                     label=name if i == 0 else None)
     ax.set_xlabel("request latency (s)")
     ax.set_ylabel("fraction of requests")

@@ -27,28 +27,23 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
-import two_builds  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import builds as two_builds  # noqa: E402
+from swarmbench.trials import alternate  # noqa: E402
 
-MODEL = os.environ.get(
-    "SWARMKV_TEST_MODEL",
-    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
+MODEL = two_builds.MODEL
 AGENTS = [1, 2, 4, 8]
 DOC_TOKENS = 3501
 N_PREDICT = 32
 
 
 def llama_bench(path, lib, single_row):
-    env = two_builds.environment(lib, dict(os.environ, GGML_CPU_SGEMM_SINGLE_ROW=str(single_row)))
     cmd = [path, "-m", MODEL, "-t", "2", "-p", "0", "-n", "128", "-fa", "0", "-r", "3", "-o", "json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
-    return json.loads(p.stdout)[0]["avg_ts"]
+    out = two_builds.run(cmd, lib, dict(os.environ, GGML_CPU_SGEMM_SINGLE_ROW=str(single_row)), timeout=600)
+    return json.loads(out)[0]["avg_ts"]
 
 
 def swarmkv_bench(binary, lib, agents, tmp):
@@ -56,10 +51,7 @@ def swarmkv_bench(binary, lib, agents, tmp):
     cmd = [binary, "bench", "--model", MODEL, "--arms", "host,shared", "--branches", str(agents),
            "--doc-tokens", str(DOC_TOKENS), "--n-predict", str(N_PREDICT), "--trials", "1",
            "--pause-ms", "0", "--out", out]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=two_builds.environment(lib),
-                       timeout=1800)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    two_builds.run(cmd, lib)
     with open(os.path.join(out, "best_run.json")) as f:
         arms = json.load(f)["arms"]
     r = {}
@@ -77,23 +69,20 @@ def swarmkv_bench(binary, lib, agents, tmp):
 
 def plot(out):
     """OUT/plots/agents.png from OUT/results.json: host branch phase and shared step against agents."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from swarmbench import style
     with open(os.path.join(out, "results.json")) as f:
         r = json.load(f)
     points = r["summary"]["points"]
     ns = [p["agents"] for p in points]
-    colour = {"before": "#d66", "after": "#247"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = style.plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, scale, label in ((axes[0], "host_branch_phase_ms", 1000, "host branch phase (s)"),
                                   (axes[1], "shared_step_ms", 1, "shared batched step (ms)")):
         for build in ("before", "after"):
             ys = [p[build][key] / scale for p in points]
-            ax.plot(ns, ys, "o-", color=colour[build], label=build)
+            ax.plot(ns, ys, "o-", color=style.colour(build), label=build)
             for run in r["runs"]:
                 if run["build"] == build:
-                    ax.plot(run["agents"], run[key] / scale, ".", color=colour[build], alpha=0.4)
+                    ax.plot(run["agents"], run[key] / scale, ".", color=style.colour(build), alpha=0.4)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("agents")
@@ -116,9 +105,9 @@ def main():
     tg = []    # (trial, arm, tokens/s)
     runs = []  # (trial, build, agents, result)
     for trial in range(a.trials):
-        order = builds if trial % 2 == 0 else builds[::-1]
+        order = alternate(builds, trial)
         arms = [(k, lib, 1) for k, lib in order] + [("stock vec_dot", a.after_lib, 0)]
-        for name, lib, single_row in (arms if trial % 2 == 0 else arms[::-1]):
+        for name, lib, single_row in alternate(arms, trial):
             ts = llama_bench(a.llama_bench, lib, single_row)
             tg.append((trial, name, ts))
             print(f"trial {trial} tg128 {name:13} {ts:6.1f} tokens/s", flush=True)

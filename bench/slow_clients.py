@@ -29,33 +29,17 @@ import signal
 import http.client
 import json
 import os
-import re
-import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import MODEL, report, servers  # noqa: E402
 
-MODEL = os.environ.get(
-    "SWARMKV_TEST_MODEL",
-    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
 ARMS = {"c48": (48, ["--max-concurrent", "8"]), "c100": (100, [])}
 HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4000
-
-
-def start_serve(binary, extra):
-    p = subprocess.Popen([binary, "serve", "--port", "0", "--model", MODEL, "-t", "2", *extra],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    for line in p.stderr:  # the address line is on stderr
-        m = re.match(r"swarmkv serve: http://127\.0\.0\.1:(\d+)/v1", line)
-        if m:
-            threading.Thread(target=p.stderr.read, daemon=True).start()
-            return p, int(m.group(1))
-    raise SystemExit(f"{binary} serve printed no address (exit {p.wait()})")
 
 
 class SlowClient(threading.Thread):
@@ -131,7 +115,8 @@ def probes(port, n, spread_s, timeout):
 
 def run_arm(binary, arm, args):
     clients, extra = ARMS[arm]
-    p, port = start_serve(binary, extra)
+    p = servers.serve(binary, None, ["-t", "2", *extra])
+    port = p.port
     try:
         probe(port, "completion", 60)  # warm: the first decode allocates
         idle = probes(port, args.probes, 2.0, args.probe_timeout)
@@ -154,15 +139,11 @@ def run_arm(binary, arm, args):
             "answered_408": sum(c.answered_408 for c in slow),
         }
     finally:
-        p.terminate()
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        p.stop(timeout=60)
 
 
 def summarize(out, res, args):
-    import plot_style as ps
+    from swarmbench import style as ps
 
     med = statistics.median
     rows, lines = [], []
@@ -247,9 +228,7 @@ def main():
         summarize(args.out, json.load(open(os.path.join(args.out, "results.json"))), args)
         return
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "command.sh"), "w") as f:
-        f.write("#!/usr/bin/env bash\n# what produced this directory\n"
-                + shlex.join(["/usr/bin/python3", *sys.argv]) + "\n")
+    report.write_command(args.out, note="what produced this directory")
     res = {"model": os.path.basename(MODEL), "seconds": args.seconds, "probes": args.probes,
            "probe_timeout_s": args.probe_timeout, "note": args.note, "runs": {}}
     for arm in args.arms.split(","):

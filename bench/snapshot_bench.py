@@ -22,7 +22,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import ROOT  # noqa: E402
+from swarmbench.trials import alternate, run  # noqa: E402
 README_PIPELINE = os.path.join(ROOT, "examples/pipelines/apache-license.yaml")
 DOCUMENT = os.path.join(ROOT, "examples/documents/apache-2.0.txt")
 QUESTIONS = [
@@ -34,10 +36,17 @@ QUESTIONS = [
 
 
 def sh(args, timeout=1800):
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return run(args, timeout, quiet=True).stdout
+
+
+def cold_and_warm(binary, pipeline, model, fork, store, n_trials):
+    """`swarmkv run --json` of pipeline, cold (store off) and warm (the primed store at `store`),
+    alternated, n_trials each: yields (arm, trial, result)."""
+    for t in range(n_trials):
+        for arm in alternate(("cold", "warm"), t):
+            extra = ["--snapshot-cache", "off"] if arm == "cold" else ["--cache-dir", store]
+            yield arm, t, json.loads(sh([binary, "run", pipeline, "--model", model, "--json", "--fork", fork,
+                                         *extra]))
 
 
 def drop_page_cache(path):
@@ -60,6 +69,47 @@ def pipeline_with(n_agents, path, max_tokens):
                 f"document:\n  file: {DOCUMENT}\ndefaults:\n  max_tokens: {max_tokens}\n"
                 "  temperature: 0\n  repeat_penalty: 1.1\n  dry_multiplier: 0.8\n"
                 f"agents:\n{agents}\n")
+
+
+def io_row(binary, model, work, n_trials):
+    """The README document's snapshot of `model`: its size, write speed, and verify, load and restore
+    times with the page cache warm and cold (medians of n_trials); zstd -1's ratio when zstd is here."""
+    name = os.path.basename(model)
+    store = os.path.join(work, "io-store")
+    shutil.rmtree(store, ignore_errors=True)
+    snap = os.path.join(work, "readme.swkv")
+    p = json.loads(sh([binary, "prefill", README_PIPELINE, "--model", model, "--json",
+                       "--snapshot-cache", "off", "--out", snap]))
+    size = os.path.getsize(snap)
+    row = {"model": name, "prefix_tokens": p["prefix_tokens"], "file_bytes": size,
+           "bytes_per_token": size / p["prefix_tokens"], "prefill_ms": p["prefill_ms"],
+           "export_ms": p["export_ms"], "write_ms": p["write_ms"],
+           "write_mb_s": size / 1e3 / p["write_ms"]}
+    for cache in ("warm", "cold"):
+        verify, load, restore = [], [], []
+        for _ in range(n_trials):
+            if cache == "cold":
+                drop_page_cache(snap)
+            v = json.loads(sh([binary, "snapshot", "verify", "--json", snap]))[0]
+            verify.append(v["total_ms"])
+            if cache == "cold":
+                drop_page_cache(snap)
+            r = json.loads(sh([binary, "run", README_PIPELINE, "--model", model, "--json",
+                               "--snapshot", snap, "--snapshot-cache", "off"]))
+            load.append(r["snapshot"]["load_ms"])
+            restore.append(r["restore_ms"])
+        mv, ml, mr = (statistics.median(x) for x in (verify, load, restore))
+        row.update({f"verify_ms_{cache}": mv, f"verify_mb_s_{cache}": size / 1e3 / mv,
+                    f"load_ms_{cache}": ml, f"load_mb_s_{cache}": size / 1e3 / ml,
+                    f"restore_ms_{cache}": mr,
+                    f"restore_mb_s_{cache}": size / 1e3 / mr})
+    if shutil.which("zstd"):
+        out = subprocess.run(["zstd", "-q", "-1", "-T1", "-c", snap], capture_output=True)
+        row["zstd1_ratio"] = size / len(out.stdout)
+        t0 = time.perf_counter()
+        subprocess.run(["zstd", "-q", "-d", "-T1", "-c"], input=out.stdout, capture_output=True)
+        row["zstd1_decompress_mb_s"] = size / 1e6 / (time.perf_counter() - t0)
+    return row
 
 
 def main():
@@ -88,43 +138,8 @@ def main():
     binary = args.swarmkv
     results = {"command": " ".join(sys.argv), "trials": args.trials, "io": [], "e2e": [], "readme": []}
     try:
-        # ---- I/O: size, write, verify and restore, page cache warm and cold.
-        for model in args.model:
-            name = os.path.basename(model)
-            store = os.path.join(work, "io-store")
-            shutil.rmtree(store, ignore_errors=True)
-            snap = os.path.join(work, "readme.swkv")
-            p = json.loads(sh([binary, "prefill", README_PIPELINE, "--model", model, "--json",
-                               "--snapshot-cache", "off", "--out", snap]))
-            size = os.path.getsize(snap)
-            row = {"model": name, "prefix_tokens": p["prefix_tokens"], "file_bytes": size,
-                   "bytes_per_token": size / p["prefix_tokens"], "prefill_ms": p["prefill_ms"],
-                   "export_ms": p["export_ms"], "write_ms": p["write_ms"],
-                   "write_mb_s": size / 1e3 / p["write_ms"]}
-            for cache in ("warm", "cold"):
-                verify, load, restore = [], [], []
-                for _ in range(args.trials):
-                    if cache == "cold":
-                        drop_page_cache(snap)
-                    v = json.loads(sh([binary, "snapshot", "verify", "--json", snap]))[0]
-                    verify.append(v["total_ms"])
-                    if cache == "cold":
-                        drop_page_cache(snap)
-                    r = json.loads(sh([binary, "run", README_PIPELINE, "--model", model, "--json",
-                                       "--snapshot", snap, "--snapshot-cache", "off"]))
-                    load.append(r["snapshot"]["load_ms"])
-                    restore.append(r["restore_ms"])
-                mv, ml, mr = (statistics.median(x) for x in (verify, load, restore))
-                row.update({f"verify_ms_{cache}": mv, f"verify_mb_s_{cache}": size / 1e3 / mv,
-                            f"load_ms_{cache}": ml, f"load_mb_s_{cache}": size / 1e3 / ml,
-                            f"restore_ms_{cache}": mr,
-                            f"restore_mb_s_{cache}": size / 1e3 / mr})
-            if shutil.which("zstd"):
-                out = subprocess.run(["zstd", "-q", "-1", "-T1", "-c", snap], capture_output=True)
-                row["zstd1_ratio"] = size / len(out.stdout)
-                t0 = time.perf_counter()
-                subprocess.run(["zstd", "-q", "-d", "-T1", "-c"], input=out.stdout, capture_output=True)
-                row["zstd1_decompress_mb_s"] = size / 1e6 / (time.perf_counter() - t0)
+        for model in args.model:  # I/O: size, write, verify and restore, page cache warm and cold
+            row = io_row(binary, model, work, args.trials)
             results["io"].append(row)
             print(json.dumps(row), flush=True)
 
@@ -133,38 +148,28 @@ def main():
         store = os.path.join(work, "store")
         for fork in ("shared", "host"):
             sh([binary, "prefill", README_PIPELINE, "--model", model, "--cache-dir", store])
-            for t in range(args.trials):
-                order = ("cold", "warm") if t % 2 == 0 else ("warm", "cold")
-                for arm in order:
-                    extra = ["--snapshot-cache", "off"] if arm == "cold" else ["--cache-dir", store]
-                    r = json.loads(sh([binary, "run", README_PIPELINE, "--model", model, "--json",
-                                       "--fork", fork, *extra]))
-                    results["readme"].append({
-                        "fork": fork, "arm": arm, "trial": t, "total_ms": r["total_ms"],
-                        "prefill_ms": r["prefill_ms"], "load_ms": r["snapshot"]["load_ms"],
-                        "source": r["snapshot"]["source"],
-                        "prefilled_tokens": r["snapshot"]["prefilled_tokens"],
-                        "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"]),
-                        "answers": [a["answer"] for a in r["agents"]]})
-                    print(fork, arm, t, round(r["total_ms"]), flush=True)
+            for arm, t, r in cold_and_warm(binary, README_PIPELINE, model, fork, store, args.trials):
+                results["readme"].append({
+                    "fork": fork, "arm": arm, "trial": t, "total_ms": r["total_ms"],
+                    "prefill_ms": r["prefill_ms"], "load_ms": r["snapshot"]["load_ms"],
+                    "source": r["snapshot"]["source"],
+                    "prefilled_tokens": r["snapshot"]["prefilled_tokens"],
+                    "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"]),
+                    "answers": [a["answer"] for a in r["agents"]]})
+                print(fork, arm, t, round(r["total_ms"]), flush=True)
 
         # ---- 1, 4, 16 agents.
         for n in [int(x) for x in args.agents.split(",")]:
             path = os.path.join(work, f"agents{n}.yaml")
             pipeline_with(n, path, args.max_tokens)
             for fork in ("shared", "host"):
-                for t in range(args.trials):
-                    order = ("cold", "warm") if t % 2 == 0 else ("warm", "cold")
-                    for arm in order:
-                        extra = ["--snapshot-cache", "off"] if arm == "cold" else ["--cache-dir", store]
-                        r = json.loads(sh([binary, "run", path, "--model", model, "--json",
-                                           "--fork", fork, *extra]))
-                        results["e2e"].append({
-                            "agents": n, "fork": fork, "arm": arm, "trial": t,
-                            "total_ms": r["total_ms"], "prefill_ms": r["prefill_ms"],
-                            "load_ms": r["snapshot"]["load_ms"], "source": r["snapshot"]["source"],
-                            "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"])})
-                        print(n, fork, arm, t, round(r["total_ms"]), flush=True)
+                for arm, t, r in cold_and_warm(binary, path, model, fork, store, args.trials):
+                    results["e2e"].append({
+                        "agents": n, "fork": fork, "arm": arm, "trial": t,
+                        "total_ms": r["total_ms"], "prefill_ms": r["prefill_ms"],
+                        "load_ms": r["snapshot"]["load_ms"], "source": r["snapshot"]["source"],
+                        "first_token_at_ms": min(a["first_token_at_ms"] for a in r["agents"])})
+                    print(n, fork, arm, t, round(r["total_ms"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -181,9 +186,9 @@ def med(rows, key, **match):
 def plot_cold_vs_warm(results, out):
     """cold_vs_warm.png: total and first-token time, cold vs warm, per fork and agent count (trials as
     dots), and cold / warm in its own panel. False when matplotlib is missing."""
-    sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
+    sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
     try:
-        import plot_style as ps
+        from swarmbench import style as ps
         from matplotlib.lines import Line2D
     except ImportError:
         return False

@@ -21,29 +21,23 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-sys.dont_write_bytecode = True  # importing from bench/ must not leave a __pycache__ there
-import two_builds  # noqa: E402
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+from swarmbench import builds as two_builds  # noqa: E402
 
 ROOT = two_builds.ROOT
-MODEL = os.environ.get(
-    "SWARMKV_TEST_MODEL",
-    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
+MODEL = two_builds.MODEL
 WHOLE = ("obligations", "critique", "gaps", "verdict")  # the agents that read it all
 
 
 def run(binary, pipeline, lib, env_base):
-    env = two_builds.environment(lib, env_base)
-    p = subprocess.run([binary, "run", pipeline, "--model", MODEL, "--snapshot-cache", "off",
-                        "--json"], capture_output=True, text=True, env=env, timeout=900)
-    if p.returncode != 0:
-        sys.exit(f"swarmkv run failed ({p.returncode}): {p.stderr[-2000:]}")
-    r = json.loads(p.stdout)
+    out = two_builds.run([binary, "run", pipeline, "--model", MODEL, "--snapshot-cache", "off", "--json"],
+                         lib, env_base, timeout=900)
+    r = json.loads(out)
     if not r["ok"]:
-        sys.exit("the run failed: " + p.stdout[-2000:])
+        sys.exit("the run failed: " + out[-2000:])
     done = {a["name"]: a["done_at_ms"] for a in r["agents"]}
     return {"prefill_done_ms": r["prefill_done_at_ms"], "total_ms": r["total_ms"],
             "whole_done_ms": max(done[n] for n in WHOLE),
@@ -117,16 +111,15 @@ def main():
                         f"{r['whole_done_ms']:.0f}", f"{r['total_ms']:.0f}",
                         f"{r['definitions_first_token_ms']:.0f}"])
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
+    from swarmbench import style
+    fig, ax = style.plt.subplots(figsize=(7, 4))
     labels, values = [], []
     for kernel in ("before", "after"):
         for needs in ("needs", "no_needs"):
             labels.append(f"{kernel}\n{needs.replace('_', ' ')}")
             values.append(summary[kernel][needs]["whole_done_ms"] / 1000)
-    bars = ax.bar(labels, values, color=["#d66", "#9bd", "#247", "#9bd"], edgecolor="#222",
+    bars = ax.bar(labels, values, color=[style.colour(k if n == "needs" else "no needs") for k in ("before", "after")
+                                          for n in ("needs", "no_needs")], edgecolor="#222",
                   hatch=["//", "", "//", ""])
     ax.bar_label(bars, fmt="%.1f s")
     ax.set_ylabel("whole-document agents done (s, median)")

@@ -10,6 +10,10 @@ writes summary.json, summary.csv, report.md and plots/*.png.
 """
 import csv, glob, json, os, statistics, sys
 
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # bench/
+from swarmbench.report import md_table  # noqa: E402
+
 out = sys.argv[1]
 med = statistics.median
 load = lambda p: json.load(open(p))  # noqa: E731
@@ -100,10 +104,6 @@ with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
                     p["exact_over_stock"], len(p["exact_tok_s"])])
 
 # ---------------------------------------------------------------- report
-def table(header, rows):
-    """A markdown table: the header's cells, a separator, one line per row of cells."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-        ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
 L = ["# Exact mode by default: the new default against `--no-exact`", "",
@@ -111,7 +111,7 @@ L = ["# Exact mode by default: the new default against `--no-exact`", "",
      "attention off). SmolLM2-135M F16 unless said, 2 threads; medians of the trials listed.", "",
      "## Agents (the licences' text, %s tokens on SmolLM2, 32 greedy tokens each)" % (
          smol[0]["prefix_tokens"] if smol else "?"), ""]
-L += table(["model", "fork", "agents", "trials", "branch phase `--no-exact` s", "exact s", "exact / no-exact",
+L += md_table(["model", "fork", "agents", "trials", "branch phase `--no-exact` s", "exact s", "exact / no-exact",
             "end to end `--no-exact` s", "exact s", "exact / no-exact"],
            [[a["model"], a["fork"], a["agents"], a["trials"], f"{med(a['stock_branch_ms']) / 1000:.2f}",
              f"{med(a['exact_branch_ms']) / 1000:.2f}", f"{a['branch_ratio']:.3f}",
@@ -122,7 +122,7 @@ if "speedup_50_exact" in summary:
               f"measured in the same trials): exact {summary['speedup_50_exact']:.1f}×, "
               f"`--no-exact` {summary['speedup_50_stock']:.1f}×."]
 L += ["", "## Prefill of the README document (store off)", ""]
-L += table(["weights", "`--no-exact` tok/s", "exact tok/s", "exact / no-exact", "trials"],
+L += md_table(["weights", "`--no-exact` tok/s", "exact tok/s", "exact / no-exact", "trials"],
            [[p["weights"], f"{med(p['stock_tok_s']):.0f}", f"{med(p['exact_tok_s']):.0f}",
              f"{p['exact_over_stock']:.3f}", len(p["exact_tok_s"])] for p in summary["prefill"]])
 if "llama_bench_fa1_tok_s" in summary:
@@ -134,7 +134,7 @@ if "llama_bench_fa1_tok_s" in summary:
               f"{med(f16['exact_tok_s']):.0f} tok/s = {med(f16['exact_tok_s']) / fa1:.3f}× llama-bench with "
               f"flash attention on."]
 L += ["", "## Answers under the default (exact)", ""]
-L += table(["run", "agents", "exact (shared, host, none)", "shared == none", "host == none"],
+L += md_table(["run", "agents", "exact (shared, host, none)", "shared == none", "host == none"],
            [[r["run"], r["agents"], r["exact"], f"{r['shared_equal_none']}/{r['agents']}",
              f"{r['host_equal_none']}/{r['agents']}"] for r in summary["answers"]])
 if summary["needs"]:
@@ -149,10 +149,8 @@ L += ["", "Reproduce: `bench/results/exact-default/command.sh` (TRIALS=3).", "",
 open(os.path.join(out, "report.md"), "w").write("\n".join(L) + "\n")
 
 # ---------------------------------------------------------------- plots
-sys.dont_write_bytecode = True
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 try:
-    import plot_style as ps
+    from swarmbench import style as ps
 except ImportError:
     print("matplotlib missing: no plots", file=sys.stderr)
     sys.exit(0)

@@ -17,7 +17,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import plot_style  # noqa: E402
+from swarmbench import style as plot_style  # noqa: E402
 
 root = sys.argv[1]
 MODES = ("inexact", "exact-api", "exact-patched")

@@ -36,16 +36,10 @@ if part pipeline; then
   "$PY" bench/old_vs_new.py "$OLD" "$NEW" "$MODEL" "$out/pipeline" --trials "$TRIALS" --branches 16 --forks shared
 fi
 
-wait_ready() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
-serve_arm() {  # binary, name, then serve's flags
+serve_arm() {  # binary, name, then serve's flags: bench/serve_arm.py starts it, runs the client, keeps /metrics
   local bin=$1 name=$2; shift 2
-  "$bin" serve --port "$PORT" --model "$MODEL" -c 8192 -t 2 --snapshot-cache off --max-live 16 "$@" \
-    2>"$out/serve/$name.log" &
-  local pid=$!
-  wait_ready "$PORT"
-  "$PY" bench/results/serve/client.py --port "$PORT" >"$out/serve/$name.json"
-  curl -s "http://127.0.0.1:$PORT/metrics" >"$out/serve/$name.metrics"
-  kill -TERM $pid; wait $pid || true
+  "$PY" bench/serve_arm.py --port "$PORT" --out "$out/serve/$name" --log "$out/serve/$name.log" --metrics -- \
+    "$bin" serve --port "$PORT" --model "$MODEL" -c 8192 -t 2 --snapshot-cache off --max-live 16 "$@"
 }
 if part serve; then
   rm -rf "$out/serve"
@@ -67,12 +61,9 @@ if part serve-fixed-mmap; then
     order=(old new); [ $((t % 2)) -eq 0 ] && order=(new old)
     for which in "${order[@]}"; do
       bin=$OLD; [ "$which" = new ] && bin=$NEW
-      GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072 "$bin" serve --port "$PORT" --model "$MODEL" \
-        -c 8192 -t 2 --snapshot-cache off --max-live 16 --exact 2>/dev/null &
-      pid=$!
-      wait_ready "$PORT"
-      "$PY" bench/results/serve/client.py --port "$PORT" >"$out/serve-fixed-mmap/$which-exact-$t.json"
-      kill -TERM $pid; wait $pid || true
+      "$PY" bench/serve_arm.py --port "$PORT" --out "$out/serve-fixed-mmap/$which-exact-$t" -- \
+        env GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072 "$bin" serve --port "$PORT" --model "$MODEL" \
+        -c 8192 -t 2 --snapshot-cache off --max-live 16 --exact
     done
   done
 fi

@@ -12,15 +12,10 @@ out=bench/results/serve-exact
 B=${SWARMKV:-build/release/swarmkv}
 MODEL=${SWARMKV_TEST_MODEL:-$HOME/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf}
 TRIALS=${TRIALS:-3}
-wait_ready() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
-arm() {  # name, then serve's flags
+arm() {  # name, then serve's flags: bench/serve_arm.py starts it, runs the client, keeps /metrics
   local name=$1; shift
-  "$B" serve --port 18092 --model "$MODEL" -c 8192 -t 2 --snapshot-cache off "$@" 2>"$out/runs/$name.log" &
-  local pid=$!
-  wait_ready 18092
-  /usr/bin/python3 bench/results/serve/client.py --port 18092 >"$out/runs/$name.json"
-  curl -s http://127.0.0.1:18092/metrics >"$out/runs/$name.metrics"
-  kill -TERM $pid; wait $pid
+  /usr/bin/python3 bench/serve_arm.py --port 18092 --out "$out/runs/$name" --log "$out/runs/$name.log" --metrics -- \
+    "$B" serve --port 18092 --model "$MODEL" -c 8192 -t 2 --snapshot-cache off "$@"
 }
 rm -rf "$out/runs"; mkdir -p "$out/runs"
 for t in $(seq "$TRIALS"); do

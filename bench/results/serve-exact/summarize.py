@@ -1,24 +1,20 @@
 #!/usr/bin/env python3
 """Summarises command.sh's runs: report.md, summary.json, summary.csv and
 plots/ (arguments: this directory, the number of trials)."""
-import csv, json, os, re, statistics, sys
+import json, os, statistics, sys
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # bench/
+from swarmbench import style as ps  # noqa: E402
+from swarmbench.report import prometheus, write_csv  # noqa: E402
+from swarmbench.trials import percentile as pct  # noqa: E402
 
 d, trials = sys.argv[1], int(sys.argv[2])
 runs = os.path.join(d, "runs")
 
-def pct(xs, q):
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
 def metric(path, name):
-    for line in open(path):
-        m = re.match(re.escape(name) + r"(?:\{[^}]*\})? ([0-9.e+]+)$", line.strip())
-        if m:
-            return float(m.group(1))
-    return None
+    with open(path) as f:
+        return prometheus(f.read(), name)
 
 def load(name):
     run = json.load(open(os.path.join(runs, name + ".json")))
@@ -59,29 +55,18 @@ summary = {"arms": list(arms.values()),
 json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=2)
 keys = ["arm", "trial", "ok", "end_to_end_s", "ttft_p50_s", "ttft_p95_s", "prefilled_tokens",
         "kv_resets", "answers_equal_reference"]
-with open(os.path.join(d, "summary.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, keys, extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
+write_csv(os.path.join(d, "summary.csv"), keys, [{k: r[k] for k in keys} for r in rows])
 
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    os.makedirs(os.path.join(d, "plots"), exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = list(arms)
-    for i, arm in enumerate(names):
-        xs = [r["end_to_end_s"] for r in rows if r["arm"] == arm]
-        ax.scatter([i] * len(xs), xs, color="gray", zorder=3)
-        ax.bar(i, arms[arm]["end_to_end_median_s"], color=["#888", "#69c", "#c63"][i])
-    ax.set_xticks(range(len(names)), ["default", "--flash-attn on", "--exact"])
-    ax.set_ylabel("end to end, s (bar: median, dots: trials)")
-    ax.set_title("16 concurrent requests, 3,500-token document, 32 tokens")
-    fig.tight_layout()
-    fig.savefig(os.path.join(d, "plots", "end_to_end.png"), dpi=110)
-except ImportError:
-    pass
+os.makedirs(os.path.join(d, "plots"), exist_ok=True)
+fig, axes = ps.figure(1, 1, width=6.5, height_per_row=3.3)
+ax = axes[0][0]
+names = list(arms)
+ps.grouped(ax, ["16 requests"], names, lambda g, arm: arms[arm]["end_to_end_median_s"],
+           trials=lambda g, arm: [r["end_to_end_s"] for r in rows if r["arm"] == arm], suffix=" s")
+ps.arm_legend(ax, names, dots="one trial", names={"fa-on": "--flash-attn on", "exact": "--exact"})
+ps.panel_title(ax, "end to end (median of the trials; lower is better): 16 concurrent requests, "
+                   "3,500-token document, 32 tokens")
+ps.save(fig, os.path.join(d, "plots", "end_to_end.png"))
 
 lines = ["# swarmkv serve --exact vs the default", "",
          f"Reproduce: `bench/results/serve-exact/command.sh` ({trials} alternated trials per arm; "

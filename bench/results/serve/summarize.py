@@ -1,23 +1,19 @@
 #!/usr/bin/env python3
 """Summarises client.py's runs against both servers: report.md,
 summary.json, summary.csv and plots/ (argument: this directory)."""
-import csv, json, os, re, statistics, sys
+import json, os, sys
+
+sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # bench/
+from swarmbench import style as ps  # noqa: E402
+from swarmbench.report import prometheus, write_csv  # noqa: E402
+from swarmbench.trials import percentile as pct  # noqa: E402
 
 d = sys.argv[1]
 
-def pct(xs, q):
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
 def metric(path, name):
-    for line in open(path):
-        m = re.match(re.escape(name) + r"(?:\{[^}]*\})? ([0-9.e+]+)$", line.strip())
-        if m:
-            return float(m.group(1))
-    return None
+    with open(path) as f:
+        return prometheus(f.read(), name)
 
 rows = {}
 for arm, prefilled_name in (("swarmkv", "swarmkv_prefilled_tokens_total"),
@@ -47,33 +43,24 @@ summary = {"arms": [{k: v for k, v in r.items() if k != "texts"} for r in rows.v
            "answers_equal_between_servers": same}
 json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=2)
 keys = [k for k in summary["arms"][0]]
-with open(os.path.join(d, "summary.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, keys)
-    w.writeheader()
-    w.writerows(summary["arms"])
+write_csv(os.path.join(d, "summary.csv"), keys, summary["arms"])
 
-try:
-    sys.dont_write_bytecode = True  # importing plot_style from bench/ must not leave a __pycache__ there
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-    import plot_style as ps
-    os.makedirs(os.path.join(d, "plots"), exist_ok=True)
-    fig, axes = ps.figure(1, 1, width=6.5, height_per_row=3.3)
-    ax = axes[0][0]
-    ttfts = []
-    for arm, c in zip(rows, ("#009E73", "#D55E00")):
-        run = json.load(open(os.path.join(d, arm + ".json")))
-        xs = sorted(r["ttft_s"] for r in run["requests"])
-        ttfts += xs
-        ax.plot(xs, range(1, run["agents"] + 1), marker="o", color=c, label=arm)
-    ps.value_scale(ax, ttfts, axis="x", bars=False, suffix=" s", pad=1.2)
-    ax.grid(axis="x", color="#eeeeee")
-    ax.set_xlabel("time to first token (log scale)")
-    ax.set_ylabel("requests answered")
-    ax.set_title("16 concurrent chat requests, same 3.5k-token document")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
-    ps.save(fig, os.path.join(d, "plots", "ttft.png"))
-except ImportError:
-    pass
+os.makedirs(os.path.join(d, "plots"), exist_ok=True)
+fig, axes = ps.figure(1, 1, width=6.5, height_per_row=3.3)
+ax = axes[0][0]
+ttfts = []
+for arm in rows:
+    run = json.load(open(os.path.join(d, arm + ".json")))
+    xs = sorted(r["ttft_s"] for r in run["requests"])
+    ttfts += xs
+    ax.plot(xs, range(1, run["agents"] + 1), marker="o", color=ps.colour(arm), label=arm)
+ps.value_scale(ax, ttfts, axis="x", bars=False, suffix=" s", pad=1.2)
+ax.grid(axis="x", color="#eeeeee")
+ax.set_xlabel("time to first token (log scale)")
+ax.set_ylabel("requests answered")
+ax.set_title("16 concurrent chat requests, same 3.5k-token document")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
+ps.save(fig, os.path.join(d, "plots", "ttft.png"))
 
 with open(os.path.join(d, "report.md"), "w") as f:
     f.write("# swarmkv serve vs llama-server -np 16\n\n")

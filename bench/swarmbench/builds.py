@@ -1,22 +1,19 @@
 """What the benches that time one swarmkv binary on two builds of llama.cpp
 share (bench/prefix_attention.py, bench/streaming_prefill.py,
-bench/every_cpu.py): their common arguments, the command.sh that reproduces
-a run, the environment that points the binary at one build's lib/ folder
-(its RUNPATH overridden with LD_LIBRARY_PATH), and one `swarmkv bench` run
-on a build.
+bench/every_cpu.py, bench/sgemm_rows.py, bench/real_sizes.py): their common
+arguments, the command.sh that reproduces a run, the environment that
+points the binary at one build's lib/ folder (its RUNPATH overridden with
+LD_LIBRARY_PATH), and one `swarmkv bench` run on a build.
 """
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = os.environ.get(
-    "SWARMKV_TEST_MODEL",
-    os.path.expanduser("~/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf"))
+from . import MODEL, ROOT
+from .report import write_command
 
 
 def arguments(default_out):
@@ -33,15 +30,21 @@ def arguments(default_out):
 def start(a):
     """OUT/plots/, and OUT/command.sh: this run's command line, from the repository root."""
     os.makedirs(os.path.join(a.out, "plots"), exist_ok=True)
-    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
-    with open(os.path.join(a.out, "command.sh"), "w") as f:
-        f.write(f"#!/bin/sh\n# from the repository root\n/usr/bin/python3 {script} "
-                + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "\n")
+    write_command(a.out)
 
 
 def environment(lib, base=None):
     """`base` (default: this process's environment) with the build in `lib` first."""
     return dict(os.environ if base is None else base, LD_LIBRARY_PATH=lib)
+
+
+def run(cmd, lib, base=None, timeout=1800):
+    """cmd on the build in lib (environment(lib, base)); exits the script with the tail of its stderr
+    when it fails. Returns its stdout."""
+    p = subprocess.run(cmd, capture_output=True, text=True, env=environment(lib, base), timeout=timeout)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return p.stdout
 
 
 def bench_run(binary, lib, arm, agents, doc_tokens, n_predict, tmp, extra=(), model=MODEL):
@@ -54,9 +57,7 @@ def bench_run(binary, lib, arm, agents, doc_tokens, n_predict, tmp, extra=(), mo
     cmd = [binary, "bench", "--model", model, "--arms", arm, "--branches", str(agents),
            "--doc-tokens", str(doc_tokens), "--n-predict", str(n_predict), "--trials", "1",
            "--pause-ms", "0", "--out", out, *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=environment(lib), timeout=1800)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    run(cmd, lib)
     with open(os.path.join(out, "best_run.json")) as f:
         t = json.load(f)["arms"][arm]["best_trial"]
     if not t["ok"]:

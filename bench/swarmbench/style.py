@@ -1,8 +1,11 @@
 """The look shared by every bench plot (plot_bench.py, snapshot_bench.py,
-old_vs_new.py, plot_*.py, the summarize.py scripts in bench/results/).
+old_vs_new.py, plot_*.py, the other benches, the summarize.py scripts in
+bench/results/).
 
-- One colour per arm name in every plot (the Okabe-Ito palette, safe for
-  colour-blind readers); the reference arm `none` is grey.
+- One colour per arm name in every plot, from the one table ARM_COLOURS
+  (the Okabe-Ito palette, safe for colour-blind readers); the reference arm
+  `none` is grey. A bench adds the names it draws to that table, not a
+  table of its own.
 - Bars only on a linear axis that starts at 0, so that a bar's length is
   its value. grouped() draws one group per point, one bar per arm, the
   median as the bar and every trial as a white dot on it; when the values
@@ -20,6 +23,7 @@ old_vs_new.py, plot_*.py, the summarize.py scripts in bench/results/).
 Needs matplotlib (Debian's python3-matplotlib; run with /usr/bin/python3).
 """
 import math
+import os
 import textwrap
 
 import matplotlib
@@ -40,7 +44,33 @@ ARM_COLOURS = {
     "warm": "#E69F00",  # snapshot_bench.py: the document's state from the snapshot store
     "old": "#000000",  # old_vs_new.py: the two binaries
     "new": "#F0E442",
+    "exact": "#224477",  # serve_load.py: the modes
+    "no-exact": "#DD6666",
+    "after": "#224477",  # prefix_attention.py, sgemm_rows.py, streaming_prefill.py: the two builds
+    "before": "#DD6666",
+    "no needs": "#99BBDD",  # streaming_prefill.py: the pipeline without its needs
+    # cluster_transfer.py: the phases, the arms, the trials
+    "publish": "#0072B2",
+    "fetch": "#009E73",
+    "prefill": "#56B4E9",  # also prefill_settings.py's phase: as "cold", the document prefilled
+    "local": "#999999",
+    "redis-1-worker": "#0072B2",
+    "redis-2-workers": "#009E73",
+    "first trial": "#E69F00",
+    "later trials": "#56B4E9",
+    # prefill_settings.py: the phases, the programs, the weight files
+    "branches": "#E69F00",
+    "end to end": "#009E73",
+    "swarmkv": "#009E73",
+    "llama-server": "#D55E00",  # results/serve/: the peer server
+    "llama-bench": "#0072B2",
+    "q4_1": "#999999",
+    "q4_0": "#0072B2",
+    "f16": "#D55E00",
 }
+# Lines per link rate (cluster_transfer.py), in the order drawn; no limit is grey.
+LINK_COLOURS = ["#CC79A7", "#E69F00", "#56B4E9", "#0072B2", "#882255", "#44AA99"]
+UNLIMITED_COLOUR = "#777777"
 # For arm names not listed above, handed out in the order they are first drawn.
 SPARE_COLOURS = ["#882255", "#44AA99", "#DDCC77", "#332288", "#117733", "#AA4499"]
 EDGE = "#333333"
@@ -126,9 +156,12 @@ def bars_fit(values):
     return not vals or max(vals) / min(vals) <= BAR_SPAN
 
 
-def _slots(groups, arms):
+def _cells(groups, arms, median, trials):
+    """The bar width, and (arm, x, median, trials' positive values) for each arm in each group."""
     width = 0.8 / max(len(arms), 1)
-    return width, lambda i, j: i - 0.4 + width * (j + 0.5)
+    return width, [(arm, i - 0.4 + width * (j + 0.5), median(g, arm),
+                    [t for t in (trials(g, arm) if trials else []) if t > 0])
+                   for j, arm in enumerate(arms) for i, g in enumerate(groups)]
 
 
 def _ticks(ax, groups, labels):
@@ -140,23 +173,19 @@ def grouped_bars(ax, groups, arms, median, trials=None, labels=None, value_fmt=N
     """For each group (x position) one bar per arm from 0: median(group, arm); trials(group, arm) as
     dots. Missing or zero medians draw no bar. value_fmt(v) writes the value above the bar and its
     dots. Returns every value drawn, for value_scale(..., bars=True)."""
-    width, x_of = _slots(groups, arms)
+    width, cells = _cells(groups, arms, median, trials)
     drawn = []
-    for j, arm in enumerate(arms):
-        for i, g in enumerate(groups):
-            v = median(g, arm)
-            x = x_of(i, j)
-            pts = [t for t in (trials(g, arm) if trials else []) if t > 0]
-            if v is not None and v > 0:
-                ax.bar(x, v, width, color=colour(arm), edgecolor=EDGE, linewidth=0.6)
-                drawn.append(v)
-                if value_fmt:
-                    ax.annotate(value_fmt(v), (x, max([v] + pts)), xytext=(0, 3), textcoords="offset points",
-                                ha="center", va="bottom", fontsize=7, bbox=LABEL_BOX, zorder=3,
-                                rotation=90 if len(arms) * len(groups) > 12 else 0)
-            if pts:
-                ax.plot([x] * len(pts), pts, **DOT)
-                drawn += pts
+    for arm, x, v, pts in cells:
+        if v is not None and v > 0:
+            ax.bar(x, v, width, color=colour(arm), edgecolor=EDGE, linewidth=0.6)
+            drawn.append(v)
+            if value_fmt:
+                ax.annotate(value_fmt(v), (x, max([v] + pts)), xytext=(0, 3), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=7, bbox=LABEL_BOX, zorder=3,
+                            rotation=90 if len(arms) * len(groups) > 12 else 0)
+        if pts:
+            ax.plot([x] * len(pts), pts, **DOT)
+            drawn += pts
     _ticks(ax, groups, labels)
     return drawn
 
@@ -167,28 +196,24 @@ def grouped_points(ax, groups, arms, median, trials=None, labels=None, value_fmt
     value_fmt(v) writes the value at the marker: label "above", "below", "right", or "auto" (right
     of it when there are trials' dots, which lie above and below it, else above). Returns every
     value drawn, for value_scale(..., bars=False)."""
-    width, x_of = _slots(groups, arms)
+    _, cells = _cells(groups, arms, median, trials)
     drawn = []
-    for j, arm in enumerate(arms):
-        for i, g in enumerate(groups):
-            v = median(g, arm)
-            x = x_of(i, j)
-            pts = [t for t in (trials(g, arm) if trials else []) if t > 0]
-            if pts:
-                ax.plot([x] * len(pts), pts, **DOT)
-                drawn += pts
-            if v is not None and v > 0:
-                ax.plot([x], [v], color=colour(arm), **MEDIAN)
-                drawn.append(v)
-                where = label if label != "auto" else "right" if pts else "above"
-                if value_fmt and where == "right":
-                    ax.annotate(value_fmt(v), (x, v), xytext=(7, 0), textcoords="offset points", ha="left",
-                                va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
-                elif value_fmt:
-                    up = where == "above"
-                    ax.annotate(value_fmt(v), (x, v), xytext=(0, 6 if up else -6), textcoords="offset points",
-                                ha="center", va="bottom" if up else "top", fontsize=7, bbox=LABEL_BOX, zorder=3,
-                                rotation=90 if len(arms) * len(groups) > 12 else 0)
+    for arm, x, v, pts in cells:
+        if pts:
+            ax.plot([x] * len(pts), pts, **DOT)
+            drawn += pts
+        if v is not None and v > 0:
+            ax.plot([x], [v], color=colour(arm), **MEDIAN)
+            drawn.append(v)
+            where = label if label != "auto" else "right" if pts else "above"
+            if value_fmt and where == "right":
+                ax.annotate(value_fmt(v), (x, v), xytext=(7, 0), textcoords="offset points", ha="left",
+                            va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
+            elif value_fmt:
+                up = where == "above"
+                ax.annotate(value_fmt(v), (x, v), xytext=(0, 6 if up else -6), textcoords="offset points",
+                            ha="center", va="bottom" if up else "top", fontsize=7, bbox=LABEL_BOX, zorder=3,
+                            rotation=90 if len(arms) * len(groups) > 12 else 0)
     _ticks(ax, groups, labels)
     for k in range(len(groups) - 1):  # the groups apart
         ax.axvline(k + 0.5, color="#eeeeee", linewidth=0.8, zorder=0)
@@ -287,3 +312,17 @@ def title(fig, text):
 def save(fig, path):
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+class Plots:
+    """A report's OUT/plots/: save(fig, name) writes OUT/plots/<name> and keeps the name, in order,
+    in .made (for the report's list of plots)."""
+
+    def __init__(self, out):
+        self.dir = os.path.join(out, "plots")
+        os.makedirs(self.dir, exist_ok=True)
+        self.made = []
+
+    def save(self, fig, name):
+        save(fig, os.path.join(self.dir, name))
+        self.made.append(name)
