@@ -25,9 +25,9 @@ class NullKv final : public KvOps {
 
 class ScriptedDecoder final : public StepDecoder {
  public:
-  void decode(std::span<const StepInput> batch) override {
+  void decode(std::span<const BatchToken> batch) override {
     std::string line;
-    for (const StepInput& t : batch)
+    for (const BatchToken& t : batch)
       line += fmt::format("{}@{}:{}{} ", t.token, t.seq, t.pos, t.logits ? "*" : "");
     batches.push_back(line);
     if (fail_next) {

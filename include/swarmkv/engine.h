@@ -338,6 +338,14 @@ ContextMemory estimate_context_memory(const Model& model, const ContextOptions& 
 
 // A batch of tokens for Context::decode. Owns its llama_batch.
 // Thread-confined.
+// One token of a decode call given as values (Context::decode).
+struct BatchToken {
+  Token token = -1;
+  Pos pos = 0;
+  SeqId seq = 0;
+  bool logits = false;  // keep its output row
+};
+
 class Batch {
  public:
   // Room for `capacity` tokens, each tagged with up to `n_seq_max` sequences.
@@ -397,6 +405,11 @@ class Context {
   // Decodes one batch (at most n_batch tokens). Errors as for decode_prompt;
   // on kNoKvSlot/kInvalidBatch the memory is as before the call.
   void decode(const Batch& batch);
+  // The same for tokens given as values, in a batch the context keeps: the
+  // one place the library itself fills a llama_batch (decode_prompt's
+  // chunks, generate()'s steps, the shared fork's and serve's steps through
+  // kv/step_executor.h).
+  void decode(std::span<const BatchToken> tokens);
 
   // Logits of output row `i` of the last decode (-1: the last row).
   // Valid until the next decode. Throws Error(kInvalidArgument) for a row
@@ -458,6 +471,7 @@ class Context {
   std::shared_ptr<const Model> model_;  // outlives ctx_: declared first
   ContextOptions options_;
   std::unique_ptr<llama_context, detail::ContextDeleter> ctx_;
+  std::unique_ptr<Batch> batch_;  // decode(span): n_batch tokens, made at its first call
 };
 
 // Sampling settings for one generation.

@@ -722,17 +722,32 @@ void Context::decode_prompt(std::span<const Token> tokens, Pos pos0, SeqId seq, 
   }
   const auto n_batch = static_cast<int32_t>(max_chunk > 0 ? std::min(max_chunk, options_.n_batch)
                                                           : options_.n_batch);
-  Batch batch(n_batch, 1);
+  std::vector<BatchToken> chunk;
+  chunk.reserve(static_cast<size_t>(n_batch));
   const auto n = static_cast<int32_t>(tokens.size());
   for (int32_t start = 0; start < n; start += n_batch) {
     const int32_t stop = std::min(n, start + n_batch);
-    batch.clear();
+    chunk.clear();
     for (int32_t i = start; i < stop; ++i) {
-      batch.add(tokens[static_cast<size_t>(i)], pos0 + i, seq, logits_last && i == n - 1);
+      chunk.push_back({.token = tokens[static_cast<size_t>(i)],
+                       .pos = pos0 + i,
+                       .seq = seq,
+                       .logits = logits_last && i == n - 1});
     }
-    decode(batch);
+    decode(chunk);
     if (progress) progress(static_cast<size_t>(stop), tokens.size());
   }
+}
+
+void Context::decode(std::span<const BatchToken> tokens) {
+  if (tokens.size() > options_.n_batch) {
+    throw Error(ErrorCode::kBudget, fmt::format("decode: batch of {} tokens exceeds n_batch {}",
+                                                tokens.size(), options_.n_batch));
+  }
+  if (!batch_) batch_ = std::make_unique<Batch>(static_cast<int32_t>(options_.n_batch), 1);
+  batch_->clear();
+  for (const BatchToken& t : tokens) batch_->add(t.token, t.pos, t.seq, t.logits);
+  decode(*batch_);
 }
 
 void Context::decode(const Batch& batch) {

@@ -72,7 +72,6 @@ bool GenerationTracker::accept(Token token) {
 Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
                     const GenerateOptions& options, int32_t first_row) {
   GenerationTracker tracker(ctx.model(), options);
-  Batch batch(1, 1);
   int32_t row = first_row;
   for (;;) {
     const Token token = sampler.sample(ctx, row);
@@ -82,9 +81,8 @@ Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
                   fmt::format("generate: sequence {} reached n_ctx {} after {} generated tokens",
                               seq, ctx.options().n_ctx, tracker.n_tokens()));
     }
-    batch.clear();
-    batch.add(token, next_pos++, seq, true);
-    ctx.decode(batch);
+    const BatchToken next{.token = token, .pos = next_pos++, .seq = seq, .logits = true};
+    ctx.decode(std::span(&next, 1));
     row = -1;
   }
   return tracker.take();

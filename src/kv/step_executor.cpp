@@ -20,12 +20,6 @@ void StepSequence::release() {
   tracker.reset();
 }
 
-void ContextStepDecoder::decode(std::span<const StepInput> batch) {
-  batch_.clear();
-  for (const StepInput& t : batch) batch_.add(t.token, t.pos, t.seq, t.logits);
-  ctx_.decode(batch_);
-}
-
 bool StepExecutor::run(std::span<const StepToken> plan, const Owners& owners,
                        const Callbacks& callbacks, std::span<const size_t> order) {
   inputs_.clear();

@@ -1,9 +1,9 @@
 // One generation step for every front-end that batches several sequences
 // on one context: the shared fork's branches (and its streamed document)
-// and `serve`'s completions. The one place a generation step's batch is
-// filled: from a StepComposer-shaped plan, decoded in one call, its cells
-// recorded in the SequenceTable, each logits row sampled for its owner and
-// handed back through callbacks. The front-ends keep only what differs:
+// and `serve`'s completions. A StepComposer-shaped plan is decoded in one
+// call (Context::decode, the one place the library fills a llama_batch),
+// its cells recorded in the SequenceTable, each logits row sampled for its
+// owner and handed back through callbacks. The front-ends keep only what differs:
 // which sequences run (the pipeline's BatchPlanner, the server's
 // scheduler) and what a sampled token means to them (a result, an event).
 // Pure over a StepDecoder (a Context in the engine, a scripted fake in the
@@ -42,37 +42,28 @@ struct StepSequence {
   void release();
 };
 
-// One token of a step's batch as the engine takes it.
-struct StepInput {
-  Token token = -1;
-  Pos pos = 0;
-  SeqId seq = 0;
-  bool logits = false;
-};
-
 // The engine operations a step issues.
 class StepDecoder {
  public:
   virtual ~StepDecoder() = default;
   // One llama_decode of `batch`; throws Error.
-  virtual void decode(std::span<const StepInput> batch) = 0;
+  virtual void decode(std::span<const BatchToken> batch) = 0;
   // Samples output row `row` of the last decode for `s` (its sampler).
   virtual Token sample(StepSequence& s, int32_t row) = 0;
   // Records `token` in `s`'s answer: true when the answer is complete.
   virtual bool accept(StepSequence& s, Token token) = 0;
 };
 
-// StepDecoder on a real context, with one batch of `capacity` tokens.
+// StepDecoder on a real context.
 class ContextStepDecoder final : public StepDecoder {
  public:
-  ContextStepDecoder(Context& ctx, int32_t capacity) : ctx_(ctx), batch_(capacity, 1) {}
-  void decode(std::span<const StepInput> batch) override;
+  explicit ContextStepDecoder(Context& ctx) : ctx_(ctx) {}
+  void decode(std::span<const BatchToken> batch) override { ctx_.decode(batch); }
   Token sample(StepSequence& s, int32_t row) override { return s.sampler->sample(ctx_, row); }
   bool accept(StepSequence& s, Token token) override { return s.tracker->accept(token); }
 
  private:
   Context& ctx_;
-  Batch batch_;
 };
 
 class StepExecutor {
@@ -106,7 +97,7 @@ class StepExecutor {
  private:
   StepDecoder& decoder_;
   SequenceTable& table_;
-  std::vector<StepInput> inputs_;
+  std::vector<BatchToken> inputs_;
   std::vector<std::pair<size_t, int32_t>> rows_;  // owner, logits row; batch order
   std::unordered_map<size_t, int32_t> row_of_;
   std::vector<size_t> in_step_;

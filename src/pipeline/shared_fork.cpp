@@ -79,7 +79,7 @@ BranchSteps::BranchSteps(const RunInputs& in, Context& ctx, ReadySet& dag, Pipel
       table_(kv_, branch_seqs(), keep_cells_),
       planner_(dag, in.prepared.budgeted_prompt_tokens, in.branch_pos0, branch_seqs(),
                static_cast<int32_t>(ctx.options().n_batch), in.spec.max_live, parents_of(in.spec)),
-      decoder_(ctx, static_cast<int32_t>(ctx.options().n_batch)),
+      decoder_(ctx),
       executor_(decoder_, table_),
       branches_(in.spec.agents.size()) {
   const std::vector<Token>& prefix = in.prepared.prefix;

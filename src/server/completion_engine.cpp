@@ -92,6 +92,7 @@ class CompletionEngine::Scheduler {
   int victim(int keep) const;
 
   // Requests.
+  std::pair<int, size_t> best_source(const std::vector<Token>& prompt) const;
   bool admit_one();
   void start_choices(Pending& p, int source, size_t shared, size_t restored);
   void fail_job(const std::shared_ptr<Job>& job, const ErrorValue& error);
@@ -140,7 +141,7 @@ CompletionEngine::Scheduler::Scheduler(CompletionEngine& engine)
       sliding_window_(ctx_.kv_layout().n_swa > 0),
       n_ctx_(options_.context.n_ctx),
       slots_(static_cast<size_t>(options_.max_live + options_.max_cached)),
-      decoder_(ctx_, static_cast<int32_t>(options_.context.n_batch)),
+      decoder_(ctx_),
       executor_(decoder_, table_) {
   for (size_t i = 0; i < slots_.size(); ++i) slots_[i].seq = static_cast<SeqId>(i);
   local_.kv_cells_total = static_cast<int32_t>(n_ctx_);
@@ -273,6 +274,37 @@ void CompletionEngine::Scheduler::finish(size_t index) {
   s.last_used = ++clock_;
 }
 
+// The slot that shares the longest start with `prompt`, and how many tokens
+// ({-1, 0}: none).
+std::pair<int, size_t> CompletionEngine::Scheduler::best_source(
+    const std::vector<Token>& prompt) const {
+  // The longest common prefix among the sequences that hold tokens or
+  // wait to (a waiting one's tokens are its prompt: requests queued when the
+  // cache starts over are admitted in one pass, before anything decodes,
+  // and a document's second request then waits on its first instead of
+  // prefilling it again); each completion decodes at least its last prompt
+  // token itself.
+  int source = -1;
+  size_t best = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (!s.holds_tokens() && s.state != Slot::State::kWaiting) continue;
+    const size_t l = std::min(common_prefix(prompt, s.step.tokens), prompt.size() - 1);
+    // Sliding-window layers let a sequence's cells that left its window be
+    // overwritten, and a fork needs the window before its first own
+    // position: fork only from a sequence not yet past the shared part. In
+    // exact mode no cell is overwritten while the cache lasts.
+    if (sliding_window_ && !exact_ && decoded(s) > l) continue;
+    if (l > best ||
+        (l == best && l > 0 && decoded(s) > decoded(slots_[static_cast<size_t>(source)]))) {
+      best = l;
+      source = static_cast<int>(i);
+    }
+  }
+  if (best == 0) source = -1;
+  return {source, best};
+}
+
 // Takes the head of the queue into free slots if it fits; false if not.
 bool CompletionEngine::Scheduler::admit_one() {
   Pending& p = queue_.front();
@@ -287,30 +319,9 @@ bool CompletionEngine::Scheduler::admit_one() {
     if (live_count() > 0) return false;
     start_over();
   }
-  // The longest common prefix among the sequences that hold tokens or
-  // wait to (a waiting one's tokens are its prompt: requests queued when the
-  // cache starts over are admitted in one pass, before anything decodes,
-  // and a document's second request then waits on its first instead of
-  // prefilling it again); each completion decodes at least its last prompt
-  // token itself.
-  int source = -1;
-  size_t best = 0;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (!s.holds_tokens() && s.state != Slot::State::kWaiting) continue;
-    const size_t l = std::min(common_prefix(req.prompt, s.step.tokens), req.prompt.size() - 1);
-    // Sliding-window layers let a sequence's cells that left its window be
-    // overwritten, and a fork needs the window before its first own
-    // position: fork only from a sequence not yet past the shared part. In
-    // exact mode no cell is overwritten while the cache lasts.
-    if (sliding_window_ && !exact_ && decoded(s) > l) continue;
-    if (l > best || (l == best && l > 0 && decoded(s) > decoded(slot(source)))) {
-      best = l;
-      source = static_cast<int>(i);
-    }
-  }
-  size_t shared = best;
-  if (shared == 0) source = -1;
+  const std::pair<int, size_t> best = best_source(req.prompt);
+  int source = best.first;
+  size_t shared = best.second;
   // The store, when it could save at least one more micro-batch than the
   // cache: a restored prefix is a sequence of its own (new cells).
   if (engine_.store_ && !p.looked_up &&
