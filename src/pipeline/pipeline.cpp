@@ -282,54 +282,47 @@ bool PipelineResult::ok() const noexcept {
                      [](const AgentResult& a) { return a.status == NodeStatus::kOk; });
 }
 
-void validate_pipeline(const PipelineSpec& spec) {
-  validate_document(spec);
-  spec.validate();
-  if (spec.agents.empty()) throw Error(ErrorCode::kInvalidArgument, "the pipeline has no agents");
-  for (size_t i = 0; i < spec.agents.size(); ++i) {
-    const AgentSpec& a = spec.agents[i];
-    if (a.name.empty()) throw Error(ErrorCode::kInvalidArgument, "an agent has an empty name");
-    if (!valid_utf8(a.name) ||
-        a.name.find_first_of(std::string_view("\0\n\r\t", 4)) != std::string::npos) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("the name of agents[{}] is not valid UTF-8 text on one line", i));
-    }
-    if (a.name == kDocumentNode) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("agent name '{}' is reserved for the document node", a.name));
-    }
-    if (a.prompt.empty())
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("agent '{}' has an empty prompt", a.name));
-    require_text(a.prompt, fmt::format("agent '{}': the prompt", a.name));
-    if (a.max_tokens < 1) {
-      throw Error(
-          ErrorCode::kInvalidArgument,
-          fmt::format("agent '{}': max_tokens must be >= 1 (got {})", a.name, a.max_tokens));
-    }
-    for (const std::string& stop : a.stop) {
-      if (stop.empty()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("agent '{}': a stop string is empty (it would end every answer "
-                                "before its first token)",
-                                a.name));
-      }
-    }
-    try {
-      validate_sampling(a.sampling);
-    } catch (const Error& e) {
-      throw Error(e.code(), fmt::format("agent '{}': {}", a.name, e.value().message));
-    }
-  }
-  if (spec.max_live < 0) {
+namespace {
+
+// One agent's own fields: name, prompt, max_tokens, stop strings, sampling.
+void validate_agent(const AgentSpec& a, size_t i) {
+  if (a.name.empty()) throw Error(ErrorCode::kInvalidArgument, "an agent has an empty name");
+  if (!valid_utf8(a.name) ||
+      a.name.find_first_of(std::string_view("\0\n\r\t", 4)) != std::string::npos) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("max_live must be >= 0 (0: as many as fit; got {})", spec.max_live));
+                fmt::format("the name of agents[{}] is not valid UTF-8 text on one line", i));
   }
-  const std::unordered_map<std::string_view, size_t> index = agent_indices(spec);
-  const auto index_of = [&](std::string_view name) -> std::optional<size_t> {
-    const auto it = index.find(name);
-    return it == index.end() ? std::nullopt : std::optional<size_t>(it->second);
-  };
+  if (a.name == kDocumentNode) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("agent name '{}' is reserved for the document node", a.name));
+  }
+  if (a.prompt.empty())
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("agent '{}' has an empty prompt", a.name));
+  require_text(a.prompt, fmt::format("agent '{}': the prompt", a.name));
+  if (a.max_tokens < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("agent '{}': max_tokens must be >= 1 (got {})", a.name, a.max_tokens));
+  }
+  for (const std::string& stop : a.stop) {
+    if (stop.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': a stop string is empty (it would end every answer "
+                              "before its first token)",
+                              a.name));
+    }
+  }
+  try {
+    validate_sampling(a.sampling);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("agent '{}': {}", a.name, e.value().message));
+  }
+}
+
+using IndexOf = std::function<std::optional<size_t>(std::string_view)>;
+
+// needs (tokens or until, in the document) and fork_from (a known agent
+// that reads the whole document, not itself).
+void validate_needs_and_forks(const PipelineSpec& spec, const IndexOf& index_of) {
   for (const AgentSpec& a : spec.agents) {
     if (a.needs.tokens < 0) {
       throw Error(
@@ -367,6 +360,10 @@ void validate_pipeline(const PipelineSpec& spec) {
                                                  a.name, a.fork_from));
     }
   }
+}
+
+// Every placeholder names an agent among its dependencies.
+void validate_placeholders(const PipelineSpec& spec, const IndexOf& index_of) {
   const std::vector<std::vector<size_t>> deps = detail::resolve_dag(dag_nodes(spec));
   detail::Ancestry ancestry(deps);
   for (size_t i = 0; i < spec.agents.size(); ++i) {
@@ -385,6 +382,26 @@ void validate_pipeline(const PipelineSpec& spec) {
       }
     }
   }
+}
+
+}  // namespace
+
+void validate_pipeline(const PipelineSpec& spec) {
+  validate_document(spec);
+  spec.validate();
+  if (spec.agents.empty()) throw Error(ErrorCode::kInvalidArgument, "the pipeline has no agents");
+  for (size_t i = 0; i < spec.agents.size(); ++i) validate_agent(spec.agents[i], i);
+  if (spec.max_live < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("max_live must be >= 0 (0: as many as fit; got {})", spec.max_live));
+  }
+  const std::unordered_map<std::string_view, size_t> index = agent_indices(spec);
+  const IndexOf index_of = [&](std::string_view name) -> std::optional<size_t> {
+    const auto it = index.find(name);
+    return it == index.end() ? std::nullopt : std::optional<size_t>(it->second);
+  };
+  validate_needs_and_forks(spec, index_of);
+  validate_placeholders(spec, index_of);
 }
 
 std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt) {
@@ -470,6 +487,99 @@ std::vector<Token> prepare_prefix(const PipelineSpec& spec, const Model& model) 
   return model.tokenize(split_template(spec, model).head, /*add_special=*/true);
 }
 
+namespace {
+
+// What each agent's prompt costs before its branch is known: tokenised now
+// (into out.branches unless it renders at start), or, with placeholders,
+// counted as the prompt without them plus each named agent's max_tokens.
+std::vector<int64_t> own_prompt_tokens(const PipelineSpec& spec, const Model& model,
+                                       const std::unordered_map<std::string_view, size_t>& index,
+                                       PreparedPipeline& out) {
+  std::vector<int64_t> own;
+  for (const AgentSpec& a : spec.agents) {
+    std::map<std::string, std::string> empty;
+    int64_t answers = 0;
+    for (const PromptPlaceholder& h : prompt_placeholders(a.prompt)) {
+      empty[h.name];
+      answers += spec.agents[index.at(h.name)].max_tokens;  // validated: an agent's name
+    }
+    std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
+    if (a.needs.any()) tokens.insert(tokens.begin(), out.doc_close.begin(), out.doc_close.end());
+    own.push_back(static_cast<int64_t>(tokens.size()) + answers);
+    out.branches.push_back(renders_at_start(a) ? std::vector<Token>{} : std::move(tokens));
+  }
+  return own;
+}
+
+// out.budgeted_prompt_tokens: a child's branch holds its ancestors'
+// prompts, answers and turn closes before its own prompt (the DAG is
+// acyclic: the recursion ends). Returns the cells each branch adds to its
+// parent's (what a shared context holds).
+std::vector<int32_t> budget_branches(const PipelineSpec& spec, const Model& model,
+                                     const std::unordered_map<std::string_view, size_t>& index,
+                                     const std::vector<int64_t>& own, PreparedPipeline& out) {
+  const auto close = static_cast<int64_t>(
+      out.turn_close.empty() ? 0 : model.tokenize(out.turn_close, false, true).size());
+  const auto parent = [&](size_t i) { return index.at(spec.agents[i].fork_from); };
+  std::vector<int64_t> full(spec.agents.size(), -1);
+  const std::function<int64_t(size_t)> full_of = [&](size_t i) -> int64_t {
+    if (full[i] >= 0) return full[i];
+    int64_t n = own[i];
+    if (!spec.agents[i].fork_from.empty()) {
+      const size_t p = parent(i);
+      n += full_of(p) + spec.agents[p].max_tokens + close;
+    }
+    return full[i] = n;
+  };
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> new_cells;
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    out.budgeted_prompt_tokens.push_back(static_cast<int32_t>(std::min(full_of(i), kMax)));
+    int64_t cells = full[i];
+    if (!spec.agents[i].fork_from.empty()) {
+      const size_t p = parent(i);
+      cells -= full[p] + spec.agents[p].max_tokens - 1;  // its parent's last token may be undecoded
+    }
+    new_cells.push_back(static_cast<int32_t>(std::min(cells, kMax)));
+  }
+  return new_cells;
+}
+
+// fork_from under a shared fork: one sequence id per agent, all at once.
+void check_tree_ids(const PipelineSpec& spec) {
+  // exact: one more id parks finished branches' cells.
+  const size_t ids = max_parallel_sequences() - (spec.exact ? 1 : 0);
+  if (spec.any_fork_from() && fork_traits(spec.fork).one_context && spec.agents.size() + 1 > ids) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("fork_from under fork shared keeps a finished parent's sequence until "
+                            "its children have forked: at most {} agents (one sequence id each), "
+                            "got {}; use fork host or fewer agents",
+                            ids - 1, spec.agents.size()));
+  }
+}
+
+// Each sequence's positions against what the model was trained on; the
+// cells of all sequences together are bounded by memory (check_memory).
+void check_positions(const PipelineSpec& spec, const Model& model, const PreparedPipeline& out) {
+  const int32_t train = model.n_ctx_train();
+  if (train <= 0) return;
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    const int32_t prompt = out.budgeted_prompt_tokens[i];
+    const int32_t max_tokens = spec.agents[i].max_tokens;
+    const int64_t positions = static_cast<int64_t>(out.prefix.size()) + prompt + max_tokens;
+    if (positions > train) {
+      throw Error(ErrorCode::kBudget,
+                  fmt::format("agent '{}' needs {} positions: prefix_tokens {} + prompt_tokens "
+                              "{} + max_tokens {} > n_ctx_train {}, the context the model was "
+                              "trained on; shorten the document or lower max_tokens",
+                              spec.agents[i].name, positions, out.prefix.size(), prompt, max_tokens,
+                              train));
+    }
+  }
+}
+
+}  // namespace
+
 PreparedPipeline prepare_pipeline(const PipelineSpec& given, const Model& model) {
   std::optional<PipelineSpec> storage;
   const PipelineSpec& spec = exact_settled(given, model, storage);
@@ -488,82 +598,17 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& given, const Model& model)
   out.branch_tail = split.texts[1];
   out.turn_close = split.turn_close;
   locate_document(spec, model, split, out);
-  // validate_pipeline made sure that every name below is an agent's.
   const std::unordered_map<std::string_view, size_t> index = agent_indices(spec);
-  const auto index_of = [&](const std::string& name) { return index.at(name); };
-  // Each agent's own prompt: tokenised now, or, with placeholders, counted
-  // as the prompt without them plus each named agent's max_tokens.
-  std::vector<int64_t> own;
+  const std::vector<int64_t> own = own_prompt_tokens(spec, model, index, out);
+  const std::vector<int32_t> new_cells = budget_branches(spec, model, index, own, out);
+  check_tree_ids(spec);
+  check_positions(spec, model, out);
   std::vector<int32_t> max_tokens;
-  for (const AgentSpec& a : spec.agents) {
-    const std::vector<PromptPlaceholder> holes = prompt_placeholders(a.prompt);
-    std::map<std::string, std::string> empty;
-    int64_t answers = 0;
-    for (const PromptPlaceholder& h : holes) {
-      empty[h.name];
-      answers += spec.agents[index_of(h.name)].max_tokens;
-    }
-    std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
-    if (a.needs.any()) tokens.insert(tokens.begin(), out.doc_close.begin(), out.doc_close.end());
-    own.push_back(static_cast<int64_t>(tokens.size()) + answers);
-    out.branches.push_back(renders_at_start(a) ? std::vector<Token>{} : std::move(tokens));
-    max_tokens.push_back(a.max_tokens);
-  }
-  // A child's branch holds its ancestors' prompts, answers and turn closes
-  // before its own prompt (the DAG is acyclic: the recursion ends).
-  const auto close = static_cast<int64_t>(
-      out.turn_close.empty() ? 0 : model.tokenize(out.turn_close, false, true).size());
-  std::vector<int64_t> full(spec.agents.size(), -1);
-  const std::function<int64_t(size_t)> full_of = [&](size_t i) -> int64_t {
-    if (full[i] >= 0) return full[i];
-    int64_t n = own[i];
-    if (!spec.agents[i].fork_from.empty()) {
-      const size_t p = index_of(spec.agents[i].fork_from);
-      n += full_of(p) + max_tokens[p] + close;
-    }
-    return full[i] = n;
-  };
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  std::vector<int32_t>& prompt_tokens = out.budgeted_prompt_tokens;
-  std::vector<int32_t> new_cells;  // kShared: the cells a branch adds to its parent's
-  for (size_t i = 0; i < spec.agents.size(); ++i) {
-    prompt_tokens.push_back(static_cast<int32_t>(std::min(full_of(i), kMax)));
-    int64_t cells = full[i];
-    if (!spec.agents[i].fork_from.empty()) {
-      const size_t p = index_of(spec.agents[i].fork_from);
-      cells -= full[p] + max_tokens[p] - 1;  // its parent's last token may be undecoded
-    }
-    new_cells.push_back(static_cast<int32_t>(std::min(cells, kMax)));
-  }
-  const bool trees = spec.any_fork_from();
-  // exact: one more id parks finished branches' cells.
-  const size_t ids = max_parallel_sequences() - (spec.exact ? 1 : 0);
-  if (trees && fork_traits(spec.fork).one_context && spec.agents.size() + 1 > ids) {
-    throw Error(ErrorCode::kBudget,
-                fmt::format("fork_from under fork shared keeps a finished parent's sequence until "
-                            "its children have forked: at most {} agents (one sequence id each), "
-                            "got {}; use fork host or fewer agents",
-                            ids - 1, spec.agents.size()));
-  }
-  // Each sequence's positions against what the model was trained on; the
-  // cells of all sequences together are bounded by memory (check_memory).
-  if (const int32_t train = model.n_ctx_train(); train > 0) {
-    for (size_t i = 0; i < spec.agents.size(); ++i) {
-      const int64_t positions =
-          static_cast<int64_t>(out.prefix.size()) + prompt_tokens[i] + max_tokens[i];
-      if (positions > train) {
-        throw Error(ErrorCode::kBudget,
-                    fmt::format("agent '{}' needs {} positions: prefix_tokens {} + prompt_tokens "
-                                "{} + max_tokens {} > n_ctx_train {}, the context the model was "
-                                "trained on; shorten the document or lower max_tokens",
-                                spec.agents[i].name, positions, out.prefix.size(), prompt_tokens[i],
-                                max_tokens[i], train));
-      }
-    }
-  }
-  out.budget = plan_budget(spec.fork, static_cast<int32_t>(out.prefix.size()),
-                           fork_traits(spec.fork).one_context ? new_cells : prompt_tokens,
-                           max_tokens, spec.n_ctx);
+  for (const AgentSpec& a : spec.agents) max_tokens.push_back(a.max_tokens);
+  out.budget =
+      plan_budget(spec.fork, static_cast<int32_t>(out.prefix.size()),
+                  fork_traits(spec.fork).one_context ? new_cells : out.budgeted_prompt_tokens,
+                  max_tokens, spec.n_ctx);
   return out;
 }
 
@@ -748,6 +793,72 @@ std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResu
   return tokens;
 }
 
+namespace {
+
+// The result before anything runs: the settings it ran with, the agents'
+// names, edges and prompts.
+PipelineResult result_before_the_run(const PipelineSpec& asked, const PipelineSpec& spec,
+                                     const Model& model, const PreparedPipeline& prepared) {
+  PipelineResult result;
+  result.fork = spec.fork;
+  result.exact = spec.exact;
+  if (asked.exact && !spec.exact) result.exact_unavailable = model.exact_unavailable();
+  result.engine = spec.context_options();
+  result.n_gpu_layers = model.options().n_gpu_layers;
+  result.offloaded_layers = model.offloaded_layers();
+  result.prefix_tokens = prepared.budget.prefix_tokens;
+  result.n_ctx = prepared.budget.n_ctx;  // the strategy replaces it with llama.cpp's padded value
+  result.pipeline = spec.name;
+  result.model = model.path();
+  result.agents.resize(spec.agents.size());
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    result.agents[i].name = spec.agents[i].name;
+    result.agents[i].depends_on = spec.agents[i].depends_on;
+    result.agents[i].fork_from = spec.agents[i].fork_from;
+    result.agents[i].needs = spec.agents[i].needs;
+    result.agents[i].prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
+    if (prompt_placeholders(spec.agents[i].prompt).empty())
+      result.agents[i].prompt_rendered = spec.agents[i].prompt;
+  }
+  return result;
+}
+
+// Each agent's outcome reaches options.on_agent_event as the DAG decides it.
+void report_outcomes(ReadySet& dag, PipelineResult& result, const RunOptions& options) {
+  if (!options.on_agent_event) return;
+  dag.set_on_decided([&dag, &result, &options](size_t node) {
+    if (node == 0) return;
+    AgentResult& a = result.agents[node - 1];
+    a.status = dag.status(node);
+    a.error = dag.error(node);
+    try {
+      options.on_agent_event({.kind = AgentEvent::Kind::kDone,
+                              .agent = node - 1,
+                              .token = -1,
+                              .text = {},
+                              .result = &a});
+    } catch (...) {
+      log_warn("pipeline: the agent event callback failed for agent '{}' ({}); ignored", a.name,
+               current_error_value().to_string());
+    }
+  });
+}
+
+// A store entry whose state failed after its restore is removed by name.
+void remove_failed_store_entry(PipelineResult& result, const RunOptions& options) {
+  const ErrorValue* bad = state_error(result);
+  if (!bad || !result.snapshot || result.snapshot->source != SnapshotSource::kCache ||
+      options.snapshot.cache != SnapshotCacheMode::kOn) {
+    return;
+  }
+  SnapshotStore(snapshot_store_dir(options.snapshot.cache_dir)).remove_path(result.snapshot->path);
+  log_warn("snapshot cache: removed entry {}: its state failed after the restore ({})",
+           result.snapshot->path, bad->to_string());
+  result.snapshot->discarded.push_back(*bad);
+}
+
+}  // namespace
+
 PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<const Model>& model,
                             const RunOptions& options, const RunFaults& faults,
                             const PreparedPipeline* given, AgentExecutor* executor) {
@@ -760,48 +871,10 @@ PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<con
   const PreparedPipeline& prepared = given ? *given : own.emplace(prepare_pipeline(spec, *model));
   if (!executor) check_memory(spec, *model, prepared.budget, options.guard);
 
-  PipelineResult result;
-  result.fork = spec.fork;
-  result.exact = spec.exact;
-  if (asked.exact && !spec.exact) result.exact_unavailable = model->exact_unavailable();
-  result.engine = spec.context_options();
-  result.n_gpu_layers = model->options().n_gpu_layers;
-  result.offloaded_layers = model->offloaded_layers();
-  result.prefix_tokens = prepared.budget.prefix_tokens;
-  result.n_ctx = prepared.budget.n_ctx;  // the strategy replaces it with llama.cpp's padded value
+  PipelineResult result = result_before_the_run(asked, spec, *model, prepared);
   result.prepare_ms = run.ms();
-  result.pipeline = spec.name;
-  result.model = model->path();
-  result.agents.resize(spec.agents.size());
-  for (size_t i = 0; i < spec.agents.size(); ++i) {
-    result.agents[i].name = spec.agents[i].name;
-    result.agents[i].depends_on = spec.agents[i].depends_on;
-    result.agents[i].fork_from = spec.agents[i].fork_from;
-    result.agents[i].needs = spec.agents[i].needs;
-    result.agents[i].prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
-    if (prompt_placeholders(spec.agents[i].prompt).empty())
-      result.agents[i].prompt_rendered = spec.agents[i].prompt;
-  }
-
   ReadySet dag = ready_set(spec);
-  if (options.on_agent_event) {
-    dag.set_on_decided([&](size_t node) {
-      if (node == 0) return;
-      AgentResult& a = result.agents[node - 1];
-      a.status = dag.status(node);
-      a.error = dag.error(node);
-      try {
-        options.on_agent_event({.kind = AgentEvent::Kind::kDone,
-                                .agent = node - 1,
-                                .token = -1,
-                                .text = {},
-                                .result = &a});
-      } catch (...) {
-        log_warn("pipeline: the agent event callback failed for agent '{}' ({}); ignored", a.name,
-                 current_error_value().to_string());
-      }
-    });
-  }
+  report_outcomes(dag, result, options);
   const RunInputs in{
       spec,
       prepared,
@@ -820,15 +893,7 @@ PipelineResult run_pipeline(const PipelineSpec& asked, const std::shared_ptr<con
     result.agents[i].status = dag.status(i + 1);
     result.agents[i].error = dag.error(i + 1);
   }
-  if (const ErrorValue* bad = state_error(result);
-      bad && result.snapshot && result.snapshot->source == SnapshotSource::kCache &&
-      options.snapshot.cache == SnapshotCacheMode::kOn) {
-    SnapshotStore(snapshot_store_dir(options.snapshot.cache_dir))
-        .remove_path(result.snapshot->path);
-    log_warn("snapshot cache: removed entry {}: its state failed after the restore ({})",
-             result.snapshot->path, bad->to_string());
-    result.snapshot->discarded.push_back(*bad);
-  }
+  remove_failed_store_entry(result, options);
   result.total_ms = run.ms();
   return result;
 }

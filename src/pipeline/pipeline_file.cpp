@@ -131,17 +131,10 @@ class Reader {
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
-PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std::string& base_dir,
-                   const std::string& default_name) {
-  const Reader r(origin);
-  if (!root.IsMap()) r.bad("the top level must be a mapping");
-  r.check_keys(root,
-               {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch",
-                "flash_attn", "kv_type", "fork", "exact", "n_gpu_layers", "max_live", "system",
-                "document", "defaults", "agents"},
-               "the pipeline");
-
-  PipelineSpec spec;
+// The top-level settings: name, model (relative to the file), engine
+// settings, fork, system prompt.
+void read_settings(const Reader& r, const YAML::Node& root, const std::filesystem::path& base,
+                   const std::string& default_name, PipelineSpec& spec) {
   const std::string top = "pipeline";
   spec.name = r.text(root, "name", default_name, top);
   spec.model = r.text(root, "model", "", top);
@@ -173,124 +166,161 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
       r.bad(e.message() + Reader::at(root["fork"]));
     }
   }
-  const std::filesystem::path base(base_dir);
   if (!spec.model.empty() && std::filesystem::path(spec.model).is_relative()) {
     spec.model = (base / spec.model).string();
   }
+}
 
+// `document`: text, or {file: PATH} (relative to the file) or {text: ...}.
+void read_document(const Reader& r, const YAML::Node& root, const std::filesystem::path& base,
+                   const std::string& origin, PipelineSpec& spec) {
   const YAML::Node doc = root["document"];
   if (!doc) r.bad("missing 'document' (use document: {file: PATH} or document: {text: ...})");
   if (doc.IsScalar() || doc.IsNull()) {
     spec.document = r.scalar(doc, "document").Scalar();
     spec.document_source = "text";
+    return;
+  }
+  if (!doc.IsMap())
+    r.bad(fmt::format("'document' must be a mapping with 'file' or 'text'{}", Reader::at(doc)));
+  r.check_keys(doc, {"file", "text"}, "document");
+  if (doc["file"] && doc["text"]) r.bad("document: give either 'file' or 'text', not both");
+  if (doc["file"]) {
+    auto file = std::filesystem::path(r.text(doc, "file", "", "document"));
+    if (file.is_relative()) file = base / file;
+    spec.document = read_file(file.string(), fmt::format("{}: document file", origin));
+    spec.document_source = "file:" + file.string();
+  } else if (doc["text"]) {
+    spec.document = r.text(doc, "text", "", "document");
+    spec.document_source = "text";
   } else {
-    if (!doc.IsMap())
-      r.bad(fmt::format("'document' must be a mapping with 'file' or 'text'{}", Reader::at(doc)));
-    r.check_keys(doc, {"file", "text"}, "document");
-    if (doc["file"] && doc["text"]) r.bad("document: give either 'file' or 'text', not both");
-    if (doc["file"]) {
-      auto file = std::filesystem::path(r.text(doc, "file", "", "document"));
-      if (file.is_relative()) file = base / file;
-      spec.document = read_file(file.string(), fmt::format("{}: document file", origin));
-      spec.document_source = "file:" + file.string();
-    } else if (doc["text"]) {
-      spec.document = r.text(doc, "text", "", "document");
-      spec.document_source = "text";
-    } else {
-      r.bad("document: needs 'file' or 'text'");
-    }
+    r.bad("document: needs 'file' or 'text'");
+  }
+}
+
+// `defaults` and each of `agents`: the sampling keys are the same in both.
+class AgentReader {
+ public:
+  explicit AgentReader(const Reader& r) : r_(r) {
+    SamplingOptions probe;
+    for_each_sampling_field(probe,
+                            [&](const char* key, auto&, int64_t) { sampling_keys_.insert(key); });
   }
 
-  // The sampling keys, the same in `defaults` and in each agent.
-  std::set<std::string> sampling_keys;
-  SamplingOptions probe;
-  for_each_sampling_field(probe,
-                          [&](const char* key, auto&, int64_t) { sampling_keys.insert(key); });
-  const auto read_sampling = [&](const YAML::Node& n, SamplingOptions& s,
-                                 const std::string& where) {
+  AgentSpec defaults(const YAML::Node& d) const {
+    AgentSpec defaults;
+    if (!d) return defaults;
+    if (!d.IsMap()) r_.bad(fmt::format("'defaults' must be a mapping{}", Reader::at(d)));
+    std::set<std::string> default_keys = {"max_tokens", "stop"};
+    default_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
+    r_.check_keys(d, default_keys, "defaults");
+    defaults.max_tokens = static_cast<int32_t>(
+        r_.integer(d, "max_tokens", defaults.max_tokens, 1, kMaxInt32, "defaults"));
+    sampling(d, defaults.sampling, "defaults");
+    defaults.stop = stop(d, "defaults");
+    return defaults;
+  }
+
+  AgentSpec agent(const YAML::Node& a, size_t i, const AgentSpec& defaults) const {
+    const std::string where = fmt::format("agents[{}]", i);
+    if (!a.IsMap()) r_.bad(fmt::format("{} must be a mapping{}", where, Reader::at(a)));
+    std::set<std::string> agent_keys = {"name",       "prompt",   "max_tokens", "stop",
+                                        "depends_on", "priority", "fork_from",  "needs"};
+    agent_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
+    r_.check_keys(a, agent_keys, where);
+    AgentSpec agent = defaults;
+    if (!a["name"]) r_.bad(fmt::format("{} needs a 'name'{}", where, Reader::at(a)));
+    agent.name = r_.text(a, "name", "", where);
+    if (!a["prompt"]) r_.bad(fmt::format("{} needs a 'prompt'{}", where, Reader::at(a)));
+    if (a["prompt"].IsMap() && !a["prompt"].Mark().is_null()) {  // YAML's '{' trap
+      r_.bad(
+          fmt::format("{}.prompt is a mapping, not text (line {}): in YAML a value that starts "
+                      "with '{{' is one; quote a prompt that starts with a placeholder: prompt: "
+                      "\"{{{{name}}}} ...\"",
+                      where, Reader::line(a["prompt"])));
+    }
+    agent.prompt = r_.text(a, "prompt", "", where);
+    agent.max_tokens =
+        static_cast<int32_t>(r_.integer(a, "max_tokens", agent.max_tokens, 1, kMaxInt32, where));
+    sampling(a, agent.sampling, where);
+    if (a["stop"]) agent.stop = stop(a, where);
+    agent.depends_on = r_.list(a, "depends_on", where);
+    agent.fork_from = r_.text(a, "fork_from", "", where);
+    if (const YAML::Node n = a["needs"]) agent.needs = needs(n, where);
+    agent.priority =
+        static_cast<int32_t>(r_.integer(a, "priority", agent.priority, -(1 << 20), 1 << 20, where));
+    return agent;
+  }
+
+ private:
+  void sampling(const YAML::Node& n, SamplingOptions& s, const std::string& where) const {
     for_each_sampling_field(s, [&](const char* key, auto& value, int64_t least) {
       using T = std::remove_reference_t<decltype(value)>;
       if constexpr (std::is_floating_point_v<T>) {
-        value = r.real(n, key, value, where);
+        value = r_.real(n, key, value, where);
       } else {
         value =
-            static_cast<T>(r.integer(n, key, value, least, std::numeric_limits<T>::max(), where));
+            static_cast<T>(r_.integer(n, key, value, least, std::numeric_limits<T>::max(), where));
       }
     });
     try {
       validate_sampling(s);
     } catch (const Error& e) {
-      r.bad(fmt::format("{}{}: {}", where, Reader::at(n), e.message()));
+      r_.bad(fmt::format("{}{}: {}", where, Reader::at(n), e.message()));
     }
-  };
-  const auto read_stop = [&](const YAML::Node& n, const std::string& where) {
-    std::vector<std::string> stop = r.list(n, "stop", where);
+  }
+
+  std::vector<std::string> stop(const YAML::Node& n, const std::string& where) const {
+    std::vector<std::string> stop = r_.list(n, "stop", where);
     for (const std::string& s : stop) {
       if (s.empty()) {
-        r.bad(
+        r_.bad(
             fmt::format("{}.stop holds an empty string, which would end every answer before "
                         "its first token{}",
                         where, Reader::at(n["stop"])));
       }
     }
     return stop;
-  };
-  std::set<std::string> agent_keys = {"name",       "prompt",   "max_tokens", "stop",
-                                      "depends_on", "priority", "fork_from",  "needs"};
-  agent_keys.insert(sampling_keys.begin(), sampling_keys.end());
-  AgentSpec defaults;
-  if (const YAML::Node d = root["defaults"]) {
-    if (!d.IsMap()) r.bad(fmt::format("'defaults' must be a mapping{}", Reader::at(d)));
-    std::set<std::string> default_keys = {"max_tokens", "stop"};
-    default_keys.insert(sampling_keys.begin(), sampling_keys.end());
-    r.check_keys(d, default_keys, "defaults");
-    defaults.max_tokens = static_cast<int32_t>(
-        r.integer(d, "max_tokens", defaults.max_tokens, 1, kMaxInt32, "defaults"));
-    read_sampling(d, defaults.sampling, "defaults");
-    defaults.stop = read_stop(d, "defaults");
   }
+
+  DocumentNeeds needs(const YAML::Node& n, const std::string& where) const {
+    if (!n.IsMap()) {
+      r_.bad(fmt::format("{}.needs must be a mapping: {{tokens: N}} or {{until: \"text\"}}{}",
+                         where, Reader::at(n)));
+    }
+    r_.check_keys(n, {"tokens", "until"}, where + ".needs");
+    DocumentNeeds needs;
+    needs.tokens = static_cast<int32_t>(r_.integer(n, "tokens", 0, 1, kMaxInt32, where + ".needs"));
+    needs.until = r_.text(n, "until", "", where + ".needs");
+    if (n["until"] && needs.until.empty())
+      r_.bad(fmt::format("{}.needs.until is empty{}", where, Reader::at(n["until"])));
+    return needs;
+  }
+
+  const Reader& r_;
+  std::set<std::string> sampling_keys_;
+};
+
+PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std::string& base_dir,
+                   const std::string& default_name) {
+  const Reader r(origin);
+  if (!root.IsMap()) r.bad("the top level must be a mapping");
+  r.check_keys(root,
+               {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch",
+                "flash_attn", "kv_type", "fork", "exact", "n_gpu_layers", "max_live", "system",
+                "document", "defaults", "agents"},
+               "the pipeline");
+  PipelineSpec spec;
+  const std::filesystem::path base(base_dir);
+  read_settings(r, root, base, default_name, spec);
+  read_document(r, root, base, origin, spec);
+  const AgentReader agents_reader(r);
+  const AgentSpec defaults = agents_reader.defaults(root["defaults"]);
   const YAML::Node agents = root["agents"];
   if (!agents || !agents.IsSequence() || agents.size() == 0)
     r.bad("'agents' must be a non-empty list");
-  for (size_t i = 0; i < agents.size(); ++i) {
-    const YAML::Node a = agents[i];
-    const std::string where = fmt::format("agents[{}]", i);
-    if (!a.IsMap()) r.bad(fmt::format("{} must be a mapping{}", where, Reader::at(a)));
-    r.check_keys(a, agent_keys, where);
-    AgentSpec agent = defaults;
-    if (!a["name"]) r.bad(fmt::format("{} needs a 'name'{}", where, Reader::at(a)));
-    agent.name = r.text(a, "name", "", where);
-    if (!a["prompt"]) r.bad(fmt::format("{} needs a 'prompt'{}", where, Reader::at(a)));
-    if (a["prompt"].IsMap() && !a["prompt"].Mark().is_null()) {  // YAML's '{' trap
-      r.bad(
-          fmt::format("{}.prompt is a mapping, not text (line {}): in YAML a value that starts "
-                      "with '{{' is one; quote a prompt that starts with a placeholder: prompt: "
-                      "\"{{{{name}}}} ...\"",
-                      where, Reader::line(a["prompt"])));
-    }
-    agent.prompt = r.text(a, "prompt", "", where);
-    agent.max_tokens =
-        static_cast<int32_t>(r.integer(a, "max_tokens", agent.max_tokens, 1, kMaxInt32, where));
-    read_sampling(a, agent.sampling, where);
-    if (a["stop"]) agent.stop = read_stop(a, where);
-    agent.depends_on = r.list(a, "depends_on", where);
-    agent.fork_from = r.text(a, "fork_from", "", where);
-    if (const YAML::Node n = a["needs"]) {
-      if (!n.IsMap()) {
-        r.bad(fmt::format("{}.needs must be a mapping: {{tokens: N}} or {{until: \"text\"}}{}",
-                          where, Reader::at(n)));
-      }
-      r.check_keys(n, {"tokens", "until"}, where + ".needs");
-      agent.needs.tokens =
-          static_cast<int32_t>(r.integer(n, "tokens", 0, 1, kMaxInt32, where + ".needs"));
-      agent.needs.until = r.text(n, "until", "", where + ".needs");
-      if (n["until"] && agent.needs.until.empty())
-        r.bad(fmt::format("{}.needs.until is empty{}", where, Reader::at(n["until"])));
-    }
-    agent.priority =
-        static_cast<int32_t>(r.integer(a, "priority", agent.priority, -(1 << 20), 1 << 20, where));
-    spec.agents.push_back(std::move(agent));
-  }
+  for (size_t i = 0; i < agents.size(); ++i)
+    spec.agents.push_back(agents_reader.agent(agents[i], i, defaults));
   // What needs no model: names, graph, text; the file named in each message.
   try {
     validate_pipeline(spec);
