@@ -17,10 +17,13 @@
 #              contract-review.yaml, once per binary (snapshot store off);
 #              the README pipeline on two workers, run --redis --fork host
 # summarize.py compares medians and answers and writes report.md.
-# PARTS (default "pipeline serve answers") reruns some of them only.
+# PARTS (default "pipeline serve answers") reruns some of them only. Other
+# old-vs-new folders run this too (../one-loop-old-vs-new/command.sh): OUT
+# names the folder, SERVE_ARMS the serve arms (name=flag, "default=" for
+# none), SUMMARIZE=0 leaves the summary to the caller.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-out=bench/results/one-core-old-vs-new
+out=${OUT:-bench/results/one-core-old-vs-new}
 OLD=${OLD:?set OLD to the old swarmkv binary}
 NEW=${NEW:-build/release/swarmkv}
 MODEL=${SWARMKV_TEST_MODEL:-$HOME/.cache/swarmkv/models/SmolLM2-135M-Instruct.F16.gguf}
@@ -48,8 +51,10 @@ if part serve; then
     order=(old new); [ $((t % 2)) -eq 0 ] && order=(new old)
     for which in "${order[@]}"; do
       bin=$OLD; [ "$which" = new ] && bin=$NEW
-      serve_arm "$bin" "$which-default-$t"
-      serve_arm "$bin" "$which-exact-$t" --exact
+      for arm in ${SERVE_ARMS:-default= exact=--exact}; do
+        # shellcheck disable=SC2086  # an empty flag is no argument
+        serve_arm "$bin" "$which-${arm%%=*}-$t" ${arm#*=}
+      done
     done
   done
 fi
@@ -104,4 +109,4 @@ if part answers; then
   done
 fi
 
-"$PY" "$out/summarize.py" "$out" "$TRIALS"
+if [ "${SUMMARIZE:-1}" = 1 ]; then "$PY" bench/results/one-core-old-vs-new/summarize.py "$out" "$TRIALS"; fi

@@ -1,15 +1,26 @@
 #!/usr/bin/env python3
 """Summarises command.sh's runs: old vs new medians and answer identity.
 
-    summarize.py OUT_DIR TRIALS
+    summarize.py OUT_DIR TRIALS [--title T] [--old WHAT] [--old-short REV] [--reading FILE]
 
+Also summarises other old-vs-new folders laid out alike (the serve modes
+are read from the file names; --reading replaces the "Reading it" notes).
 Reads OUT_DIR/pipeline/rows.json (bench/old_vs_new.py), OUT_DIR/serve/*.json
 (../serve/client.py) and OUT_DIR/answers/*.json (`swarmkv run --json`);
 writes summary.json, summary.csv, report.md and plots/old_vs_new.png.
 """
-import csv, json, os, statistics, sys, textwrap
+import argparse, csv, json, os, statistics, sys, textwrap
 
-out, trials = sys.argv[1], int(sys.argv[2])
+ap = argparse.ArgumentParser()
+ap.add_argument("out")
+ap.add_argument("trials", type=int)
+ap.add_argument("--title", default="One core: old vs new binary, back to back")
+ap.add_argument("--old", default="release build of 3260f4d (before issue 37)")
+ap.add_argument("--old-short", default="3260f4d")
+ap.add_argument("--setting", default="nothing else running")
+ap.add_argument("--reading", help="markdown file: the report's notes instead of issue 37's")
+args = ap.parse_args()
+out, trials = args.out, args.trials
 med = statistics.median
 rows = []  # one per measured quantity: what, old median, new median, new/old, trials, identical
 
@@ -29,7 +40,9 @@ for field, label in (("branch_phase_ms", "pipeline 16 agents shared: branch phas
 
 # serve, 16 concurrent requests
 serve_texts = {}
-for mode in ("default", "exact"):
+modes = sorted({f.rsplit("-", 1)[0].split("-", 1)[1] for f in os.listdir(os.path.join(out, "serve"))
+                if f.endswith(".json")})
+for mode in modes:
     times = {"old": [], "new": []}
     for which in ("old", "new"):
         for t in range(1, trials + 1):
@@ -73,19 +86,22 @@ with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
         w.writerow([r["what"], f"{r['old']:.1f}", f"{r['new']:.1f}", f"{r['new_over_old']:.3f}", r["trials"],
                     r.get("answers_identical", "")])
 
-lines = ["# One core: old vs new binary, back to back", "",
-         f"Old: release build of 3260f4d (before issue 37); new: this commit. {trials} alternated trials "
+lines = [f"# {args.title}", "",
+         f"Old: {args.old}; new: this commit. {trials} alternated trials "
          "for the timed rows (order swapped every other trial), one run per binary for the answer rows. "
-         "SmolLM2-135M-Instruct F16, 2 threads, 2-core machine, nothing else running.", "",
+         f"SmolLM2-135M-Instruct F16, 2 threads, 2-core machine, {args.setting}.", "",
          "| what | old (median) | new (median) | new / old | trials | answers identical |",
          "|---|---|---|---|---|---|"]
 for r in rows:
     ident = r.get("answers_identical")
     lines.append(f"| {r['what']} | {r['old']:.0f} | {r['new']:.0f} | {r['new_over_old']:.3f} | {r['trials']} | "
                  f"{'' if ident is None else ident} |")
-lines += ["", "Reproduce: `OLD=<release build of 3260f4d>/swarmkv bench/results/one-core-old-vs-new/command.sh`", "",
-          "![old vs new](plots/old_vs_new.png)", "",
-          "## Reading it", "",
+lines += ["", f"Reproduce: `OLD=<release build of {args.old_short}>/swarmkv {os.path.join(out, 'command.sh')}`",
+          "", "![old vs new](plots/old_vs_new.png)", "", "## Reading it", ""]
+if args.reading:
+    lines += [open(args.reading).read()]
+else:
+    lines += [
           "- The pipeline rows restore the document from the snapshot store (the first run of this "
           "script published it), so end to end is the branch phase: the fork and the scheduler after "
           "the document, which is what the one-core work changed.",
@@ -129,7 +145,7 @@ ax.set_xlim(-0.6, len(timed) - 0.2)
 ax.set_ylabel("new / old")
 ax.set_ylim(0.8, 1.25)
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
-ax.set_title("Old (3260f4d) vs new, alternated trials; below 1 = new faster", fontsize=9)
+ax.set_title(f"Old ({args.old_short}) vs new, alternated trials; below 1 = new faster", fontsize=9)
 fig.tight_layout()
 os.makedirs(os.path.join(out, "plots"), exist_ok=True)
 fig.savefig(os.path.join(out, "plots", "old_vs_new.png"), dpi=110, bbox_inches="tight")
