@@ -1,8 +1,10 @@
-// The command classes' option tables: the sampling flags walked from
-// for_each_sampling_field, and what the commands check before a model loads.
+// The command line's shared pieces: the sampling flags walked from
+// for_each_sampling_field, and the one memory refusal that `generate` shares
+// with the runner (require_memory).
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
