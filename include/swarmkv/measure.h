@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <sys/types.h>
@@ -63,5 +64,13 @@ AvailableMemory available_memory();
 inline uint64_t with_headroom(uint64_t bytes) noexcept {
   return bytes + bytes / 10 + (uint64_t{256} << 20);
 }
+
+// The one refusal of an estimate that would not fit: throws Error(kBudget)
+// "not enough memory: WHAT needs about X GiB (PARTS; with headroom H GiB)
+// but Y GiB is available (LIMIT); REMEDY" when with_headroom(bytes) exceeds
+// available_memory(); returns otherwise. check_memory (a pipeline run) and
+// `swarmkv generate` call it before they allocate.
+void require_memory(uint64_t bytes, std::string_view what, std::string_view parts,
+                    std::string_view remedy);
 
 }  // namespace swarmkv

@@ -9,6 +9,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include "swarmkv/error.h"
+
 namespace swarmkv {
 
 double percentile(std::vector<double> values, double p) {
@@ -61,6 +65,17 @@ AvailableMemory available_memory() {
     }
   }
   return best;
+}
+
+void require_memory(uint64_t bytes, std::string_view what, std::string_view parts,
+                    std::string_view remedy) {
+  const AvailableMemory available = available_memory();
+  if (with_headroom(bytes) <= available.bytes) return;
+  throw Error(ErrorCode::kBudget,
+              fmt::format("not enough memory: {} needs about {:.2f} GiB ({}; with headroom "
+                          "{:.2f} GiB) but {:.2f} GiB is available ({}); {}",
+                          what, bytes / 1073741824.0, parts, with_headroom(bytes) / 1073741824.0,
+                          available.bytes / 1073741824.0, available.limit, remedy));
 }
 
 bool reset_peak_rss() {

@@ -648,16 +648,8 @@ void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBu
       parts += fmt::format("; host buffers {:.2f} GiB", state * (1 + contexts) / 1073741824.0);
     }
   }
-  const AvailableMemory available = available_memory();
-  if (with_headroom(total) > available.bytes) {
-    throw Error(ErrorCode::kBudget,
-                fmt::format("not enough memory: fork {} needs about {:.2f} GiB ({}; with headroom "
-                            "{:.2f} GiB) but {:.2f} GiB is available ({}); shorten the document, "
-                            "lower max_tokens or run fewer agents",
-                            to_string(spec.fork), total / 1073741824.0, parts,
-                            with_headroom(total) / 1073741824.0, available.bytes / 1073741824.0,
-                            available.limit));
-  }
+  require_memory(total, fmt::format("fork {}", to_string(spec.fork)), parts,
+                 "shorten the document, lower max_tokens or run fewer agents");
 }
 
 PrefillReport prefill_document(const PipelineSpec& given, const std::shared_ptr<const Model>& model,

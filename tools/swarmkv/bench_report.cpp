@@ -110,21 +110,16 @@ json arm_json(const ArmRun& run) {
       {"extra", run.extra}};
 }
 
-json summarize(const Point& p, const std::vector<std::string>& arms) {
-  json arms_json = json::object();
-  json speedup = json::object();
-  std::map<std::string, std::vector<double>> e2e, act;
-  for (const ArmRun& r : p.runs) {
-    e2e[r.arm].push_back(r.result.total_ms);
-    act[r.arm].push_back(branch2_activation(r.result));
-  }
-  // The seed's selection: per trial, score = 2 * TTFT% + E2E% (reductions vs the reference arm,
-  // none).
+using Trials = std::map<int, std::map<std::string, const ArmRun*>>;  // trial -> arm -> run
+using ByArm = std::map<std::string, std::vector<double>>;
+
+// The seed's selection: per trial, score = 2 * TTFT% + E2E% (reductions vs
+// the reference arm, none), of one fork arm (ours, not a peer's); without
+// the reference, the first trial with every arm. -1: none.
+int best_trial_of(const Trials& by_trial, const std::vector<std::string>& arms,
+                  double& best_score) {
   int best_trial = -1;
-  double best_score = -1e300;
-  std::map<int, std::map<std::string, const ArmRun*>> by_trial;
-  for (const ArmRun& r : p.runs) by_trial[r.trial][r.arm] = &r;
-  // The seed's score compares one fork arm with the reference (none): ours, not a peer's.
+  best_score = -1e300;
   std::string fork_arm = arms.size() > 1 ? arms[1] : arms.front();
   for (const char* preferred : {"host", "shared"})
     if (std::find(arms.begin(), arms.end(), preferred) != arms.end()) fork_arm = preferred;
@@ -137,7 +132,6 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
     if (score > best_score) best_score = score, best_trial = trial;
   }
   if (!std::count(arms.begin(), arms.end(), "none")) {
-    // Without the reference there is no score: the first trial with every arm.
     for (const auto& [trial, m] : by_trial) {
       if (m.size() == arms.size()) {
         best_trial = trial;
@@ -145,6 +139,58 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
       }
     }
   }
+  return best_trial;
+}
+
+// SwarmKV's shared fork against each peer arm, and on the branch phase
+// (end-to-end minus the one document prefill both pay).
+void add_shared_speedups(json& speedup, const Point& p, const std::vector<std::string>& arms,
+                         ByArm& e2e) {
+  for (const std::string& peer : arms) {
+    if (!is_server_arm(peer) || !e2e.contains(peer)) continue;
+    speedup["end_to_end_vs_" + peer] = median(e2e[peer]) / median(e2e["shared"]);
+  }
+  std::vector<double> mine, seq;
+  for (const ArmRun& r : p.runs) {
+    if (r.arm == "shared" && r.branch_phase_ms > 0) mine.push_back(r.branch_phase_ms);
+    if (r.arm == "server-sequential" && r.branch_phase_ms > 0) seq.push_back(r.branch_phase_ms);
+  }
+  if (!mine.empty() && !seq.empty())
+    speedup["branch_phase_vs_server-sequential"] = median(seq) / median(mine);
+}
+
+// `arm` against the reference arm (none): medians and the best trial's.
+json arm_speedup(const std::string& arm, const Point& p, const std::vector<std::string>& arms,
+                 ByArm& e2e, ByArm& act, Trials& by_trial, int best_trial) {
+  json speedup = {
+      {"end_to_end", median(e2e["none"]) / median(e2e[arm])},
+      {"branch2_activation", median(act["none"]) / median(act[arm])},
+      {"best_trial_end_to_end", best_trial >= 0 ? by_trial[best_trial]["none"]->result.total_ms /
+                                                      by_trial[best_trial][arm]->result.total_ms
+                                                : 0.0},
+      {"best_trial_branch2_activation",
+       best_trial >= 0 ? branch2_activation(by_trial[best_trial]["none"]->result) /
+                             branch2_activation(by_trial[best_trial][arm]->result)
+                       : 0.0}};
+  if (arm != "host" && e2e.contains("host")) {
+    speedup["end_to_end_vs_host"] = median(e2e["host"]) / median(e2e[arm]);
+  }
+  if (arm == "shared") add_shared_speedups(speedup, p, arms, e2e);
+  return speedup;
+}
+
+json summarize(const Point& p, const std::vector<std::string>& arms) {
+  json arms_json = json::object();
+  json speedup = json::object();
+  ByArm e2e, act;
+  for (const ArmRun& r : p.runs) {
+    e2e[r.arm].push_back(r.result.total_ms);
+    act[r.arm].push_back(branch2_activation(r.result));
+  }
+  Trials by_trial;
+  for (const ArmRun& r : p.runs) by_trial[r.trial][r.arm] = &r;
+  double best_score = 0;
+  const int best_trial = best_trial_of(by_trial, arms, best_score);
   for (const std::string& arm : arms) {
     if (!e2e.contains(arm)) continue;
     json best = nullptr;
@@ -152,37 +198,8 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
     arms_json[arm] = {{"median_end_to_end_ms", median(e2e[arm])},
                       {"median_branch2_activation_ms", median(act[arm])},
                       {"best_trial", best}};
-    if (arm != "none" && e2e.contains("none")) {
-      speedup[arm] = {{"end_to_end", median(e2e["none"]) / median(e2e[arm])},
-                      {"branch2_activation", median(act["none"]) / median(act[arm])},
-                      {"best_trial_end_to_end",
-                       best_trial >= 0 ? by_trial[best_trial]["none"]->result.total_ms /
-                                             by_trial[best_trial][arm]->result.total_ms
-                                       : 0.0},
-                      {"best_trial_branch2_activation",
-                       best_trial >= 0 ? branch2_activation(by_trial[best_trial]["none"]->result) /
-                                             branch2_activation(by_trial[best_trial][arm]->result)
-                                       : 0.0}};
-      if (arm != "host" && e2e.contains("host")) {
-        speedup[arm]["end_to_end_vs_host"] = median(e2e["host"]) / median(e2e[arm]);
-      }
-      // SwarmKV's shared fork against each peer arm, and on the branch phase
-      // (end-to-end minus the one document prefill both pay).
-      if (arm == "shared") {
-        for (const std::string& peer : arms) {
-          if (!is_server_arm(peer) || !e2e.contains(peer)) continue;
-          speedup[arm]["end_to_end_vs_" + peer] = median(e2e[peer]) / median(e2e[arm]);
-        }
-        std::vector<double> mine, seq;
-        for (const ArmRun& r : p.runs) {
-          if (r.arm == "shared" && r.branch_phase_ms > 0) mine.push_back(r.branch_phase_ms);
-          if (r.arm == "server-sequential" && r.branch_phase_ms > 0)
-            seq.push_back(r.branch_phase_ms);
-        }
-        if (!mine.empty() && !seq.empty())
-          speedup[arm]["branch_phase_vs_server-sequential"] = median(seq) / median(mine);
-      }
-    }
+    if (arm != "none" && e2e.contains("none"))
+      speedup[arm] = arm_speedup(arm, p, arms, e2e, act, by_trial, best_trial);
   }
   bool all_match = std::all_of(p.runs.begin(), p.runs.end(),
                                [](const ArmRun& r) { return r.answers_match_reference; });
@@ -195,6 +212,103 @@ json summarize(const Point& p, const std::vector<std::string>& arms) {
           {"answers_identical_across_arms", all_match},
           {"arms", arms_json},
           {"speedup", speedup}};
+}
+
+// The one table of CSV columns: each name with how a row computes it. The
+// Baseline_*/SwarmKV_* columns are the seed's own format (Baseline = the
+// reference arm, none), kept for its plots.
+using Column = std::pair<const char*, std::function<std::string(const Point&, const ArmRun&)>>;
+
+std::string ms(double v) {
+  return fmt::format("{:.3f}", v);
+}
+
+std::vector<Column> csv_columns(const std::string& sweep_key) {
+  const auto agent_total = [](const ArmRun& r, size_t i) {
+    return r.arm != "none" && i < r.result.agents.size() ? ms(r.result.agents[i].timings_ms.total)
+                                                         : std::string();
+  };
+  return {
+      {"sweep", [sweep_key](const Point&, const ArmRun&) { return sweep_key; }},
+      {"sweep_value", [](const Point& p, const ArmRun&) { return p.sweep_value; }},
+      {"trial", [](const Point&, const ArmRun& r) { return std::to_string(r.trial); }},
+      {"arm", [](const Point&, const ArmRun& r) { return r.arm; }},
+      {"order", [](const Point&, const ArmRun& r) { return std::to_string(r.order); }},
+      {"branches", [](const Point& p, const ArmRun&) { return std::to_string(p.branches); }},
+      {"doc_tokens", [](const Point& p, const ArmRun&) { return std::to_string(p.doc_tokens); }},
+      {"prefix_tokens",
+       [](const Point&, const ArmRun& r) { return std::to_string(r.result.prefix_tokens); }},
+      {"ok", [](const Point&, const ArmRun& r) { return fmt::format("{}", r.result.ok()); }},
+      {"answers_match_reference",
+       [](const Point&, const ArmRun& r) { return fmt::format("{}", r.answers_match_reference); }},
+      {"end_to_end_ms", [](const Point&, const ArmRun& r) { return ms(r.result.total_ms); }},
+      {"prefill_ms", [](const Point&, const ArmRun& r) { return ms(r.result.prefill_ms); }},
+      {"export_ms", [](const Point&, const ArmRun& r) { return ms(r.result.export_ms); }},
+      {"snapshot_bytes",
+       [](const Point&, const ArmRun& r) { return std::to_string(r.result.snapshot_bytes); }},
+      {"branch2_activation_ms",
+       [](const Point&, const ArmRun& r) { return ms(branch2_activation(r.result)); }},
+      {"peak_rss_kib",
+       [](const Point&, const ArmRun& r) { return std::to_string(r.peak_rss_kib); }},
+      {"n_ctx", [](const Point&, const ArmRun& r) { return std::to_string(r.result.n_ctx); }},
+      {"kv_cells_peak",
+       [](const Point&, const ArmRun& r) { return std::to_string(r.result.kv_cells_peak); }},
+      {"kv_bytes_peak",
+       [](const Point&, const ArmRun& r) {
+         return fmt::format("{:.0f}", r.result.kv_bytes_peak());
+       }},
+      {"kv_bytes_allocated",
+       [](const Point&, const ArmRun& r) {
+         return fmt::format("{:.0f}", r.result.kv_bytes_allocated());
+       }},
+      {"Baseline_End_To_End_Ms",
+       [](const Point&, const ArmRun& r) {
+         return r.arm == "none" ? ms(r.result.total_ms) : std::string();
+       }},
+      {"SwarmKV_End_To_End_Ms",
+       [](const Point&, const ArmRun& r) {
+         return r.arm != "none" ? ms(r.result.total_ms) : std::string();
+       }},
+      {"SwarmKV_Prefill_Ms",
+       [](const Point&, const ArmRun& r) {
+         return r.arm != "none" ? ms(r.result.prefill_ms) : std::string();
+       }},
+      {"SwarmKV_AgentA_Ms",
+       [agent_total](const Point&, const ArmRun& r) { return agent_total(r, 0); }},
+      {"SwarmKV_AgentB_Ms",
+       [agent_total](const Point&, const ArmRun& r) { return agent_total(r, 1); }},
+  };
+}
+
+// Then per branch, the timings of timings_json() under their JSON names.
+constexpr const char* kBranchTimings[] = {"fork",        "restore",  "prompt",
+                                          "first_token", "generate", "total"};
+
+// all_trials.csv: one row per arm run, the columns, then each branch's timings.
+std::string trials_csv(const std::string& sweep_key, const std::vector<Point>& points) {
+  size_t max_branches = 0;
+  for (const Point& p : points)
+    max_branches = std::max(max_branches, static_cast<size_t>(p.branches));
+  const std::vector<Column> columns = csv_columns(sweep_key);
+  std::vector<std::string> header;
+  for (const Column& c : columns) header.emplace_back(c.first);
+  for (size_t i = 0; i < max_branches; ++i)
+    for (const char* k : kBranchTimings) header.push_back(fmt::format("branch{}_{}_ms", i + 1, k));
+  std::string csv = fmt::format("{}\n", fmt::join(header, ","));
+  for (const Point& p : points) {
+    for (const ArmRun& r : p.runs) {
+      std::vector<std::string> row;
+      for (const Column& c : columns) row.push_back(c.second(p, r));
+      for (size_t i = 0; i < max_branches; ++i) {
+        const json t = i < r.result.agents.size() ? timings_json(r.result.agents[i].timings_ms)
+                                                  : json(nullptr);
+        for (const char* k : kBranchTimings)
+          row.push_back(t.is_null() ? std::string() : ms(t[k].get<double>()));
+      }
+      csv += fmt::format("{}\n", fmt::join(row, ","));
+    }
+  }
+  return csv;
 }
 
 }  // namespace
@@ -211,92 +325,9 @@ void write_outputs(const BenchArgs& args, const json& params, const json& env,
     best["arms"] = results[0]["arms"];
   }
   write_text_file(fs::path(args.out) / "best_run.json", best.dump(2) + "\n");
-
-  size_t max_branches = 0;
-  for (const Point& p : points)
-    max_branches = std::max(max_branches, static_cast<size_t>(p.branches));
-  std::string csv;
   const std::string sweep_key =
       args.sweep.empty() ? "" : args.sweep.substr(0, args.sweep.find('='));
-  const auto ms = [](double v) { return fmt::format("{:.3f}", v); };
-  // The one table of CSV columns: each name with how a row computes it.
-  // The Baseline_*/SwarmKV_* columns are the seed's own format (Baseline =
-  // the reference arm, none), kept for its plots.
-  using Column = std::pair<const char*, std::function<std::string(const Point&, const ArmRun&)>>;
-  const auto agent_total = [&](const ArmRun& r, size_t i) {
-    return r.arm != "none" && i < r.result.agents.size() ? ms(r.result.agents[i].timings_ms.total)
-                                                         : std::string();
-  };
-  const std::vector<Column> columns = {
-      {"sweep", [&](const Point&, const ArmRun&) { return sweep_key; }},
-      {"sweep_value", [](const Point& p, const ArmRun&) { return p.sweep_value; }},
-      {"trial", [](const Point&, const ArmRun& r) { return std::to_string(r.trial); }},
-      {"arm", [](const Point&, const ArmRun& r) { return r.arm; }},
-      {"order", [](const Point&, const ArmRun& r) { return std::to_string(r.order); }},
-      {"branches", [](const Point& p, const ArmRun&) { return std::to_string(p.branches); }},
-      {"doc_tokens", [](const Point& p, const ArmRun&) { return std::to_string(p.doc_tokens); }},
-      {"prefix_tokens",
-       [](const Point&, const ArmRun& r) { return std::to_string(r.result.prefix_tokens); }},
-      {"ok", [](const Point&, const ArmRun& r) { return fmt::format("{}", r.result.ok()); }},
-      {"answers_match_reference",
-       [](const Point&, const ArmRun& r) { return fmt::format("{}", r.answers_match_reference); }},
-      {"end_to_end_ms", [&](const Point&, const ArmRun& r) { return ms(r.result.total_ms); }},
-      {"prefill_ms", [&](const Point&, const ArmRun& r) { return ms(r.result.prefill_ms); }},
-      {"export_ms", [&](const Point&, const ArmRun& r) { return ms(r.result.export_ms); }},
-      {"snapshot_bytes",
-       [](const Point&, const ArmRun& r) { return std::to_string(r.result.snapshot_bytes); }},
-      {"branch2_activation_ms",
-       [&](const Point&, const ArmRun& r) { return ms(branch2_activation(r.result)); }},
-      {"peak_rss_kib",
-       [](const Point&, const ArmRun& r) { return std::to_string(r.peak_rss_kib); }},
-      {"n_ctx", [](const Point&, const ArmRun& r) { return std::to_string(r.result.n_ctx); }},
-      {"kv_cells_peak",
-       [](const Point&, const ArmRun& r) { return std::to_string(r.result.kv_cells_peak); }},
-      {"kv_bytes_peak",
-       [](const Point&, const ArmRun& r) {
-         return fmt::format("{:.0f}", r.result.kv_bytes_peak());
-       }},
-      {"kv_bytes_allocated",
-       [](const Point&, const ArmRun& r) {
-         return fmt::format("{:.0f}", r.result.kv_bytes_allocated());
-       }},
-      {"Baseline_End_To_End_Ms",
-       [&](const Point&, const ArmRun& r) {
-         return r.arm == "none" ? ms(r.result.total_ms) : std::string();
-       }},
-      {"SwarmKV_End_To_End_Ms",
-       [&](const Point&, const ArmRun& r) {
-         return r.arm != "none" ? ms(r.result.total_ms) : std::string();
-       }},
-      {"SwarmKV_Prefill_Ms",
-       [&](const Point&, const ArmRun& r) {
-         return r.arm != "none" ? ms(r.result.prefill_ms) : std::string();
-       }},
-      {"SwarmKV_AgentA_Ms", [&](const Point&, const ArmRun& r) { return agent_total(r, 0); }},
-      {"SwarmKV_AgentB_Ms", [&](const Point&, const ArmRun& r) { return agent_total(r, 1); }},
-  };
-  // Then per branch, the timings of timings_json() under their JSON names.
-  static constexpr const char* kBranchTimings[] = {"fork",        "restore",  "prompt",
-                                                   "first_token", "generate", "total"};
-  std::vector<std::string> header;
-  for (const Column& c : columns) header.emplace_back(c.first);
-  for (size_t i = 0; i < max_branches; ++i)
-    for (const char* k : kBranchTimings) header.push_back(fmt::format("branch{}_{}_ms", i + 1, k));
-  csv += fmt::format("{}\n", fmt::join(header, ","));
-  for (const Point& p : points) {
-    for (const ArmRun& r : p.runs) {
-      std::vector<std::string> row;
-      for (const Column& c : columns) row.push_back(c.second(p, r));
-      for (size_t i = 0; i < max_branches; ++i) {
-        const json t = i < r.result.agents.size() ? timings_json(r.result.agents[i].timings_ms)
-                                                  : json(nullptr);
-        for (const char* k : kBranchTimings)
-          row.push_back(t.is_null() ? std::string() : ms(t[k].get<double>()));
-      }
-      csv += fmt::format("{}\n", fmt::join(row, ","));
-    }
-  }
-  write_text_file(fs::path(args.out) / "all_trials.csv", csv);
+  write_text_file(fs::path(args.out) / "all_trials.csv", trials_csv(sweep_key, points));
 }
 
 }  // namespace swarmkv::cli

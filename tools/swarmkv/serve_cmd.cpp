@@ -36,6 +36,14 @@ ServeCommand::ServeCommand(CLI::App& app) {
       "(then they fail: a stream ends with an error event and [DONE]) while /health answers 503 "
       "draining and new requests 503; then it exits 0. Logs at info level unless --log-level says "
       "otherwise. See docs/serve.md.");
+  add_http_options();
+  add_engine_options();
+  add_limit_options();
+  add_pipeline_options();
+}
+
+// Where it listens and whom it answers.
+void ServeCommand::add_http_options() {
   sub_->add_option("--host", options_.host, "address to listen on")->capture_default_str();
   sub_->add_option("--port", options_.port, "TCP port (0: any free one, printed at start)")
       ->capture_default_str()
@@ -57,6 +65,10 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "a site (scheme://host[:port]) whose pages may use this server from a "
                    "browser besides its own; repeatable")
       ->allow_extra_args(false);
+}
+
+// The one context all requests share, and its kernels.
+void ServeCommand::add_engine_options() {
   sub_->add_option("-c,--n-ctx", options_.context.n_ctx,
                    "KV cells of the one context all requests share")
       ->capture_default_str()
@@ -86,6 +98,10 @@ ServeCommand::ServeCommand(CLI::App& app) {
           "patches (or with GGML_CPU_FA_BATCH_INVARIANT=0) the server says so and runs "
           "without. --no-exact: llama.cpp's stock kernels, cells reused (docs/exact-mode.md)")
       ->capture_default_str();
+}
+
+// What one request, and all of them at once, may ask.
+void ServeCommand::add_limit_options() {
   sub_->add_option("--max-live", options_.max_live,
                    "completions decoded at once (more wait in a queue)")
       ->capture_default_str()
@@ -123,6 +139,10 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "max_tokens of a request that gives none")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+}
+
+// Posted pipelines, the snapshot store, the drain.
+void ServeCommand::add_pipeline_options() {
   sub_->add_option("--max-pipelines", options_.max_pipelines,
                    "pipelines run at once, each in contexts of its own (more get 429; 0: no "
                    "/v1/pipelines)")

@@ -19,6 +19,11 @@ class ServeCommand {
   int run();
 
  private:
+  void add_http_options();
+  void add_engine_options();
+  void add_limit_options();
+  void add_pipeline_options();
+
   CLI::App* sub_ = nullptr;
   std::string model_;
   std::string flash_attn_ = "off";

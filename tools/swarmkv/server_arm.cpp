@@ -52,6 +52,43 @@ bool is_executable(const std::string& path) {
          std::filesystem::is_regular_file(path);
 }
 
+// llama-server's command line: our arms' engine settings in its flags.
+std::vector<std::string> server_args(const ServerConfig& config, int port) {
+  const ContextOptions& e = config.engine;
+  const int32_t threads = effective_threads(e.n_threads);
+  const int32_t threads_batch =
+      e.n_threads_batch > 0 ? effective_threads(e.n_threads_batch) : threads;
+  return {config.binary,
+          "--model",
+          config.model,
+          "--host",
+          "127.0.0.1",
+          "--port",
+          std::to_string(port),
+          "--ctx-size",
+          std::to_string(config.n_ctx),
+          "--parallel",
+          std::to_string(config.n_parallel),
+          config.kv_unified ? "--kv-unified" : "--no-kv-unified",
+          "--threads",
+          std::to_string(threads),
+          "--threads-batch",
+          std::to_string(threads_batch),
+          "--batch-size",
+          std::to_string(e.n_batch),
+          "--ubatch-size",
+          std::to_string(std::min(e.n_ubatch, e.n_batch)),
+          "--flash-attn",
+          e.flash_attn ? "on" : "off",
+          "--cache-type-k",
+          std::string(to_string(e.type_k)),
+          "--cache-type-v",
+          std::string(to_string(e.type_v)),
+          "--cache-prompt",
+          "--no-webui",
+          "--no-warmup"};
+}
+
 }  // namespace
 
 std::string find_llama_server(const std::string& explicit_path) {
@@ -85,39 +122,7 @@ std::string find_llama_server(const std::string& explicit_path) {
 
 LlamaServer::LlamaServer(const ServerConfig& config, std::chrono::seconds ready_timeout)
     : config_(config), port_(pick_port()) {
-  const ContextOptions& e = config.engine;
-  const int32_t threads = effective_threads(e.n_threads);
-  const int32_t threads_batch =
-      e.n_threads_batch > 0 ? effective_threads(e.n_threads_batch) : threads;
-  std::vector<std::string> args = {config.binary,
-                                   "--model",
-                                   config.model,
-                                   "--host",
-                                   "127.0.0.1",
-                                   "--port",
-                                   std::to_string(port_),
-                                   "--ctx-size",
-                                   std::to_string(config.n_ctx),
-                                   "--parallel",
-                                   std::to_string(config.n_parallel),
-                                   config.kv_unified ? "--kv-unified" : "--no-kv-unified",
-                                   "--threads",
-                                   std::to_string(threads),
-                                   "--threads-batch",
-                                   std::to_string(threads_batch),
-                                   "--batch-size",
-                                   std::to_string(e.n_batch),
-                                   "--ubatch-size",
-                                   std::to_string(std::min(e.n_ubatch, e.n_batch)),
-                                   "--flash-attn",
-                                   e.flash_attn ? "on" : "off",
-                                   "--cache-type-k",
-                                   std::string(to_string(e.type_k)),
-                                   "--cache-type-v",
-                                   std::string(to_string(e.type_v)),
-                                   "--cache-prompt",
-                                   "--no-webui",
-                                   "--no-warmup"};
+  std::vector<std::string> args = server_args(config, port_);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -139,6 +144,11 @@ LlamaServer::LlamaServer(const ServerConfig& config, std::chrono::seconds ready_
   ::close(log_fd);
   if (pid_ < 0) throw Error(ErrorCode::kIo, "fork failed while starting llama-server");
 
+  wait_until_healthy(ready_timeout, log_path);
+}
+
+void LlamaServer::wait_until_healthy(std::chrono::seconds ready_timeout,
+                                     const std::string& log_path) {
   httplib::Client client("127.0.0.1", port_);
   client.set_connection_timeout(std::chrono::seconds(1));
   const auto deadline = Clock::now() + ready_timeout;

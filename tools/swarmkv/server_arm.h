@@ -54,6 +54,10 @@ class LlamaServer {
   const ServerConfig& config() const noexcept { return config_; }
 
  private:
+  // Returns once /health answers 200. Throws Error(kIo) when the server
+  // exits first or is not healthy within `ready_timeout` (then stopped),
+  // with the tail of its log.
+  void wait_until_healthy(std::chrono::seconds ready_timeout, const std::string& log_path);
   std::string log_tail() const;
 
   ServerConfig config_;
