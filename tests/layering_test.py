@@ -24,6 +24,7 @@ ALLOWED = {
     "redis": set(),
     "cluster": {"cluster"},
     "server": {"kv", "prefix", "server"},
+    "run_page": set(),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
