@@ -62,6 +62,19 @@ TEST(DagTest, CycleErrorNamesTheClosingEdge) {
   EXPECT_EQ(dag_error({{"self", {"self"}}}), "graph: cycle: edge 'self -> self' closes a cycle");
 }
 
+// Depth: the longest way down to a node without dependencies; an edge
+// that closes a cycle counts as one to depth 0, and nothing recurses.
+TEST(DagTest, DepthIsOneMoreThanTheDeepestDependency) {
+  // 0 the root; 1, 2 on it; 3 on 1 and 2; 4 on 3 and 0; 5 alone.
+  EXPECT_EQ(node_depths({{}, {0}, {0}, {1, 2}, {3, 0}, {}}), (std::vector<int>{0, 1, 1, 2, 3, 0}));
+  // A cycle 1 -> 2 -> 1 under the root: the edge that closes it counts as 1.
+  EXPECT_EQ(node_depths({{}, {0, 2}, {1}}), (std::vector<int>{0, 2, 1}));
+  EXPECT_EQ(node_depths({{0}}), (std::vector<int>{1})) << "a node on itself";
+  std::vector<std::vector<size_t>> chain(100000);
+  for (size_t i = 1; i < chain.size(); ++i) chain[i] = {i - 1};
+  EXPECT_EQ(node_depths(chain).back(), 99999);
+}
+
 // Ready nodes come out lowest first, and a node only once all of its
 // dependencies have succeeded.
 // Every pair of a small DAG against the answer by hand: along the spanning

@@ -29,8 +29,9 @@ RANK = {
     "snapshot": 2,
     "prefix": 3,
     "pipeline": 4,
-    "cluster": 5,
-    "server": 5,
+    "run_page": 5,
+    "cluster": 6,
+    "server": 6,
 }
 
 # src/<dir> -> the src/ directories whose private headers it may include.
@@ -44,6 +45,7 @@ PRIVATE = {
     "redis": set(),
     "cluster": {"cluster"},
     "server": {"kv", "prefix", "server"},
+    "run_page": set(),
 }
 
 # Files outside src/engine/ that may include llama.cpp's headers: the kernel

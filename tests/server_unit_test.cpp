@@ -419,8 +419,23 @@ PipelineSpec two_agents() {
   return spec;
 }
 
-PipelineEvent event(std::string name, nlohmann::json data) {
-  return {std::move(name), std::move(data), std::nullopt};
+using Kind = PipelineEvent::Kind;
+
+PipelineEvent event(Kind kind, nlohmann::json data) {
+  return {kind, std::move(data), std::nullopt};
+}
+
+// The events' names on the wire (server-sent events, docs/serve.md).
+TEST(PipelineEventTest, EachKindHasItsWireName) {
+  EXPECT_EQ(to_string(Kind::kPrefill), "prefill");
+  EXPECT_EQ(to_string(Kind::kAgentStarted), "agent_started");
+  EXPECT_EQ(to_string(Kind::kToken), "token");
+  EXPECT_EQ(to_string(Kind::kAgentDone), "agent_done");
+  EXPECT_EQ(to_string(Kind::kResult), "result");
+  EXPECT_EQ(to_string(Kind::kError), "error");
+  EXPECT_TRUE(event(Kind::kResult, {}).last());
+  EXPECT_TRUE(event(Kind::kError, {}).last());
+  EXPECT_FALSE(event(Kind::kAgentDone, {}).last());
 }
 
 TEST(RunViewTest, EventsMoveEachAgentOnAndTheResultEndsIt) {
@@ -436,7 +451,7 @@ TEST(RunViewTest, EventsMoveEachAgentOnAndTheResultEndsIt) {
   EXPECT_EQ(r["agents"][1]["depends_on"], nlohmann::json::array({"first"}));
 
   v.begin();
-  v.apply(event("prefill", {{"done", 128}, {"total", 300}}), 5);
+  v.apply(event(Kind::kPrefill, {{"done", 128}, {"total", 300}}), 5);
   r = v.result(6);
   EXPECT_EQ(r["live"]["state"], "running");
   EXPECT_EQ(r["live"]["prefill_done"], 128);
@@ -444,10 +459,10 @@ TEST(RunViewTest, EventsMoveEachAgentOnAndTheResultEndsIt) {
   EXPECT_EQ(r["prefill_done_at_ms"], 5.0);
   EXPECT_EQ(r["total_ms"], 6.0);
 
-  v.apply(event("agent_started", {{"agent", "first"}}), 10);
-  v.apply(event("token", {{"agent", "first"}, {"token", 7}, {"text", "Hel"}}), 20);
-  v.apply(event("token", {{"agent", "first"}, {"token", 8}, {"text", "lo"}}), 30);
-  v.apply(event("token", {{"agent", "first"}, {"token", nullptr}, {"text", "!"}}), 31);
+  v.apply(event(Kind::kAgentStarted, {{"agent", "first"}}), 10);
+  v.apply(event(Kind::kToken, {{"agent", "first"}, {"token", 7}, {"text", "Hel"}}), 20);
+  v.apply(event(Kind::kToken, {{"agent", "first"}, {"token", 8}, {"text", "lo"}}), 30);
+  v.apply(event(Kind::kToken, {{"agent", "first"}, {"token", nullptr}, {"text", "!"}}), 31);
   r = v.result(40);
   const nlohmann::json& a = r["agents"][0];
   EXPECT_EQ(a["status"], "running");
@@ -467,7 +482,7 @@ TEST(RunViewTest, EventsMoveEachAgentOnAndTheResultEndsIt) {
   done.token_at_ms = {19.5, 29.5};
   done.timings_ms.started_at = 9.5;
   done.timings_ms.done_at = 32;
-  v.apply(event("agent_done", agent_json(done)), 33);
+  v.apply(event(Kind::kAgentDone, agent_json(done)), 33);
   EXPECT_EQ(v.result(34)["agents"][0], agent_json(done));
   EXPECT_EQ(v.agents_done(), 1u);
 
@@ -476,14 +491,14 @@ TEST(RunViewTest, EventsMoveEachAgentOnAndTheResultEndsIt) {
   final_result.agents = {done, done};
   final_result.agents[1].name = "second";
   const nlohmann::json final_json = result_json(final_result);
-  v.apply(event("result", final_json), 50);
+  v.apply(event(Kind::kResult, final_json), 50);
   EXPECT_EQ(v.state(), RunState::kOk);
   EXPECT_EQ(v.agents_done(), 2u);
   nlohmann::json ended = v.result(99);
   EXPECT_EQ(ended["live"]["state"], "ok");
   ended.erase("live");
   EXPECT_EQ(ended, final_json) << "after the result, the view is the result";
-  v.apply(event("token", {{"agent", "first"}, {"token", 9}, {"text", "late"}}), 60);
+  v.apply(event(Kind::kToken, {{"agent", "first"}, {"token", 9}, {"text", "late"}}), 60);
   EXPECT_EQ(v.result(61)["agents"][0]["answer"], "Hello!") << "nothing moves after the end";
 }
 
@@ -491,7 +506,7 @@ TEST(RunViewTest, ARunThatCouldNotStartSaysWhy) {
   RunView v(two_agents(), 300, "m.gguf");
   v.begin();
   const ErrorValue why{ErrorCode::kBudget, "needs 9 GiB"};
-  v.apply({"error", nlohmann::json::object(), why}, 3);
+  v.apply({Kind::kError, nlohmann::json::object(), why}, 3);
   EXPECT_EQ(v.state(), RunState::kFailed);
   const nlohmann::json r = v.result(4);
   EXPECT_EQ(r["live"]["state"], "failed");
@@ -505,7 +520,7 @@ TEST(RunViewTest, ARunThatCouldNotStartSaysWhy) {
 TEST(RunViewTest, ThePageOfARunGoingOnSaysWhereItIs) {
   RunView v(two_agents(), 300, "m.gguf");
   v.begin();
-  v.apply(event("prefill", {{"done", 128}, {"total", 300}}), 5);
+  v.apply(event(Kind::kPrefill, {{"done", 128}, {"total", 300}}), 5);
   std::string page = run_page_html(v.result(6), "run 1 on this server", 1);
   EXPECT_NE(page.find("running: the document&#39;s prefill, 128 of 300 tokens (this page reloads "
                       "every 1 s until the run ends)"),
@@ -514,9 +529,9 @@ TEST(RunViewTest, ThePageOfARunGoingOnSaysWhereItIs) {
   EXPECT_NE(page.find("<meta http-equiv=\"refresh\" content=\"1\">"), std::string::npos);
   EXPECT_NE(page.find("0 ok, 0 failed, 0 not run, 0 running, 2 waiting"), std::string::npos);
 
-  v.apply(event("prefill", {{"done", 300}, {"total", 300}}), 8);
-  v.apply(event("agent_started", {{"agent", "first"}}), 10);
-  v.apply(event("token", {{"agent", "first"}, {"token", 7}, {"text", "Hel"}}), 20);
+  v.apply(event(Kind::kPrefill, {{"done", 300}, {"total", 300}}), 8);
+  v.apply(event(Kind::kAgentStarted, {{"agent", "first"}}), 10);
+  v.apply(event(Kind::kToken, {{"agent", "first"}, {"token", 7}, {"text", "Hel"}}), 20);
   page = run_page_html(v.result(40), "run 1 on this server", 1);
   EXPECT_NE(page.find("running: 0 of 2 agents done"), std::string::npos);
   EXPECT_NE(page.find("300 tokens, ready at 8 ms"), std::string::npos);

@@ -5,7 +5,11 @@
 // removed or retyped); adding a key is not one.
 #pragma once
 
+#include <cstddef>
 #include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -66,5 +70,69 @@ nlohmann::json latency_json(const LatencySummary& latency);
 // "document" {"status", "error"}, "agents" [agent_json...], "transfer" (run
 // --redis: {"bytes", "publish_ms", "fetch_ms", "fetches"}, else null).
 nlohmann::json result_json(const PipelineResult& r);
+
+// ----------------------------------------------------------- a run going on
+
+// Where a run stands (a served run: `swarmkv serve`'s view of it).
+enum class RunState { kQueued, kRunning, kOk, kFailed };
+std::string_view to_string(RunState state) noexcept;  // "queued", "running", "ok", "failed"
+
+// Where one agent of a run stands; kDone: its AgentResult holds its outcome.
+enum class AgentPhase { kWaiting, kRunning, kDone };
+std::string_view to_string(AgentPhase phase) noexcept;  // "waiting", "running", "done"
+
+// A run as far as it got, beside its PipelineResult so far.
+struct RunProgress {
+  RunState state = RunState::kQueued;
+  size_t prefill_done = 0;          // the document's tokens prefilled so far
+  size_t prefill_total = 0;         // of these; 0 until the first prefill chunk
+  std::optional<ErrorValue> error;  // why the run could not start (state kFailed)
+  std::vector<AgentPhase> agents;   // one per agent of the result
+  // The result is the run's own: it ended with one (ok or failed, no error
+  // of its own).
+  bool has_result() const noexcept {
+    return state == RunState::kOk || (state == RunState::kFailed && !error);
+  }
+  bool going() const noexcept { return state == RunState::kQueued || state == RunState::kRunning; }
+  bool operator==(const RunProgress&) const = default;
+};
+
+// A run going on as result_json() writes it, "live" added:
+// {"state", "prefill_done", "prefill_total", "error" (only when set:
+// error_json)}. Until the run has its result (RunProgress::has_result) only
+// what is known is written: "pipeline", "model", "fork", "exact",
+// "prefix_tokens", "agents", "prefill_ms" and "prefill_done_at_ms" once a
+// prefill chunk is done, "total_ms" while it goes on; an agent that is not
+// done has "status" "waiting" or "running" and only "name", "status",
+// "answer", "n_tokens", "tokens", "token_at_ms", "started_at_ms",
+// "first_token_at_ms", "done_at_ms", "depends_on", "fork_from", "needs".
+nlohmann::json live_result_json(const PipelineResult& r, const RunProgress& progress);
+
+// What result_from_json read.
+struct ResultRead {
+  PipelineResult result;
+  std::optional<RunProgress> live;  // the result had "live": a run going on
+  std::vector<std::string> keys;    // the keys the result had, for readers that tell missing apart
+  bool has(std::string_view key) const;
+};
+
+// The result that result_json() or live_result_json() wrote, or a saved
+// `run --json` of any version: a key it lacks leaves its field at the
+// default (but each agent's "name" and "status"). result_json of what it
+// read gives back the JSON it read (a result_json one): "decode_steps" is
+// a count (the steps come back default) and "memory" and "latency" are
+// computed again. Throws Error(kCorruption): "the result is not a JSON
+// object (not a swarmkv run --json result?)", "the result has no 'agents'
+// (...)", "the result's 'agents' is not a list", "the result has no 'name'
+// in agent 0 (...)" (also 'status'), "agent N of the result does not read:
+// <why>" (a key with another type, an unknown status or code), "the result
+// does not read: <why>".
+ResultRead result_from_json(const nlohmann::json& j);
+
+// The depth of each agent in the result's graph: the document is 0, an
+// agent one more than the deepest agent it waits on (depends_on,
+// fork_from). A name it does not know, or an edge that closes a cycle (a
+// hand-edited file), counts as the document.
+std::vector<int> agent_depths(const std::vector<AgentResult>& agents);
 
 }  // namespace swarmkv

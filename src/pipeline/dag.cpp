@@ -57,6 +57,40 @@ std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes) 
   return deps;
 }
 
+std::vector<int> node_depths(const std::vector<std::vector<size_t>>& deps) {
+  // The same DFS, with a node's depth settled when it turns black; a grey
+  // dependency (a cycle) counts as depth 0.
+  enum class Colour { kWhite, kGrey, kBlack };
+  std::vector<Colour> colour(deps.size(), Colour::kWhite);
+  std::vector<int> depth(deps.size(), 0);
+  for (size_t root = 0; root < deps.size(); ++root) {
+    if (colour[root] != Colour::kWhite) continue;
+    std::vector<std::pair<size_t, size_t>> stack{{root, 0}};  // (node, next dependency)
+    colour[root] = Colour::kGrey;
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next == deps[node].size()) {
+        colour[node] = Colour::kBlack;
+        const size_t done = node;
+        stack.pop_back();
+        if (!stack.empty()) {
+          int& up = depth[stack.back().first];
+          up = std::max(up, depth[done] + 1);
+        }
+        continue;
+      }
+      const size_t dep = deps[node][next++];
+      if (colour[dep] == Colour::kWhite) {
+        colour[dep] = Colour::kGrey;
+        stack.emplace_back(dep, 0);
+      } else {
+        depth[node] = std::max(depth[node], (colour[dep] == Colour::kBlack ? depth[dep] : 0) + 1);
+      }
+    }
+  }
+  return depth;
+}
+
 ReadySet::ReadySet(std::vector<std::string> names, std::vector<std::vector<size_t>> dependencies,
                    std::vector<int32_t> priorities)
     : nodes_(names.size()), priorities_(std::move(priorities)) {

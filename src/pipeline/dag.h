@@ -28,6 +28,13 @@ struct DagNode {
 // DFS; `a -> b` means a depends on b).
 std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes);
 
+// Each node's depth: 0 for a node without dependencies, else one more than
+// its deepest dependency (`deps` as resolve_dag returns them). It also takes
+// a graph resolve_dag would refuse (a drawn result, hand-edited): an edge
+// that closes a cycle counts as one to a node of depth 0. O(n + e), no
+// recursion.
+std::vector<int> node_depths(const std::vector<std::vector<size_t>>& deps);
+
 // Answers "does `node` depend on `ancestor`, directly or not" over the
 // result of resolve_dag (`deps`, which must outlive it). Built in O(n + e):
 // interval labels on a spanning forest of the graph answer in O(1) for an

@@ -81,6 +81,106 @@ std::string content_of(const json& message, const std::string& field) {
   return text;
 }
 
+// "messages": each one's role and text.
+std::vector<ChatMessage> messages_of(const json& body, const RequestLimits& limits) {
+  const auto messages = body.find("messages");
+  if (messages == body.end() || !messages->is_array() || messages->empty()) {
+    refuse("messages", "must be a non-empty array of {\"role\", \"content\"} objects");
+  }
+  if (messages->size() > static_cast<size_t>(limits.max_messages)) {
+    refuse("messages", fmt::format("at most {} messages per request (got {})", limits.max_messages,
+                                   messages->size()));
+  }
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string field = fmt::format("messages[{}]", i);
+    if (!m.is_object()) refuse(field, fmt::format("must be an object (got {})", shown(m)));
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      refuse(field + ".role", "is missing (system, user or assistant)");
+    }
+    std::string name = role->get<std::string>();
+    if (name == "developer") name = "system";  // OpenAI's newer name for it
+    if (name != "system" && name != "user" && name != "assistant") {
+      refuse(field + ".role",
+             fmt::format("must be system, user or assistant (got {})", shown(*role)));
+    }
+    if (m.contains("tool_calls")) refuse(field + ".tool_calls", "tools are not supported");
+    ChatMessage message{std::move(name), content_of(m, field)};
+    require_text(message.content, field + ".content");
+    out.push_back(std::move(message));
+  }
+  return out;
+}
+
+// Tools, log probabilities and answer formats other than text are refused.
+void refuse_unsupported(const json& body) {
+  for (const char* unsupported : {"tools", "functions", "tool_choice", "function_call"}) {
+    if (const auto it = body.find(unsupported); it != body.end() && !it->is_null()) {
+      if (!(it->is_array() && it->empty()) && *it != "none") {
+        refuse(unsupported, "tools are not supported by swarmkv serve");
+      }
+    }
+  }
+  if (boolean(body, "logprobs")) refuse("logprobs", "not supported by swarmkv serve");
+  if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || it->value("type", json()) != "text") {
+      refuse("response_format", "only {\"type\": \"text\"} is supported");
+    }
+  }
+}
+
+// "max_tokens" or "max_completion_tokens" (the same if both), the sampling
+// settings and "n".
+void read_generation(const json& body, const RequestLimits& limits, ChatRequest& r) {
+  const auto max_tokens = integer(body, "max_tokens", 1, limits.max_tokens);
+  const auto max_completion = integer(body, "max_completion_tokens", 1, limits.max_tokens);
+  if (max_tokens && max_completion && *max_tokens != *max_completion) {
+    refuse("max_completion_tokens", fmt::format("differs from max_tokens ({} vs {}); give one",
+                                                *max_completion, *max_tokens));
+  }
+  r.max_tokens = static_cast<int32_t>(max_completion.value_or(max_tokens.value_or(0)));
+
+  r.sampling.temperature = number(body, "temperature", 0.0f, 2.0f, 1.0f);
+  r.sampling.top_p = number(body, "top_p", 0.0f, 1.0f, 1.0f, /*open_lo=*/true);
+  r.sampling.frequency_penalty = number(body, "frequency_penalty", -2.0f, 2.0f, 0.0f);
+  r.sampling.presence_penalty = number(body, "presence_penalty", -2.0f, 2.0f, 0.0f);
+  if (const auto seed = integer(body, "seed", INT64_MIN, INT64_MAX)) {
+    r.sampling.seed = static_cast<uint32_t>(*seed);
+  }
+  // OpenAI counts penalties over the whole completion.
+  if (r.sampling.penalties_on()) r.sampling.repeat_last_n = limits.max_tokens;
+  r.n = static_cast<int32_t>(integer(body, "n", 1, limits.max_n).value_or(1));
+}
+
+// "stop": a string or an array of them, none empty.
+std::vector<std::string> stops_of(const json& body, const RequestLimits& limits) {
+  std::vector<std::string> stop;
+  const auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return stop;
+  if (it->is_string()) {
+    stop.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (size_t i = 0; i < it->size(); ++i) {
+      if (!(*it)[i].is_string()) {
+        refuse(fmt::format("stop[{}]", i),
+               fmt::format("must be a string (got {})", shown((*it)[i])));
+      }
+      stop.push_back((*it)[i].get<std::string>());
+    }
+  } else {
+    refuse("stop", fmt::format("must be a string or an array of strings (got {})", shown(*it)));
+  }
+  if (stop.size() > static_cast<size_t>(limits.max_stop)) {
+    refuse("stop", fmt::format("at most {} stop strings (got {})", limits.max_stop, stop.size()));
+  }
+  for (const std::string& s : stop) {
+    if (s.empty()) refuse("stop", "an empty stop string would end every answer at once");
+  }
+  return stop;
+}
+
 }  // namespace
 
 void refuse(std::string_view field, std::string_view what) {
@@ -104,91 +204,10 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
     if (!it->is_string()) refuse("model", fmt::format("must be a string (got {})", shown(*it)));
     r.model = it->get<std::string>();
   }
-
-  const auto messages = body.find("messages");
-  if (messages == body.end() || !messages->is_array() || messages->empty()) {
-    refuse("messages", "must be a non-empty array of {\"role\", \"content\"} objects");
-  }
-  if (messages->size() > static_cast<size_t>(limits.max_messages)) {
-    refuse("messages", fmt::format("at most {} messages per request (got {})", limits.max_messages,
-                                   messages->size()));
-  }
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
-    const std::string field = fmt::format("messages[{}]", i);
-    if (!m.is_object()) refuse(field, fmt::format("must be an object (got {})", shown(m)));
-    const auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) {
-      refuse(field + ".role", "is missing (system, user or assistant)");
-    }
-    std::string name = role->get<std::string>();
-    if (name == "developer") name = "system";  // OpenAI's newer name for it
-    if (name != "system" && name != "user" && name != "assistant") {
-      refuse(field + ".role",
-             fmt::format("must be system, user or assistant (got {})", shown(*role)));
-    }
-    if (m.contains("tool_calls")) refuse(field + ".tool_calls", "tools are not supported");
-    ChatMessage message{std::move(name), content_of(m, field)};
-    require_text(message.content, field + ".content");
-    r.messages.push_back(std::move(message));
-  }
-
-  for (const char* unsupported : {"tools", "functions", "tool_choice", "function_call"}) {
-    if (const auto it = body.find(unsupported); it != body.end() && !it->is_null()) {
-      if (!(it->is_array() && it->empty()) && *it != "none") {
-        refuse(unsupported, "tools are not supported by swarmkv serve");
-      }
-    }
-  }
-  if (boolean(body, "logprobs")) refuse("logprobs", "not supported by swarmkv serve");
-  if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    if (!it->is_object() || it->value("type", json()) != "text") {
-      refuse("response_format", "only {\"type\": \"text\"} is supported");
-    }
-  }
-
-  const auto max_tokens = integer(body, "max_tokens", 1, limits.max_tokens);
-  const auto max_completion = integer(body, "max_completion_tokens", 1, limits.max_tokens);
-  if (max_tokens && max_completion && *max_tokens != *max_completion) {
-    refuse("max_completion_tokens", fmt::format("differs from max_tokens ({} vs {}); give one",
-                                                *max_completion, *max_tokens));
-  }
-  r.max_tokens = static_cast<int32_t>(max_completion.value_or(max_tokens.value_or(0)));
-
-  r.sampling.temperature = number(body, "temperature", 0.0f, 2.0f, 1.0f);
-  r.sampling.top_p = number(body, "top_p", 0.0f, 1.0f, 1.0f, /*open_lo=*/true);
-  r.sampling.frequency_penalty = number(body, "frequency_penalty", -2.0f, 2.0f, 0.0f);
-  r.sampling.presence_penalty = number(body, "presence_penalty", -2.0f, 2.0f, 0.0f);
-  if (const auto seed = integer(body, "seed", INT64_MIN, INT64_MAX)) {
-    r.sampling.seed = static_cast<uint32_t>(*seed);
-  }
-  // OpenAI counts penalties over the whole completion.
-  if (r.sampling.penalties_on()) r.sampling.repeat_last_n = limits.max_tokens;
-  r.n = static_cast<int32_t>(integer(body, "n", 1, limits.max_n).value_or(1));
-
-  if (const auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      r.stop.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      for (size_t i = 0; i < it->size(); ++i) {
-        if (!(*it)[i].is_string()) {
-          refuse(fmt::format("stop[{}]", i),
-                 fmt::format("must be a string (got {})", shown((*it)[i])));
-        }
-        r.stop.push_back((*it)[i].get<std::string>());
-      }
-    } else {
-      refuse("stop", fmt::format("must be a string or an array of strings (got {})", shown(*it)));
-    }
-    if (r.stop.size() > static_cast<size_t>(limits.max_stop)) {
-      refuse("stop",
-             fmt::format("at most {} stop strings (got {})", limits.max_stop, r.stop.size()));
-    }
-    for (const std::string& s : r.stop) {
-      if (s.empty()) refuse("stop", "an empty stop string would end every answer at once");
-    }
-  }
-
+  r.messages = messages_of(body, limits);
+  refuse_unsupported(body);
+  read_generation(body, limits, r);
+  r.stop = stops_of(body, limits);
   r.stream = boolean(body, "stream");
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) refuse("stream_options", "must be an object");

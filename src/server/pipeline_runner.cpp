@@ -129,7 +129,7 @@ void PipelineJob::push(PipelineEvent event) {
   {
     std::lock_guard lock(view_mutex_);
     view_.apply(event, ms_since_start());
-    if (event.name == "result" || event.name == "error") ended_ = Clock::now();
+    if (event.last()) ended_ = Clock::now();
   }
   events_.push(std::move(event));
 }
@@ -137,6 +137,11 @@ void PipelineJob::push(PipelineEvent event) {
 nlohmann::json PipelineJob::view() const {
   std::lock_guard lock(view_mutex_);
   return view_.result(ms_since_start());
+}
+
+bool PipelineJob::going() const {
+  std::lock_guard lock(view_mutex_);
+  return view_.state() == RunState::kQueued || view_.state() == RunState::kRunning;
 }
 
 RunSummary PipelineJob::summary() const {
@@ -291,7 +296,7 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
   std::vector<TextStream> streams;
   for (const AgentSpec& a : spec.agents) streams.emplace_back(a.stop);
   const auto token_event = [&](size_t agent, json token, std::string text) {
-    job.push({"token",
+    job.push({PipelineEvent::Kind::kToken,
               {{"agent", spec.agents[agent].name}, {"token", std::move(token)}, {"text", text}},
               std::nullopt});
   };
@@ -299,7 +304,7 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
   options.snapshot = snapshots_;
   options.on_prefill_progress = [&](size_t done, size_t total) {
     job.check();
-    job.push({"prefill", {{"done", done}, {"total", total}}, std::nullopt});
+    job.push({PipelineEvent::Kind::kPrefill, {{"done", done}, {"total", total}}, std::nullopt});
   };
   // Under kConcurrent several agents report at once: each touches its own
   // stream only, and the job's queue is locked.
@@ -307,7 +312,9 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
     switch (e.kind) {
       case AgentEvent::Kind::kStarted:
         job.check();
-        job.push({"agent_started", {{"agent", spec.agents[e.agent].name}}, std::nullopt});
+        job.push({PipelineEvent::Kind::kAgentStarted,
+                  {{"agent", spec.agents[e.agent].name}},
+                  std::nullopt});
         break;
       case AgentEvent::Kind::kToken:
         job.check();
@@ -320,7 +327,7 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
             token_event(e.agent, json(), std::move(rest));
           }
         }
-        job.push({"agent_done", agent_json(*e.result), std::nullopt});
+        job.push({PipelineEvent::Kind::kAgentDone, agent_json(*e.result), std::nullopt});
         break;
     }
   };
@@ -336,11 +343,11 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
       std::lock_guard lock(mutex_);
       ++cancelled_;
     }
-    return {"result", result_json(result), std::nullopt};
+    return {PipelineEvent::Kind::kResult, result_json(result), std::nullopt};
   } catch (...) {
     const ErrorValue error = current_error_value();
     log_warn("serve: pipeline '{}' could not run ({})", spec.name, error.to_string());
-    return {"error", error_body(error, http_error(error.code)), error};
+    return {PipelineEvent::Kind::kError, error_body(error, http_error(error.code)), error};
   }
 }
 

@@ -71,6 +71,8 @@ class PipelineJob {
   void cancel(const std::string& why);
   // RunView::result now: the run as far as it got, or its result.
   nlohmann::json view() const;
+  // Queued or running.
+  bool going() const;
   RunSummary summary() const;
 
  private:

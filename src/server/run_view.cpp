@@ -1,109 +1,109 @@
 #include "server/run_view.h"
 
-#include <fmt/format.h>
+#include <algorithm>
 
-#include "swarmkv/result_json.h"
+#include <fmt/format.h>
 
 namespace swarmkv::server {
 using nlohmann::json;
 
-std::string_view to_string(RunState state) noexcept {
-  switch (state) {
-    case RunState::kQueued:
-      return "queued";
-    case RunState::kRunning:
-      return "running";
-    case RunState::kOk:
-      return "ok";
-    case RunState::kFailed:
-      return "failed";
+std::string_view to_string(PipelineEvent::Kind kind) noexcept {
+  switch (kind) {
+    case PipelineEvent::Kind::kPrefill:
+      return "prefill";
+    case PipelineEvent::Kind::kAgentStarted:
+      return "agent_started";
+    case PipelineEvent::Kind::kToken:
+      return "token";
+    case PipelineEvent::Kind::kAgentDone:
+      return "agent_done";
+    case PipelineEvent::Kind::kResult:
+      return "result";
+    case PipelineEvent::Kind::kError:
+      return "error";
   }
   return "?";
 }
 
-RunView::RunView(const PipelineSpec& spec, size_t prefix_tokens, std::string model)
-    : pipeline_(spec.name), agents_(spec.agents.size()) {
-  json agents = json::array();
+RunView::RunView(const PipelineSpec& spec, size_t prefix_tokens, std::string model) {
+  result_.pipeline = spec.name;
+  result_.model = std::move(model);
+  result_.fork = spec.fork;
+  result_.exact = spec.exact;
+  result_.prefix_tokens = static_cast<int32_t>(prefix_tokens);
   for (const AgentSpec& a : spec.agents) {
-    agents.push_back({{"name", a.name},
-                      {"status", "waiting"},
-                      {"answer", ""},
-                      {"n_tokens", 0},
-                      {"token_at_ms", json::array()},
-                      {"started_at_ms", 0.0},
-                      {"first_token_at_ms", 0.0},
-                      {"done_at_ms", 0.0},
-                      {"depends_on", a.depends_on},
-                      {"fork_from", a.fork_from.empty() ? json() : json(a.fork_from)},
-                      {"needs", needs_json(a.needs)}});
+    AgentResult& r = result_.agents.emplace_back();
+    r.name = a.name;
+    r.depends_on = a.depends_on;
+    r.fork_from = a.fork_from;
+    r.needs = a.needs;
   }
-  result_ = {{"pipeline", spec.name},
-             {"model", std::move(model)},
-             {"fork", std::string(to_string(spec.fork))},
-             {"exact", spec.exact},
-             {"prefix_tokens", prefix_tokens},
-             {"agents", std::move(agents)}};
+  progress_.agents.assign(spec.agents.size(), AgentPhase::kWaiting);
 }
 
-json& RunView::agent(const json& name) {
-  for (json& a : result_["agents"]) {
-    if (a["name"] == name) return a;
+size_t RunView::agent(const json& name) const {
+  for (size_t i = 0; i < result_.agents.size(); ++i) {
+    if (name.is_string() && result_.agents[i].name == name.get_ref<const std::string&>()) return i;
   }
   throw Error(ErrorCode::kInternal, fmt::format("run view: no agent {}", name.dump()));
 }
 
 void RunView::apply(const PipelineEvent& e, double at_ms) {
-  if (state_ == RunState::kOk || state_ == RunState::kFailed) return;
-  if (e.name == "result") {
-    result_ = e.data;
-    state_ = result_.value("ok", false) ? RunState::kOk : RunState::kFailed;
-    done_ = agents_;
-    return;
-  }
-  if (e.name == "error") {
-    state_ = RunState::kFailed;
-    error_ = e.error;
-    return;
-  }
-  state_ = RunState::kRunning;
-  if (e.name == "prefill") {
-    prefill_done_ = e.data.value("done", size_t{0});
-    prefill_total_ = e.data.value("total", size_t{0});
-    // The document's bar grows until its last chunk.
-    result_["prefill_ms"] = at_ms;
-    result_["prefill_done_at_ms"] = at_ms;
-  } else if (e.name == "agent_started") {
-    json& a = agent(e.data.at("agent"));
-    a["status"] = "running";
-    a["started_at_ms"] = at_ms;
-  } else if (e.name == "token") {
-    json& a = agent(e.data.at("agent"));
-    a["answer"].get_ref<std::string&>() += e.data.value("text", "");
-    if (!e.data.at("token").is_null()) {
-      if (a["first_token_at_ms"].get<double>() == 0) a["first_token_at_ms"] = at_ms;
-      a["token_at_ms"].push_back(at_ms);
-      a["n_tokens"] = a["token_at_ms"].size();
+  using Kind = PipelineEvent::Kind;
+  if (!progress_.going()) return;
+  switch (e.kind) {
+    case Kind::kResult:
+      result_ = result_from_json(e.data).result;
+      progress_.state = result_.ok() ? RunState::kOk : RunState::kFailed;
+      progress_.agents.assign(result_.agents.size(), AgentPhase::kDone);
+      done_ = result_.agents.size();
+      return;
+    case Kind::kError:
+      progress_.state = RunState::kFailed;
+      progress_.error = e.error;
+      return;
+    case Kind::kPrefill:
+      progress_.prefill_done = e.data.value("done", size_t{0});
+      progress_.prefill_total = e.data.value("total", size_t{0});
+      // The document's bar grows until its last chunk.
+      result_.prefill_ms = at_ms;
+      result_.prefill_done_at_ms = at_ms;
+      break;
+    case Kind::kAgentStarted: {
+      const size_t i = agent(e.data.at("agent"));
+      progress_.agents[i] = AgentPhase::kRunning;
+      result_.agents[i].timings_ms.started_at = at_ms;
+      break;
     }
-  } else if (e.name == "agent_done") {
-    agent(e.data.at("name")) = e.data;
-    ++done_;
+    case Kind::kToken: {
+      AgentResult& a = result_.agents[agent(e.data.at("agent"))];
+      a.answer += e.data.value("text", "");
+      if (const json& token = e.data.at("token"); !token.is_null()) {
+        if (a.timings_ms.first_token_at == 0) a.timings_ms.first_token_at = at_ms;
+        a.tokens.push_back(token.get<Token>());
+        a.token_at_ms.push_back(at_ms);
+      }
+      break;
+    }
+    case Kind::kAgentDone: {
+      const size_t i = agent(e.data.at("name"));
+      result_.agents[i] = agent_from_json(e.data);
+      if (progress_.agents[i] != AgentPhase::kDone) ++done_;
+      progress_.agents[i] = AgentPhase::kDone;
+      break;
+    }
   }
+  progress_.state = RunState::kRunning;
 }
 
 json RunView::result(double now_ms) const {
-  json r = result_;
-  json live = {{"state", to_string(state_)},
-               {"prefill_done", prefill_done_},
-               {"prefill_total", prefill_total_}};
-  if (error_) live["error"] = error_json(error_);
-  if (state_ == RunState::kQueued || state_ == RunState::kRunning) {
-    r["total_ms"] = now_ms;
-    for (json& a : r["agents"]) {
-      if (a["status"] == "running") a["done_at_ms"] = now_ms;
-    }
+  if (!progress_.going()) return live_result_json(result_, progress_);
+  PipelineResult r = result_;
+  r.total_ms = now_ms;
+  for (size_t i = 0; i < r.agents.size(); ++i) {
+    if (progress_.agents[i] == AgentPhase::kRunning) r.agents[i].timings_ms.done_at = now_ms;
   }
-  r["live"] = std::move(live);
-  return r;
+  return live_result_json(r, progress_);
 }
 
 }  // namespace swarmkv::server

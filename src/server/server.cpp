@@ -248,14 +248,9 @@ struct Server::Impl {
     return !given.empty() && CRYPTO_memcmp(a, b, sizeof a) == 0;
   }
 
+  // The Prometheus exposition of GET /metrics.
   std::string metrics() {
-    const server::EngineStats s = engine->stats();
     std::string out;
-    const auto metric = [&](std::string_view name, std::string_view type, std::string_view help,
-                            double value) {
-      out +=
-          fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
-    };
     const BuildInfo build = build_info();
     out += fmt::format(
         "# HELP swarmkv_build_info The build serving: SwarmKV's version, the llama.cpp commit "
@@ -275,6 +270,11 @@ struct Server::Impl {
                            label_value(key.first), key.second, n);
       }
     }
+    const auto metric = [&out](std::string_view name, std::string_view type, std::string_view help,
+                               double value) {
+      out +=
+          fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+    };
     metric("swarmkv_http_connections_open", "gauge", "HTTP connections open.",
            http.open_connections());
     metric("swarmkv_http_connections_refused_total", "counter",
@@ -283,6 +283,28 @@ struct Server::Impl {
     metric("swarmkv_http_head_timeouts_total", "counter",
            "HTTP requests whose line and headers took longer than --header-timeout (408).",
            static_cast<double>(http.timed_out_heads()));
+    engine_metrics(metric);
+    metric("swarmkv_requests_in_flight", "gauge",
+           "HTTP completion and pipeline requests being answered.", in_flight.load());
+    const server::PipelineStats p = pipelines->stats();
+    metric("swarmkv_pipelines_total", "counter", "Pipeline runs accepted.",
+           static_cast<double>(p.runs));
+    metric("swarmkv_pipelines_cancelled_total", "counter",
+           "Pipeline runs whose client went away (or the server stopped) before they ended.",
+           static_cast<double>(p.cancelled));
+    metric("swarmkv_pipelines_running", "gauge", "Pipeline runs accepted and not ended.",
+           p.running);
+    ttft.write(out, "swarmkv_time_to_first_token_seconds",
+               "From a request's arrival to its first answer text.");
+    duration.write(out, "swarmkv_request_duration_seconds",
+                   "From a completion request's arrival to its last byte.");
+    return out;
+  }
+
+  // The completion engine's counters and gauges, through `metric`.
+  template <class Metric>
+  void engine_metrics(const Metric& metric) const {
+    const server::EngineStats s = engine->stats();
     metric("swarmkv_requests_total", "counter", "Completion requests admitted to the engine.",
            static_cast<double>(s.requests));
     metric("swarmkv_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
@@ -313,21 +335,6 @@ struct Server::Impl {
     metric("swarmkv_kv_cells_capacity", "gauge", "KV cells of the shared context.",
            s.kv_cells_total);
     metric("swarmkv_queue_length", "gauge", "Requests waiting for room in the engine.", s.queued);
-    metric("swarmkv_requests_in_flight", "gauge",
-           "HTTP completion and pipeline requests being answered.", in_flight.load());
-    const server::PipelineStats p = pipelines->stats();
-    metric("swarmkv_pipelines_total", "counter", "Pipeline runs accepted.",
-           static_cast<double>(p.runs));
-    metric("swarmkv_pipelines_cancelled_total", "counter",
-           "Pipeline runs whose client went away (or the server stopped) before they ended.",
-           static_cast<double>(p.cancelled));
-    metric("swarmkv_pipelines_running", "gauge", "Pipeline runs accepted and not ended.",
-           p.running);
-    ttft.write(out, "swarmkv_time_to_first_token_seconds",
-               "From a request's arrival to its first answer text.");
-    duration.write(out, "swarmkv_request_duration_seconds",
-                   "From a completion request's arrival to its last byte.");
-    return out;
   }
 
   json response_json(const std::string& id, const std::vector<std::string>& texts,
@@ -380,6 +387,22 @@ struct Server::Impl {
   // returns the request's place in flight.
   std::shared_ptr<InFlight> admit(httplib::Response& res);
   void chat(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  // Parses a chat request into `chat` and submits it to the engine; nullptr
+  // after answering the error.
+  std::shared_ptr<server::Job> submit_chat(const std::string& body, server::ChatRequest& chat,
+                                           httplib::Response& res);
+  // Answers a chat completion as one JSON body once it is complete.
+  void answer_whole(server::Job& job, int32_t n, const std::string& id, Clock::time_point t0,
+                    httplib::Response& res);
+  class ChatStream;
+  // The constructor's steps: the request limits, the completion engine
+  // and the pipeline runner; httplib's handlers; the routes; the listening
+  // socket (throws Error(kInvalidArgument) for a port out of range,
+  // Error(kIo) when it cannot listen).
+  void start_engines();
+  void set_http_handlers();
+  void add_routes();
+  void bind();
   void pipeline(const httplib::Request& req, const std::string& body, httplib::Response& res);
   // Answers 403 and returns true for a request whose Host or Origin the
   // guard refuses.
@@ -458,15 +481,17 @@ std::shared_ptr<InFlight> Server::Impl::admit(httplib::Response& res) {
   return guard;
 }
 
-void Server::Impl::chat(const httplib::Request&, const std::string& body, httplib::Response& res) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto since = [t0] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  auto guard = admit(res);
-  if (!guard) return;
-  std::shared_ptr<server::Job> job;
-  server::ChatRequest chat;
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
+                                                       server::ChatRequest& chat,
+                                                       httplib::Response& res) {
   try {
     chat = server::parse_chat_request(body, limits);
     if (!serves(chat.model)) {
@@ -476,7 +501,7 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
                               "called '{}'); GET /v1/models lists them",
                               chat.model, model_id, kModelAlias)},
                  {{404, "invalid_request_error", "model_not_found"}});
-      return;
+      return nullptr;
     }
     server::CompletionRequest c;
     c.prompt = chat_tokens(*model, chat.messages);
@@ -490,125 +515,161 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
                            static_cast<int64_t>(c.prompt.size());
       c.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(room, 1, c.max_tokens));
     }
-    job = engine->submit(std::move(c));
+    return engine->submit(std::move(c));
   } catch (const Error& e) {
     send_error(res, e.value());
-    return;
+    return nullptr;
   }
-  const std::string id = fmt::format("chatcmpl-swarmkv-{}", next_id.fetch_add(1));
+}
 
-  if (!chat.stream) {
-    std::vector<std::string> texts(static_cast<size_t>(chat.n));
-    std::vector<StopReason> reasons(static_cast<size_t>(chat.n), StopReason::kMaxTokens);
-    bool first = true;
-    for (;;) {
-      const std::optional<Event> e = job->next(std::chrono::milliseconds(500));
-      if (!e) continue;
-      if (e->kind == Event::Kind::kDelta) {
-        if (first) ttft.observe(since());
-        first = false;
-        texts[static_cast<size_t>(e->choice)] += e->text;
-      } else if (e->kind == Event::Kind::kChoiceDone) {
-        reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
-      } else if (e->kind == Event::Kind::kFinished) {
-        res.set_content(dump(response_json(id, texts, reasons, e->usage)), "application/json");
-        trace.usage = e->usage;
-        duration.observe(since());
-        return;
-      } else {
-        send_error(res, e->error);
-        return;
-      }
+void Server::Impl::answer_whole(server::Job& job, int32_t n, const std::string& id,
+                                Clock::time_point t0, httplib::Response& res) {
+  std::vector<std::string> texts(static_cast<size_t>(n));
+  std::vector<StopReason> reasons(static_cast<size_t>(n), StopReason::kMaxTokens);
+  bool first = true;
+  for (;;) {
+    const std::optional<Event> e = job.next(std::chrono::milliseconds(500));
+    if (!e) continue;
+    if (e->kind == Event::Kind::kDelta) {
+      if (first) ttft.observe(seconds_since(t0));
+      first = false;
+      texts[static_cast<size_t>(e->choice)] += e->text;
+    } else if (e->kind == Event::Kind::kChoiceDone) {
+      reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
+    } else if (e->kind == Event::Kind::kFinished) {
+      res.set_content(dump(response_json(id, texts, reasons, e->usage)), "application/json");
+      trace.usage = e->usage;
+      duration.observe(seconds_since(t0));
+      return;
+    } else {
+      send_error(res, e->error);
+      return;
     }
   }
+}
 
-  // Streaming: one chunk per event, then [DONE]. A write that fails means
-  // the client went away: the job is cancelled and its sequences freed.
-  struct Stream {
-    std::shared_ptr<server::Job> job;
-    std::shared_ptr<InFlight> guard;
-    bool started = false;
-    bool first_text = true;
-    bool finished = false;
-  };
-  auto st = std::make_shared<Stream>(Stream{job, guard});
-  const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  const int32_t n = chat.n;
-  const bool include_usage = chat.include_usage;
+// A streamed chat completion: one chunk per engine event, then [DONE]. A
+// write that fails means the client went away: the job is cancelled and its
+// sequences freed. Thread-confined to the request's thread (httplib calls
+// its provider there).
+class Server::Impl::ChatStream {
+ public:
+  ChatStream(Impl& server, std::shared_ptr<server::Job> job, std::shared_ptr<InFlight> guard,
+             const server::ChatRequest& chat, std::string id, Clock::time_point t0)
+      : server_(server),
+        job_(std::move(job)),
+        guard_(std::move(guard)),
+        id_(std::move(id)),
+        n_(chat.n),
+        include_usage_(chat.include_usage),
+        t0_(t0) {}
+
+  // The content provider's call: the next chunk, or false to end.
+  bool step(httplib::DataSink& sink) {
+    if (!started_) {
+      started_ = true;
+      if (!send(sink, roles())) return cancel();
+    }
+    const std::optional<Event> e = job_->next(std::chrono::milliseconds(200));
+    if (!e) return sink.is_writable() || cancel();
+    return send_event(sink, *e) || cancel();
+  }
+  // The provider's release: a stream that did not finish is cancelled.
+  void release() {
+    if (!finished_) job_->cancel();
+  }
+
+ private:
+  bool cancel() {
+    job_->cancel();
+    return false;
+  }
+  bool send(httplib::DataSink& sink, const json& j) {
+    const std::string line = "data: " + dump(j) + "\n\n";
+    return sink.write(line.data(), line.size());
+  }
+  bool send_done(httplib::DataSink& sink) {
+    return sink.write(kStreamDone.data(), kStreamDone.size());
+  }
+  // The first chunk: every choice's role.
+  json roles() const {
+    json choices = json::array();
+    for (int32_t i = 0; i < n_; ++i) {
+      choices.push_back({{"index", i},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"logprobs", nullptr},
+                         {"finish_reason", nullptr}});
+    }
+    return server_.chunk_json(id_, created_, choices);
+  }
+  json choice_chunk(int32_t choice, json delta, json finish_reason) const {
+    return server_.chunk_json(id_, created_,
+                              json::array({{{"index", choice},
+                                            {"delta", std::move(delta)},
+                                            {"logprobs", nullptr},
+                                            {"finish_reason", std::move(finish_reason)}}}));
+  }
+  bool send_event(httplib::DataSink& sink, const Event& e) {
+    switch (e.kind) {
+      case Event::Kind::kDelta:
+        if (first_text_) server_.ttft.observe(seconds_since(t0_));
+        first_text_ = false;
+        return send(sink, choice_chunk(e.choice, {{"content", e.text}}, nullptr));
+      case Event::Kind::kChoiceDone:
+        return send(sink,
+                    choice_chunk(e.choice, json::object(), server::finish_reason(e.stop_reason)));
+      case Event::Kind::kFinished: {
+        bool ok = true;
+        if (include_usage_) {
+          json last = server_.chunk_json(id_, created_, json::array());
+          last["usage"] = usage_json(e.usage);
+          ok = send(sink, last);
+        }
+        ok = ok && send_done(sink);
+        trace.usage = e.usage;
+        finished_ = true;
+        server_.duration.observe(seconds_since(t0_));
+        if (ok) sink.done();
+        return ok;
+      }
+      case Event::Kind::kFailed: {
+        const bool ok = send(sink, server::error_body(e.error, server::http_error(e.error.code))) &&
+                        send_done(sink);
+        finished_ = true;
+        if (ok) sink.done();
+        return ok;
+      }
+    }
+    return true;
+  }
+
+  Impl& server_;
+  std::shared_ptr<server::Job> job_;
+  std::shared_ptr<InFlight> guard_;  // the request counts in flight while it streams
+  const std::string id_;
+  const int64_t created_ = static_cast<int64_t>(std::time(nullptr));
+  const int32_t n_;
+  const bool include_usage_;
+  const Clock::time_point t0_;
+  bool started_ = false;
+  bool first_text_ = true;
+  bool finished_ = false;
+};
+
+void Server::Impl::chat(const httplib::Request&, const std::string& body, httplib::Response& res) {
+  const Clock::time_point t0 = Clock::now();
+  auto guard = admit(res);
+  if (!guard) return;
+  server::ChatRequest chat;
+  std::shared_ptr<server::Job> job = submit_chat(body, chat, res);
+  if (!job) return;
+  const std::string id = fmt::format("chatcmpl-swarmkv-{}", next_id.fetch_add(1));
+  if (!chat.stream) return answer_whole(*job, chat.n, id, t0, res);
+  auto st = std::make_shared<ChatStream>(*this, std::move(job), std::move(guard), chat, id, t0);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st, id, created, n, include_usage, since](size_t, httplib::DataSink& sink) {
-        const auto send = [&](const json& j) {
-          const std::string line = "data: " + dump(j) + "\n\n";
-          return sink.write(line.data(), line.size());
-        };
-        if (!st->started) {
-          st->started = true;
-          json choices = json::array();
-          for (int32_t i = 0; i < n; ++i) {
-            choices.push_back({{"index", i},
-                               {"delta", {{"role", "assistant"}, {"content", ""}}},
-                               {"logprobs", nullptr},
-                               {"finish_reason", nullptr}});
-          }
-          if (!send(chunk_json(id, created, choices))) {
-            st->job->cancel();
-            return false;
-          }
-        }
-        const std::optional<Event> e = st->job->next(std::chrono::milliseconds(200));
-        if (!e) {
-          if (sink.is_writable()) return true;
-          st->job->cancel();
-          return false;
-        }
-        bool ok = true;
-        switch (e->kind) {
-          case Event::Kind::kDelta:
-            if (st->first_text) ttft.observe(since());
-            st->first_text = false;
-            ok = send(chunk_json(id, created,
-                                 json::array({{{"index", e->choice},
-                                               {"delta", {{"content", e->text}}},
-                                               {"logprobs", nullptr},
-                                               {"finish_reason", nullptr}}})));
-            break;
-          case Event::Kind::kChoiceDone:
-            ok = send(chunk_json(
-                id, created,
-                json::array({{{"index", e->choice},
-                              {"delta", json::object()},
-                              {"logprobs", nullptr},
-                              {"finish_reason", server::finish_reason(e->stop_reason)}}})));
-            break;
-          case Event::Kind::kFinished: {
-            if (include_usage) {
-              json last = chunk_json(id, created, json::array());
-              last["usage"] = usage_json(e->usage);
-              ok = send(last);
-            }
-            ok = ok && sink.write(kStreamDone.data(), kStreamDone.size());
-            trace.usage = e->usage;
-            st->finished = true;
-            duration.observe(since());
-            if (ok) sink.done();
-            break;
-          }
-          case Event::Kind::kFailed: {
-            ok = send(server::error_body(e->error, server::http_error(e->error.code))) &&
-                 sink.write(kStreamDone.data(), kStreamDone.size());
-            st->finished = true;
-            if (ok) sink.done();
-            break;
-          }
-        }
-        if (!ok) st->job->cancel();
-        return ok;
-      },
-      [st](bool) {
-        if (!st->finished) st->job->cancel();
-      });
+      "text/event-stream", [st](size_t, httplib::DataSink& sink) { return st->step(sink); },
+      [st](bool) { st->release(); });
 }
 
 void Server::Impl::pipeline(const httplib::Request& req, const std::string& body,
@@ -640,11 +701,11 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
     for (;;) {
       const std::optional<server::PipelineEvent> e = job->next(std::chrono::milliseconds(500));
       if (!e) continue;
-      if (e->name == "result") {
+      if (e->kind == server::PipelineEvent::Kind::kResult) {
         res.set_content(dump(e->data), "application/json");
         return;
       }
-      if (e->name == "error") {
+      if (e->kind == server::PipelineEvent::Kind::kError) {
         send_error(res, *e->error);
         return;
       }
@@ -670,9 +731,10 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
           st->job->cancel("the client went away");
           return false;
         }
-        const std::string text = fmt::format("event: {}\ndata: {}\n\n", e->name, dump(e->data));
+        const std::string text =
+            fmt::format("event: {}\ndata: {}\n\n", to_string(e->kind), dump(e->data));
         bool ok = sink.write(text.data(), text.size());
-        if (e->name == "result" || e->name == "error") {
+        if (e->last()) {
           st->finished = true;
           if (ok) sink.done();
         }
@@ -684,12 +746,10 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
       });
 }
 
-Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& s = *impl_;
-  s.model = std::move(model);
-  s.options = std::move(options);
-  const ServerOptions& o = s.options;
+namespace {
+
+// Throws Error(kInvalidArgument) naming the options out of range.
+void check_options(const ServerOptions& o) {
   if (o.max_concurrent < 1 || o.max_messages < 1 || o.max_tokens < 1 || o.default_max_tokens < 1 ||
       o.max_n < 1 || o.max_body_bytes < 1 || !(o.drain_s >= 0)) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -713,125 +773,140 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
                     "keep_runs >= 1 (got {}, {}, {}, {})",
                     o.max_pipelines, o.max_pipeline_agents, o.max_pipeline_ctx, o.keep_runs));
   }
-  s.request_guard.emplace(o.host, o.allow_hosts, o.allow_origins);
-  s.pipeline_limits = {.max_agents = o.max_pipeline_agents,
-                       .max_tokens = o.max_tokens,
-                       .max_n_ctx = o.max_pipeline_ctx,
-                       .exact = o.exact};
-  s.limits = {.max_messages = o.max_messages,
-              .max_tokens = o.max_tokens,
-              .max_n = std::min(o.max_n, o.max_live)};
-  s.model_id = o.model_name.empty() ? std::filesystem::path(s.model->path()).filename().string()
-                                    : o.model_name;
-  s.engine = std::make_unique<server::CompletionEngine>(
-      s.model,
-      server::EngineOptions{.context = o.context,
-                            .max_live = o.max_live,
-                            .max_cached = o.max_cached,
-                            .snapshot_dir = o.snapshots.cache == SnapshotCacheMode::kOff
-                                                ? std::string()
-                                                : snapshot_store_dir(o.snapshots.cache_dir),
-                            .exact = o.exact});
-  // Posted pipelines run on the threads the shared context runs with.
-  s.pipeline_limits.n_threads = s.engine->options().context.n_threads;
-  s.pipeline_limits.n_threads_batch = s.engine->options().context.n_threads_batch;
-  s.pipelines =
-      std::make_unique<server::PipelineRunner>(s.model, o.max_pipelines, o.snapshots, o.keep_runs);
+}
 
+}  // namespace
+
+void Server::Impl::start_engines() {
+  const ServerOptions& o = options;
+  request_guard.emplace(o.host, o.allow_hosts, o.allow_origins);
+  pipeline_limits = {.max_agents = o.max_pipeline_agents,
+                     .max_tokens = o.max_tokens,
+                     .max_n_ctx = o.max_pipeline_ctx,
+                     .exact = o.exact};
+  limits = {.max_messages = o.max_messages,
+            .max_tokens = o.max_tokens,
+            .max_n = std::min(o.max_n, o.max_live)};
+  model_id = o.model_name.empty() ? std::filesystem::path(model->path()).filename().string()
+                                  : o.model_name;
+  engine = std::make_unique<server::CompletionEngine>(
+      model, server::EngineOptions{.context = o.context,
+                                   .max_live = o.max_live,
+                                   .max_cached = o.max_cached,
+                                   .snapshot_dir = o.snapshots.cache == SnapshotCacheMode::kOff
+                                                       ? std::string()
+                                                       : snapshot_store_dir(o.snapshots.cache_dir),
+                                   .exact = o.exact});
+  // Posted pipelines run on the threads the shared context runs with.
+  pipeline_limits.n_threads = engine->options().context.n_threads;
+  pipeline_limits.n_threads_batch = engine->options().context.n_threads_batch;
+  pipelines =
+      std::make_unique<server::PipelineRunner>(model, o.max_pipelines, o.snapshots, o.keep_runs);
+}
+
+void Server::Impl::set_http_handlers() {
+  const ServerOptions& o = options;
   // Each connection holds a thread of its own, up to max_connections.
-  s.http.set_connection_limits({.max_connections = o.max_connections,
-                                .header_timeout_s = o.header_timeout_s,
-                                .request_timeout_s = o.request_timeout_s},
-                               [](int status, const std::string& message) {
-                                 const bool timed_out = status == 408;
-                                 return dump(server::error_body(
-                                     {timed_out ? ErrorCode::kIo : ErrorCode::kAborted, message},
-                                     {status, timed_out ? "invalid_request_error" : "server_error",
-                                      timed_out ? "request_timeout" : "too_many_connections"}));
-                               });
-  s.http.set_payload_max_length(o.max_body_bytes);
-  s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
+  http.set_connection_limits({.max_connections = o.max_connections,
+                              .header_timeout_s = o.header_timeout_s,
+                              .request_timeout_s = o.request_timeout_s},
+                             [](int status, const std::string& message) {
+                               const bool timed_out = status == 408;
+                               return dump(server::error_body(
+                                   {timed_out ? ErrorCode::kIo : ErrorCode::kAborted, message},
+                                   {status, timed_out ? "invalid_request_error" : "server_error",
+                                    timed_out ? "request_timeout" : "too_many_connections"}));
+                             });
+  http.set_payload_max_length(o.max_body_bytes);
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     trace = {.start = Clock::now(), .usage = std::nullopt};
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (s.refused_by_guard(req, res)) return httplib::Server::HandlerResponse::Handled;
-    if (s.authorised(req)) return httplib::Server::HandlerResponse::Unhandled;
+    if (refused_by_guard(req, res)) return httplib::Server::HandlerResponse::Handled;
+    if (authorised(req)) return httplib::Server::HandlerResponse::Unhandled;
     // A browser asks its user for the key when told Basic; an API client
     // is told Bearer.
     const bool page = is_page(req.path);
     res.set_header("WWW-Authenticate", page ? R"(Basic realm="swarmkv", charset="UTF-8")"
                                             : R"(Bearer realm="swarmkv")");
-    s.send_error(res,
-                 {ErrorCode::kInvalidArgument,
-                  page ? "missing or wrong API key: give any user name and the key as the password "
-                         "(or send the header 'Authorization: Bearer <key>')"
-                       : "missing or wrong API key: send the header 'Authorization: Bearer <key>'"},
-                 {{401, "invalid_request_error", "invalid_api_key"}});
+    send_error(res,
+               {ErrorCode::kInvalidArgument,
+                page ? "missing or wrong API key: give any user name and the key as the password "
+                       "(or send the header 'Authorization: Bearer <key>')"
+                     : "missing or wrong API key: send the header 'Authorization: Bearer <key>'"},
+               {{401, "invalid_request_error", "invalid_api_key"}});
     return httplib::Server::HandlerResponse::Handled;
   });
-  s.http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error JSON
     if (res.status == 413) {
-      s.send_too_large(res);
+      send_too_large(res);
     } else if (res.status == 404) {
-      s.send_error(res, {ErrorCode::kNotFound, fmt::format("no route {} {}", req.method, req.path)},
-                   {{404, "invalid_request_error", ""}});
+      send_error(res, {ErrorCode::kNotFound, fmt::format("no route {} {}", req.method, req.path)},
+                 {{404, "invalid_request_error", ""}});
     } else {
-      s.send_error(res, {ErrorCode::kInvalidArgument, fmt::format("HTTP {}", res.status)},
-                   {{res.status, "invalid_request_error", ""}});
+      send_error(res, {ErrorCode::kInvalidArgument, fmt::format("HTTP {}", res.status)},
+                 {{res.status, "invalid_request_error", ""}});
     }
   });
-  s.http.set_exception_handler(
-      [&s](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  http.set_exception_handler(
+      [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
         try {
           std::rethrow_exception(ep);
         } catch (...) {
-          s.send_error(res, current_error_value(), {{500, "server_error", ""}});
+          send_error(res, current_error_value(), {{500, "server_error", ""}});
         }
       });
-  s.http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) {
-    s.count(req, res.status);
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    count(req, res.status);
   });
-  s.http.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
-    res.set_content(dump({{"status", s.draining.load() ? "draining" : "ok"}}), "application/json");
-    if (s.draining.load()) res.status = 503;
+}
+
+void Server::Impl::add_routes() {
+  const ServerOptions& o = options;
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump({{"status", draining.load() ? "draining" : "ok"}}), "application/json");
+    if (draining.load()) res.status = 503;
   });
-  s.http.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const auto entry = [](std::string_view id) {
       return json{{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "swarmkv"}};
     };
-    json data = json::array({entry(s.model_id)});
-    if (s.model_id != kModelAlias) data.push_back(entry(kModelAlias));
+    json data = json::array({entry(model_id)});
+    if (model_id != kModelAlias) data.push_back(entry(kModelAlias));
     res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
   });
-  s.http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
-    res.set_content(s.metrics(), "text/plain; version=0.0.4");
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics(), "text/plain; version=0.0.4");
   });
-  s.post_json("/v1/chat/completions", &Impl::chat);
+  post_json("/v1/chat/completions", &Impl::chat);
   if (o.max_pipelines > 0) {
-    s.post_json("/v1/pipelines", &Impl::pipeline);
-    s.http.Get("/", [&s](const httplib::Request&, httplib::Response& res) {
+    post_json("/v1/pipelines", &Impl::pipeline);
+    http.Get("/", [this](const httplib::Request&, httplib::Response& res) {
       res.set_header("Cache-Control", "no-store");
       res.set_content(
-          runs_index_html(s.pipelines->recent(), s.model_id + " — swarmkv serve", kPageRefreshS),
+          runs_index_html(pipelines->recent(), model_id + " — swarmkv serve", kPageRefreshS),
           "text/html; charset=utf-8");
     });
-    s.http.Get(R"(/runs/([^/]+))", [&s](const httplib::Request& req, httplib::Response& res) {
-      const auto job = s.find_run(req.matches[1], res);
+    http.Get(R"(/runs/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      const auto job = find_run(req.matches[1], res);
       if (!job) return;
-      const json view = job->view();
-      const std::string state = view["live"]["state"];
+      // The state before the view: a run that ends between the two reloads once more.
+      const bool going = job->going();
       res.set_header("Cache-Control", "no-store");
-      res.set_content(run_page_html(view, fmt::format("run {} on this server", job->id()),
-                                    state == "queued" || state == "running" ? kPageRefreshS : 0),
+      res.set_content(run_page_html(job->view(), fmt::format("run {} on this server", job->id()),
+                                    going ? kPageRefreshS : 0),
                       "text/html; charset=utf-8");
     });
-    s.http.Get(R"(/v1/pipelines/([^/]+))",
-               [&s](const httplib::Request& req, httplib::Response& res) {
-                 const auto job = s.find_run(req.matches[1], res);
-                 if (job) res.set_content(dump(job->view()), "application/json");
-               });
+    http.Get(R"(/v1/pipelines/([^/]+))",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               const auto job = find_run(req.matches[1], res);
+               if (job) res.set_content(dump(job->view()), "application/json");
+             });
   }
+}
 
+void Server::Impl::bind() {
+  const ServerOptions& o = options;
   if (o.port < 0 || o.port > 65535) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("port must be in [0, 65535] (got {})", o.port));
@@ -840,23 +915,34 @@ Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
   // at once (or before the accept loop runs) would overflow it and stall
   // or fail connections. The socket is kept here to listen again with the
   // system's most.
-  s.http.set_socket_options([&s](socket_t sock) {
+  http.set_socket_options([this](socket_t sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    s.listen_fd = sock;
+    listen_fd = sock;
   });
   if (o.port == 0) {
-    s.port = s.http.bind_to_any_port(o.host);
-    if (s.port < 0) s.port = 0;
-  } else if (s.http.bind_to_port(o.host, o.port)) {
-    s.port = o.port;
+    port = http.bind_to_any_port(o.host);
+    if (port < 0) port = 0;
+  } else if (http.bind_to_port(o.host, o.port)) {
+    port = o.port;
   }
-  if (s.port <= 0) {
+  if (port <= 0) {
     throw Error(
         ErrorCode::kIo,
         fmt::format("cannot listen on {}:{} (in use, or no such local address)", o.host, o.port));
   }
-  if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
+}
+
+Server::Server(std::shared_ptr<const Model> model, ServerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  check_options(options);
+  impl_->model = std::move(model);
+  impl_->options = std::move(options);
+  impl_->start_engines();
+  impl_->set_http_handlers();
+  impl_->add_routes();
+  impl_->bind();
 }
 
 Server::~Server() {
