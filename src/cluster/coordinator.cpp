@@ -435,7 +435,6 @@ class Coordinator final : public AgentExecutor {
       ++duplicates_;
       return std::nullopt;
     }
-    warn_bad_figures(r);
     AgentResult a = std::move(r.result);
     // The worker's times count from its job's start: moved onto this run's
     // clock, the result's arrival taken as its end (late by the transport).
@@ -446,6 +445,7 @@ class Coordinator final : public AgentExecutor {
     if (a.timings_ms.first_token_at > 0) a.timings_ms.first_token_at += shift;
     for (double& t : a.token_at_ms) t += shift;
     if (r.fetch_bytes != 0 && fetched_jobs_.insert(r.job).second) {
+      warn_bad_figures(r);  // its fetch_ms, read once per job
       ++transfer_.fetches;
       transfer_.fetch_ms = std::max(transfer_.fetch_ms, r.fetch_ms);
     }
