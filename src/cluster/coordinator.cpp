@@ -3,8 +3,6 @@
 // what the runner obtains from the local store or a prefill), enqueues the
 // agents the runner hands it, and keeps the first result of each agent.
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -15,6 +13,7 @@
 
 #include "cluster/job_split.h"
 #include "cluster/keys.h"
+#include "cluster/wire.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -84,20 +83,11 @@ size_t workers_of_other_keys(redis::Client& redis, const std::string& fp, bool e
   return n;
 }
 
-// The number (milliseconds, bytes) a worker wrote into a result entry's
-// field `name`; 0, with a warning, for anything else: a figure is not worth
-// the run.
-double entry_number(const StreamEntry& e, const char* name) {
-  const auto it = e.fields.find(name);
-  const std::string text = it == e.fields.end() ? std::string() : it->second;
-  double v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < 0) {
-    log_warn("coordinator: result entry {} has {} '{}', not a number >= 0; counted as 0", e.id,
-             name, text.substr(0, 40));
-    return 0;
-  }
-  return v;
+// The figures of a result entry that were not numbers (counted as 0), with
+// a warning each: a figure is not worth the run.
+void warn_bad_figures(const ResultEntry& r) {
+  for (const std::string& bad : r.bad_figures)
+    log_warn("coordinator: result entry {} has {}, not a number >= 0; counted as 0", r.id, bad);
 }
 
 // How long the run goes on without a live worker before it fails.
@@ -230,10 +220,11 @@ class Coordinator final : public AgentExecutor {
     std::vector<StreamEntry> entries;
     if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
       entries = stream_entries(r.elements[0].elements[1]);
-    for (StreamEntry& e : entries) {
+    for (const StreamEntry& e : entries) {
       last_id_ = e.id;
-      if (refused(e)) continue;
-      if (std::optional<std::pair<size_t, AgentResult>> answer = take(e))
+      ResultEntry entry = result_from_entry(e);
+      if (refused(e, entry.worker)) continue;
+      if (std::optional<std::pair<size_t, AgentResult>> answer = take(entry))
         done.push_back(std::move(*answer));
     }
     check_live_workers();
@@ -282,12 +273,11 @@ class Coordinator final : public AgentExecutor {
   // A result entry not signed with the run's cluster key: logged, never
   // taken (a worker with the key answers the agent; else the run times out
   // naming it).
-  bool refused(const StreamEntry& e) {
+  bool refused(const StreamEntry& e, const std::string& worker) {
     const std::optional<std::string> why = entry_refusal(options_.bus.cluster_key, results_key_, e);
     if (!why) return false;
-    const auto worker = e.fields.find("worker");
-    log_warn("coordinator: refusing result entry {} (worker '{}'): {}", e.id,
-             worker == e.fields.end() ? std::string() : worker->second.substr(0, 100), *why);
+    log_warn("coordinator: refusing result entry {} (worker '{}'): {}", e.id, worker.substr(0, 100),
+             *why);
     return true;
   }
 
@@ -335,9 +325,7 @@ class Coordinator final : public AgentExecutor {
     const std::string job =
         redis_
             ->command(xadd(options_.bus.cluster_key, stream_, 10000,
-                           {{"run", run_id_},
-                            {"snapshot", key},
-                            {"prefill", mode == Publish::kReplace ? "replace" : "if_absent"}}))
+                           job_fields({.run = run_id_, .snapshot = key, .prefill = mode})))
             .str;
     log_info("coordinator: prefill job {}: a worker makes snapshot {}", job, key);
     std::string from = "0-0";
@@ -354,26 +342,22 @@ class Coordinator final : public AgentExecutor {
       const redis::Reply r = redis_->command(
           {"XREAD", "COUNT", "100", "BLOCK", "1000", "STREAMS", results_key_, from});
       if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2) {
-        for (StreamEntry& e : stream_entries(r.elements[0].elements[1])) {
+        for (const StreamEntry& e : stream_entries(r.elements[0].elements[1])) {
           from = e.id;
-          if (e.fields["job"] != job || e.fields.count("prefill") == 0 || refused(e)) continue;
-          std::optional<ErrorValue> failed;
-          try {
-            failed = error_from_json(nlohmann::json::parse(e.fields["prefill"]));
-          } catch (const std::exception& bad) {
-            failed = ErrorValue{ErrorCode::kCorruption,
-                                fmt::format("its report does not parse: {}", bad.what())};
+          const ResultEntry report = result_from_entry(e);
+          if (report.job != job || !report.prefill || refused(e, report.worker)) continue;
+          const PrefillOutcome& made = *report.prefill;
+          if (made.error) {
+            throw Error(made.error->code,
+                        fmt::format("worker '{}' could not prefill the document: {}", report.worker,
+                                    made.error->message));
           }
-          if (failed) {
-            throw Error(failed->code, fmt::format("worker '{}' could not prefill the document: {}",
-                                                  e.fields["worker"], failed->message));
-          }
-          worker_prefill_ms_ = entry_number(e, "prefill_ms");
-          const auto bytes = static_cast<uint64_t>(entry_number(e, "bytes"));
-          transfer_.bytes = bytes;
-          transfer_.publish_ms += entry_number(e, "publish_ms");
+          warn_bad_figures(report);
+          worker_prefill_ms_ = made.prefill_ms;
+          transfer_.bytes = made.bytes;
+          transfer_.publish_ms += made.publish_ms;
           log_info("coordinator: worker {} published snapshot {} ({:.1f} MiB, prefill {:.0f} ms)",
-                   e.fields["worker"], key, bytes / 1048576.0, worker_prefill_ms_);
+                   report.worker, key, made.bytes / 1048576.0, worker_prefill_ms_);
           return;
         }
       }
@@ -406,66 +390,52 @@ class Coordinator final : public AgentExecutor {
     } else {
       jobs = split_by_cost(agents, cost_, std::max<size_t>(live_.size(), 1));
     }
-    for (const std::vector<size_t>& job : jobs) {
-      nlohmann::json list = nlohmann::json::array();
-      // Prompts with placeholders travel rendered: the upstream answers are here.
-      nlohmann::json prompts = nlohmann::json::object();
-      // A fork_from child continues its parent's conversation, which only a
-      // worker that ran the parent holds: the job runs the ancestors again
-      // before it, and carries their answers for the worker to check (equal
-      // under exact mode, token for token).
-      nlohmann::json expect = nlohmann::json::object();
-      std::set<size_t> runs(job.begin(), job.end());
-      for (const size_t k : job) {
-        for (auto p = spec_.agent_index(spec_.agents[k].fork_from); p;
-             p = spec_.agent_index(spec_.agents[*p].fork_from)) {
-          if (!runs.insert(*p).second) continue;
-          if (const auto t = answer_tokens_.find(*p); t != answer_tokens_.end())
-            expect[spec_.agents[*p].name] = t->second;
-        }
-      }
-      for (const size_t k : runs) {  // pipeline order
-        const AgentSpec& a = spec_.agents[k];
-        list.push_back(a.name);
-        if (!prompt_placeholders(a.prompt).empty())
-          prompts[a.name] = render_prompt(a.prompt, answers_);
-      }
-      std::vector<std::pair<std::string, std::string>> fields = {
-          {"run", run_id_}, {"snapshot", document_.snapshot_key}, {"agents", list.dump()}};
-      if (!prompts.empty()) {
-        fields.emplace_back("prompts",
-                            prompts.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-      }
-      if (!expect.empty()) fields.emplace_back("rerun", expect.dump());
+    for (const std::vector<size_t>& agents_of_job : jobs) {
+      const JobMessage job = job_message(agents_of_job);
       const redis::Reply id =
-          redis_->command(xadd(options_.bus.cluster_key, stream_, 10000, fields));
-      log_info("coordinator: job {}: {}", id.str, list.dump());
+          redis_->command(xadd(options_.bus.cluster_key, stream_, 10000, job_fields(job)));
+      log_info("coordinator: job {}: {}", id.str, nlohmann::json(job.agents).dump());
     }
+  }
+
+  // The job that runs `agents`.
+  JobMessage job_message(const std::vector<size_t>& agents) const {
+    JobMessage job{.run = run_id_, .snapshot = document_.snapshot_key};
+    // A fork_from child continues its parent's conversation, which only a
+    // worker that ran the parent holds: the job runs the ancestors again
+    // before it, and carries their answers for the worker to check (equal
+    // under exact mode, token for token).
+    std::set<size_t> runs(agents.begin(), agents.end());
+    for (const size_t k : agents) {
+      for (auto p = spec_.agent_index(spec_.agents[k].fork_from); p;
+           p = spec_.agent_index(spec_.agents[*p].fork_from)) {
+        if (!runs.insert(*p).second) continue;
+        if (const auto t = answer_tokens_.find(*p); t != answer_tokens_.end())
+          job.reruns[spec_.agents[*p].name] = t->second;
+      }
+    }
+    for (const size_t k : runs) {  // pipeline order
+      const AgentSpec& a = spec_.agents[k];
+      job.agents.push_back(a.name);
+      // Prompts with placeholders travel rendered: the upstream answers are here.
+      if (!prompt_placeholders(a.prompt).empty())
+        job.prompts[a.name] = render_prompt(a.prompt, answers_);
+    }
+    return job;
   }
 
   // The answer a result entry carries, the first time its agent answers;
   // nullopt for a duplicate, an unknown agent, or an agent sent once more
   // (its snapshot was unavailable: published again, once per run).
-  std::optional<std::pair<size_t, AgentResult>> take(StreamEntry& e) {
-    std::map<std::string, std::string>& f = e.fields;
-    const std::optional<size_t> index = spec_.agent_index(f["agent"]);
+  std::optional<std::pair<size_t, AgentResult>> take(ResultEntry& r) {
+    const std::optional<size_t> index = spec_.agent_index(r.agent);
     if (!index) return std::nullopt;
     const size_t i = *index;
     if (answered_[i] || in_flight_.count(i) == 0) {
       ++duplicates_;
       return std::nullopt;
     }
-    AgentResult a;
-    try {
-      a = agent_from_json(nlohmann::json::parse(f["result"]));
-    } catch (const std::exception& bad) {
-      a.name = spec_.agents[i].name;
-      a.status = NodeStatus::kFailed;
-      a.error = ErrorValue{
-          ErrorCode::kCorruption,
-          fmt::format("the result from worker '{}' does not parse: {}", f["worker"], bad.what())};
-    }
-    a.worker = f["worker"];
+    AgentResult a = std::move(r.result);
     // The worker's times count from its job's start: moved onto this run's
     // clock, the result's arrival taken as its end (late by the transport).
     const double worker_done_at = a.timings_ms.done_at;
@@ -474,14 +444,15 @@ class Coordinator final : public AgentExecutor {
     if (a.timings_ms.started_at > 0) a.timings_ms.started_at += shift;
     if (a.timings_ms.first_token_at > 0) a.timings_ms.first_token_at += shift;
     for (double& t : a.token_at_ms) t += shift;
-    if (f["fetch_bytes"] != "0" && fetched_jobs_.insert(f["job"]).second) {
+    if (r.fetch_bytes != 0 && fetched_jobs_.insert(r.job).second) {
+      warn_bad_figures(r);  // its fetch_ms, read once per job
       ++transfer_.fetches;
-      transfer_.fetch_ms = std::max(transfer_.fetch_ms, entry_number(e, "fetch_ms"));
+      transfer_.fetch_ms = std::max(transfer_.fetch_ms, r.fetch_ms);
     }
     // A worker that could not get the snapshot from the bus (damaged
     // twice, or gone): publish it again, once per run, replacing the bus's
     // copy, and give the agent one more try.
-    if (a.error && !retried_[i] && f["snapshot_unavailable"] == "1") {
+    if (a.error && !retried_[i] && r.snapshot_unavailable) {
       retried_[i] = true;
       if (!republished_) {
         republished_ = true;

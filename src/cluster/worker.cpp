@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "cluster/keys.h"
+#include "cluster/wire.h"
 #include "swarmkv/cluster.h"
 #include "swarmkv/error.h"
 #include "swarmkv/log.h"
@@ -33,62 +34,6 @@ std::string default_name() {
   return fmt::format("{}-{}", host, ::getpid());
 }
 
-std::string field(const StreamEntry& e, const std::string& name) {
-  const auto it = e.fields.find(name);
-  if (it == e.fields.end()) {
-    throw Error(ErrorCode::kCorruption, fmt::format("job {} has no '{}' field", e.id, name));
-  }
-  return it->second;
-}
-
-// The agent names a job lists: a non-empty JSON array of strings, or
-// Error(kCorruption) naming the job and what its field holds instead.
-std::vector<std::string> job_agents(const StreamEntry& job) {
-  const std::string text = field(job, "agents");
-  const nlohmann::json names = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  std::vector<std::string> out;
-  if (names.is_array()) {
-    for (const nlohmann::json& n : names) {
-      if (!n.is_string()) break;
-      out.push_back(n.get<std::string>());
-    }
-  }
-  if (!names.is_array() || names.empty() || out.size() != names.size()) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("job {}: 'agents' is not a JSON array of agent names (it is '{}')",
-                            job.id, text.substr(0, 200)));
-  }
-  return out;
-}
-
-// The ancestors a job runs again for its fork_from children, with the
-// answers they gave the first time ("rerun": a JSON object, agent name ->
-// token array; absent: none), or Error(kCorruption) naming the job.
-std::map<std::string, std::vector<Token>> job_reruns(const StreamEntry& job,
-                                                     const std::vector<std::string>& agents) {
-  std::map<std::string, std::vector<Token>> out;
-  const auto it = job.fields.find("rerun");
-  if (it == job.fields.end()) return out;
-  const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  const auto bad = [&](const std::string& what) {
-    return Error(ErrorCode::kCorruption, fmt::format("job {}: 'rerun' {}", job.id, what));
-  };
-  if (!j.is_object()) throw bad("is not a JSON object of agent names to token arrays");
-  for (const auto& [name, tokens] : j.items()) {
-    if (std::find(agents.begin(), agents.end(), name) == agents.end())
-      throw bad(fmt::format("names '{}', which is not one of its agents", name.substr(0, 100)));
-    if (!tokens.is_array()) throw bad(fmt::format("of '{}' is not a token array", name));
-    std::vector<Token>& out_tokens = out[name];
-    for (const nlohmann::json& t : tokens) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-          t.get<int64_t>() > std::numeric_limits<Token>::max())
-        throw bad(fmt::format("of '{}' holds something other than token ids", name));
-      out_tokens.push_back(t.get<Token>());
-    }
-  }
-  return out;
-}
-
 // A job's deliveries so far (XPENDING's count: XREADGROUP and XAUTOCLAIM
 // add one each, the heartbeat's JUSTID claims none). Past
 // keys::kMaxDeliveries it goes to keys::dead_letters(pool) (its id, its
@@ -101,21 +46,16 @@ std::optional<ErrorValue> dead_letter(redis::Client& redis, const std::string& s
   const redis::Reply r =
       redis.try_command({"XPENDING", stream, keys::kWorkersGroup, job.id, job.id, "1"});
   if (r.is_error() || r.elements.empty() || r.elements[0].elements.size() < 4) return std::nullopt;
-  const long long deliveries = r.elements[0].elements[3].integer;
+  const int64_t deliveries = r.elements[0].elements[3].integer;
   if (deliveries <= keys::kMaxDeliveries) return std::nullopt;
   const std::string dead = keys::dead_letters(pool);
   ErrorValue e{ErrorCode::kAborted,
                fmt::format("job {} was delivered {} times and no worker finished it (each one "
                            "stopped or died in it): not run again; it is in {}",
                            job.id, deliveries, dead)};
-  std::vector<std::pair<std::string, std::string>> fields = {
-      {"job", job.id},
-      {"deliveries", std::to_string(deliveries)},
-      {"worker", name},
-      {"reason", e.message}};
-  for (const auto& [key, value] : job.fields) fields.emplace_back("job." + key, value);
   // Not recorded (the key holds another type): the job still fails, logged.
-  if (const redis::Reply added = redis.try_command(xadd(cluster_key, dead, 10000, fields));
+  if (const redis::Reply added = redis.try_command(
+          xadd(cluster_key, dead, 10000, dead_letter_fields(job, deliveries, name, e.message)));
       added.is_error())
     log_warn("worker {}: could not add job {} to {}: {}", name, job.id, dead, added.str);
   log_warn("worker {}: {}", name, e.message);
@@ -137,75 +77,6 @@ std::optional<nlohmann::json> run_spec_message(redis::Client& redis, const std::
                 fmt::format("the pipeline of run {} in Redis is refused: {}", run_id, *why));
   }
   return doc;
-}
-
-// A prefill job: the coordinator never decodes. The run's document from
-// this worker's store, else prefilled, published on the bus under the job's
-// key ("prefill": "replace" replaces a damaged copy); one result entry
-// (agent "") says how it went: "prefill" null or the error, "prefill_ms",
-// "publish_ms", "bytes". `dead`: the job is not run, it fails with that.
-// Throws only for Redis itself.
-void run_prefill_job(redis::Client& redis, const std::string& stream, const StreamEntry& job,
-                     const std::string& name, const std::shared_ptr<const Model>& model,
-                     const WorkerOptions& options, const std::optional<ErrorValue>& dead) {
-  std::string run_id;
-  std::optional<ErrorValue> failure;
-  PrefillReport made;
-  uint64_t bytes = 0;
-  double publish_ms = 0;
-  try {
-    run_id = field(job, "run");
-    if (dead) throw Error(dead->code, dead->message);
-    const std::string key = field(job, "snapshot");
-    const std::optional<nlohmann::json> doc = run_spec_message(redis, run_id, options.cluster_key);
-    if (!doc) {
-      throw Error(ErrorCode::kNotFound,
-                  fmt::format("prefill job {}: run {} has no pipeline in Redis", job.id, run_id));
-    }
-    PipelineSpec spec = spec_from_json(*doc, nullptr);
-    spec.n_threads = options.n_threads;
-    RunOptions run;  // this worker's store: looked up, then the prefilled state published there
-    run.snapshot.cache = SnapshotCacheMode::kOn;
-    run.snapshot.cache_dir = options.cache_dir;
-    run.snapshot.cache_max_bytes = options.cache_max_bytes;
-    log_info("worker {}: prefill job {} of run {}", name, job.id, run_id);
-    made = prefill_document(spec, model, run);
-    if (made.snapshot.key != key) {
-      throw Error(ErrorCode::kIncompatible,
-                  fmt::format("prefill job {} asks for snapshot {}, and this worker makes {}: its "
-                              "model, engine or KV layout differs from the coordinator's",
-                              job.id, key, made.snapshot.key));
-    }
-    const SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
-    const std::string file = read_file(store.path_of(key), "snapshot");
-    bytes = file.size();
-    publish_ms =
-        publish_snapshot(
-            redis, key, std::span(reinterpret_cast<const uint8_t*>(file.data()), file.size()),
-            BusOptions{.cluster_key = options.cluster_key},
-            field(job, "prefill") == "replace" ? Publish::kReplace : Publish::kIfAbsent)
-            .ms;
-    log_info("worker {}: published snapshot {} ({:.1f} MiB; prefill {:.0f} ms)", name, key,
-             bytes / 1048576.0, made.prefill_ms);
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kIo && e.message().rfind(redis.url().address(), 0) == 0) throw;
-    failure = e.value();
-  } catch (const std::exception& e) {
-    failure =
-        ErrorValue{ErrorCode::kCorruption, fmt::format("prefill job {}: {}", job.id, e.what())};
-  }
-  if (failure) log_warn("worker {}: prefill job {} failed: {}", name, job.id, failure->to_string());
-  if (!run_id.empty()) {
-    redis.command(xadd(options.cluster_key, keys::run_results(run_id), 100000,
-                       {{"agent", ""},
-                        {"worker", name},
-                        {"job", job.id},
-                        {"prefill", error_json(failure).dump()},
-                        {"prefill_ms", fmt::format("{:.3f}", made.prefill_ms)},
-                        {"publish_ms", fmt::format("{:.3f}", publish_ms)},
-                        {"bytes", std::to_string(bytes)}}));
-  }
-  redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
 }
 
 // The ancestors a job ran again (`reruns`, with their first answers) leave
@@ -245,33 +116,6 @@ void settle_reruns(const PipelineSpec& run, const std::map<std::string, std::vec
     kept.push_back(std::move(a));
   }
   results = std::move(kept);
-}
-
-// The rendered prompts a job carries for its agents with placeholders
-// ("prompts": a JSON object, agent name -> prompt text; absent: none), or
-// Error(kCorruption) naming the job and what is wrong.
-std::map<std::string, std::string> job_prompts(const StreamEntry& job,
-                                               const std::vector<std::string>& agents) {
-  std::map<std::string, std::string> out;
-  const auto it = job.fields.find("prompts");
-  if (it == job.fields.end()) return out;
-  const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("job {}: 'prompts' is not a JSON object of agent names to prompts "
-                            "(it is '{}')",
-                            job.id, it->second.substr(0, 200)));
-  }
-  for (const auto& [name, prompt] : j.items()) {
-    if (!prompt.is_string() || std::find(agents.begin(), agents.end(), name) == agents.end()) {
-      throw Error(ErrorCode::kCorruption,
-                  fmt::format("job {}: 'prompts' has an entry for '{}' that is not a prompt of "
-                              "one of its agents",
-                              job.id, name.substr(0, 100)));
-    }
-    out[name] = prompt.get<std::string>();
-  }
-  return out;
 }
 
 // A worker's connection rides out any Redis outage: it reconnects until
@@ -384,8 +228,9 @@ void ensure_job_group(redis::Client& redis, const std::string& stream) {
   create_group(redis, stream);
 }
 
-WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model>& model,
-                        const WorkerOptions& options) {
+namespace {
+
+void check_options(const std::shared_ptr<const Model>& model, const WorkerOptions& options) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_worker needs a model");
   if (options.visibility_timeout_s <= 0 || options.heartbeat_s <= 0 ||
       options.visibility_timeout_s < 2 * options.heartbeat_s) {
@@ -393,285 +238,478 @@ WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model
                 fmt::format("the visibility timeout ({} s) must be at least two heartbeats ({} s)",
                             options.visibility_timeout_s, options.heartbeat_s));
   }
-  const std::string name = options.name.empty() ? default_name() : options.name;
-  const std::string fp = model_fingerprint(model->path());
-  const bool exact = model->options().batch_invariant;
-  const std::string pool = keys::pool(fp, exact, options.cluster_key.id());
-  const std::string stream = keys::jobs(pool);
-  const std::string model_file = std::filesystem::path(model->path()).filename().string();
-  redis::Client redis(url, riding_out(options.stop));
-  create_group(redis, stream);
-  nlohmann::json info = {{"name", name},
-                         {"model_file", model_file},
-                         {"pid", ::getpid()},
-                         {"started_unix", unix_now()}};
+}
+
+// A job in hand: its entry, and whether it was taken over from a worker
+// that stopped renewing it (XAUTOCLAIM) rather than read new.
+struct ClaimedJob {
+  StreamEntry entry;
+  bool stale = false;
+};
+
+// What an agent job made: one result per agent that it answers for.
+struct JobOutcome {
+  std::string run_id;  // "": the job names none, and nobody hears of it
+  std::vector<AgentResult> results;
+  // Ancestors of the job's fork_from children, run again: their answers
+  // the first time, checked and not posted again.
+  std::map<std::string, std::vector<Token>> reruns;
+  FetchReport fetched;
+  bool snapshot_unavailable = false;  // the bus's copy is missing or damaged
+  std::optional<ErrorValue> failure;  // the whole job failed: every agent says why
+};
+
+// A run's pipeline as a worker keeps it, with the run's guard policy.
+using RunPipeline = std::pair<PipelineSpec, GuardPolicy>;
+
+// `swarmkv worker`'s state: its connection, heartbeat and store, and the
+// last few runs' pipelines. Thread-confined (the heartbeat has a thread and
+// a connection of its own).
+class Worker {
+ public:
+  Worker(const redis::Url& url, const std::shared_ptr<const Model>& model,
+         const WorkerOptions& options)
+      : url_(url),
+        model_(model),
+        options_(options),
+        name_(options.name.empty() ? default_name() : options.name),
+        fp_(model_fingerprint(model->path())),
+        exact_(model->options().batch_invariant),
+        pool_(keys::pool(fp_, exact_, options.cluster_key.id())),
+        stream_(keys::jobs(pool_)),
+        model_file_(std::filesystem::path(model->path()).filename().string()),
+        idle_ms_(std::to_string(static_cast<int64_t>(options.visibility_timeout_s * 1000))),
+        redis_(url, riding_out(options.stop)) {
+    create_group(redis_, stream_);
+    nlohmann::json info = {{"name", name_},
+                           {"model_file", model_file_},
+                           {"pid", ::getpid()},
+                           {"started_unix", unix_now()}};
+    warn_of_an_open_cluster();
+    heartbeat_.emplace(url, keys::worker(pool_, name_), stream_, name_, std::move(info),
+                       options.cluster_key, options.heartbeat_s);
+    store_.emplace(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
+    log_info("worker {}: serving model {} (sha256 {}, {} runs) from {}", name_, model_file_,
+             fp_.substr(0, 12), exact_ ? "exact" : "--no-exact", url.address());
+  }
+
+  // Jobs until stopped (or max_jobs).
+  WorkerReport serve() {
+    try {
+      while (!stopped()) {
+        std::optional<ClaimedJob> job = next_job();
+        if (!job || refused(job->entry)) continue;
+        // As before the steps were named: only an agent job run to its end
+        // ends the loop at max_jobs.
+        if (take(*job) && options_.max_jobs > 0 && report_.jobs >= options_.max_jobs) break;
+      }
+    } catch (const Error& e) {
+      // Stopped while waiting for Redis to come back: the job in hand (if
+      // any) stays pending for another worker, as after a crash.
+      if (!stopped()) throw;
+      log_warn("worker {}: stopped while Redis was away: {}", name_, e.message());
+    }
+    log_info("worker {}: stopping after {} job(s)", name_, report_.jobs);
+    return report_;
+  }
+
+ private:
+  bool stopped() const { return options_.stop != nullptr && options_.stop->load(); }
+
   // Signed (by each beat): a coordinator with the cluster key counts only
   // workers that have it.
-  if (options.cluster_key.empty()) {
-    log_warn(
-        "worker {}: no cluster key (--cluster-key-file, $SWARMKV_CLUSTER_KEY): it runs any "
-        "job on {} and its results and snapshots are not authenticated",
-        name, url.address());
-  }
-  if (url.clear_text_off_host()) {
-    log_warn(
-        "worker {}: {} is plain text: the documents, prompts, answers and KV cross the "
-        "network readable (rediss:// speaks TLS)",
-        name, url.address());
-  }
-  Heartbeat heartbeat(url, keys::worker(pool, name), stream, name, std::move(info),
-                      options.cluster_key, options.heartbeat_s);
-  SnapshotStore store(snapshot_store_dir(options.cache_dir), options.cache_max_bytes);
-  log_info("worker {}: serving model {} (sha256 {}, {} runs) from {}", name, model_file,
-           fp.substr(0, 12), exact ? "exact" : "--no-exact", url.address());
-
-  WorkerReport report;
-  std::map<std::string, std::pair<PipelineSpec, GuardPolicy>> runs;  // the last few runs' specs
-  const std::string idle_ms =
-      std::to_string(static_cast<int64_t>(options.visibility_timeout_s * 1000));
-  try {
-    while (options.stop == nullptr || !options.stop->load()) {
-      // A job a dead worker left pending comes first, then a new one.
-      std::vector<StreamEntry> jobs;
-      bool stale = false;
-      const redis::Reply claimed = redis.try_command(
-          {"XAUTOCLAIM", stream, keys::kWorkersGroup, name, idle_ms, "0-0", "COUNT", "1"});
-      if (claimed.is_error() && claimed.str.rfind("NOGROUP", 0) == 0) {
-        log_warn("worker {}: the job group is gone (Redis restarted?); creating it again", name);
-        create_group(redis, stream);
-        continue;
-      }
-      if (claimed.is_error()) {
-        throw Error(ErrorCode::kIo,
-                    fmt::format("{}: XAUTOCLAIM {}: {}", url.address(), stream, claimed.str));
-      }
-      if (claimed.elements.size() >= 2) jobs = stream_entries(claimed.elements[1]);
-      stale = !jobs.empty();
-      if (jobs.empty()) {
-        const redis::Reply r =
-            redis.try_command({"XREADGROUP", "GROUP", keys::kWorkersGroup, name, "COUNT", "1",
-                               "BLOCK", "1000", "STREAMS", stream, ">"});
-        if (r.is_error() && r.str.rfind("NOGROUP", 0) == 0) {
-          create_group(redis, stream);
-          continue;
-        }
-        if (r.is_error())
-          throw Error(ErrorCode::kIo,
-                      fmt::format("{}: XREADGROUP {}: {}", url.address(), stream, r.str));
-        if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
-          jobs = stream_entries(r.elements[0].elements[1]);
-      }
-      if (jobs.empty()) continue;
-      const StreamEntry& job = jobs.front();
-      // Under a cluster key a job that is not signed with it is never run,
-      // and nobody it names hears of it: acknowledged and logged.
-      if (const std::optional<std::string> why = entry_refusal(options.cluster_key, stream, job)) {
-        const auto run = job.fields.find("run");
-        log_warn("worker {}: refusing job {} (run '{}'): {}; not run", name, job.id,
-                 run == job.fields.end() ? std::string() : run->second.substr(0, 100), *why);
-        redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
-        continue;
-      }
-      const std::optional<ErrorValue> dead =
-          stale ? dead_letter(redis, stream, pool, job, name, options.cluster_key) : std::nullopt;
-      heartbeat.set_job(job.id);
-      const Stopwatch took;
-      if (job.fields.count("prefill") > 0) {
-        run_prefill_job(redis, stream, job, name, model, options, dead);
-        heartbeat.set_job("");
-        ++report.jobs;
-        continue;
-      }
-
-      std::vector<AgentResult> results;
-      // Ancestors of the job's fork_from children, run again: their answers
-      // the first time, checked and not posted again.
-      std::map<std::string, std::vector<Token>> reruns;
-      std::string run_id;
-      FetchReport fetched;
-      bool snapshot_unavailable = false;  // the bus's copy is missing or damaged
-      std::optional<ErrorValue> failure;
-      try {
-        run_id = field(job, "run");
-        if (dead) throw Error(dead->code, dead->message);
-        const std::vector<std::string> names = job_agents(job);
-        // A run that finished (or was lost) has no pipeline key: its jobs are
-        // leftovers nobody waits for.
-        const std::optional<nlohmann::json> doc =
-            run_spec_message(redis, run_id, options.cluster_key);
-        if (!doc) {
-          log_warn(
-              "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, expired or "
-              "lost in a restart)",
-              name, job.id, run_id);
-          redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
-          heartbeat.set_job("");
-          continue;
-        }
-        auto it = runs.find(run_id);
-        if (it == runs.end()) {
-          if (runs.size() >= 8) runs.erase(runs.begin());
-          GuardPolicy guard = GuardPolicy::kSerialized;
-          PipelineSpec spec = spec_from_json(*doc, &guard);
-          it = runs.emplace(run_id, std::make_pair(std::move(spec), guard)).first;
-        }
-        const PipelineSpec& full = it->second.first;
-        PipelineSpec spec = full;
-        spec.agents.clear();
-        spec.n_threads = options.n_threads;
-        const std::map<std::string, std::string> rendered = job_prompts(job, names);
-        reruns = job_reruns(job, names);
-        std::string listed;
-        for (const std::string& agent : names) {
-          const std::optional<size_t> a = full.agent_index(agent);
-          if (!a) {
-            throw Error(ErrorCode::kCorruption,
-                        fmt::format("job {} names agent '{}', which run {} does not have", job.id,
-                                    agent, run_id));
-          }
-          spec.agents.push_back(full.agents[*a]);
-          spec.agents.back().depends_on.clear();  // the coordinator enqueues it once they are done
-          // Its placeholders rendered with the upstream answers, which the
-          // coordinator has and this worker may not.
-          if (const auto p = rendered.find(agent); p != rendered.end())
-            spec.agents.back().prompt = p->second;
-          else if (!prompt_placeholders(spec.agents.back().prompt).empty())
-            throw Error(ErrorCode::kCorruption,
-                        fmt::format("job {}: agent '{}' has placeholders and the job no rendered "
-                                    "prompt for it",
-                                    job.id, agent));
-          listed += (listed.empty() ? "" : ", ") + agent;
-        }
-        log_info("worker {}: {} job {} of run {}: {} agent(s) ({})", name,
-                 stale ? "took over the stalled" : "claimed", job.id, run_id, spec.agents.size(),
-                 listed);
-        RunOptions run;
-        run.guard = it->second.second;
-        if (fork_traits(spec.fork).prefix_state) {
-          const std::string key = field(job, "snapshot");
-          std::string path = store.path_of(key);
-          bool local = false;
-          try {
-            read_snapshot_header(path);
-            local = true;
-            store.touch(path);
-          } catch (const Error&) {
-          }
-          if (!local) {
-            std::vector<uint8_t> file;
-            try {
-              file = fetch_snapshot(redis, key, options.cluster_key, &fetched);
-            } catch (const Error& e) {
-              // Redis being away (kIo) is no fault of the bus's copy.
-              snapshot_unavailable = e.code() == ErrorCode::kCorruption ||
-                                     e.code() == ErrorCode::kNotFound ||
-                                     e.code() == ErrorCode::kUnauthenticated;
-              throw;
-            }
-            path = store.adopt(key, file);
-            ++report.fetches;
-            log_info("worker {}: fetched snapshot {} ({:.1f} MiB in {:.0f} ms, {:.0f} MB/s)", name,
-                     key, fetched.bytes / 1048576.0, fetched.ms,
-                     fetched.ms > 0 ? fetched.bytes / 1000.0 / fetched.ms : 0.0);
-          }
-          run.snapshot.file = path;
-        }
-        // A fork_from child runs in the same part as its parent.
-        const size_t slice = options.max_agents > 0 && !spec.any_fork_from()
-                                 ? static_cast<size_t>(options.max_agents)
-                                 : spec.agents.size();
-        for (size_t at = 0; at < spec.agents.size(); at += slice) {
-          PipelineSpec part = spec;
-          part.agents.assign(spec.agents.begin() + static_cast<std::ptrdiff_t>(at),
-                             spec.agents.begin() + static_cast<std::ptrdiff_t>(
-                                                       std::min(at + slice, spec.agents.size())));
-          try {
-            PipelineResult r = run_pipeline(part, model, run);
-            // State from this worker's store entry that fails the checks
-            // after its restore (cells elsewhere, non-finite logits) though
-            // its checksums held: the entry goes, as run_pipeline drops a
-            // store entry it looked up (this one is named as a file, checked
-            // against the bus's key), and the coordinator hears
-            // that the snapshot is unusable (it has it made and published
-            // again, and gives these agents one more try).
-            if (const ErrorValue* bad = state_error(r);
-                bad && !run.snapshot.file.empty() && store.remove_path(run.snapshot.file)) {
-              log_warn("worker {}: removed snapshot {} from its store: {}", name, run.snapshot.file,
-                       bad->message);
-              snapshot_unavailable = true;
-            }
-            for (AgentResult& a : r.agents) results.push_back(std::move(a));
-          } catch (const Error& e) {
-            for (const AgentSpec& a : part.agents) {
-              AgentResult failed;
-              failed.name = a.name;
-              failed.status = NodeStatus::kFailed;
-              failed.error = e.value();
-              results.push_back(std::move(failed));
-            }
-          }
-        }
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kIo && run_id.empty()) throw;
-        failure = e.value();
-      } catch (const std::exception& e) {
-        // Whatever a message makes the code throw fails that job, never the
-        // worker: a worker that exited would leave the job pending for the
-        // next one to claim and die on.
-        failure = ErrorValue{ErrorCode::kCorruption, fmt::format("job {}: {}", job.id, e.what())};
-      }
-      if (failure) {
-        // The whole job failed (its snapshot, its message): every agent says why.
-        log_warn("worker {}: job {} failed: {}", name, job.id, failure->to_string());
-        results.clear();
-        try {
-          for (const std::string& agent : job_agents(job)) {
-            AgentResult failed;
-            failed.name = agent;
-            failed.status = NodeStatus::kFailed;
-            failed.error = *failure;
-            results.push_back(std::move(failed));
-          }
-        } catch (const Error&) {
-          // A message without agent names: nobody waits for its results.
-        }
-      }
-      if (!reruns.empty()) settle_reruns(runs.at(run_id).first, reruns, results);
-      if (!run_id.empty()) {
-        const std::string results_key = keys::run_results(run_id);
-        for (AgentResult& a : results) {
-          a.worker = name;
-          redis.command(xadd(
-              options.cluster_key, results_key, 100000,
-              {{"agent", a.name},
-               {"worker", name},
-               {"job", job.id},
-               {"fetch_bytes", std::to_string(fetched.bytes)},
-               {"fetch_ms", fmt::format("{:.3f}", fetched.ms)},
-               {"snapshot_unavailable", snapshot_unavailable ? "1" : "0"},
-               {"result",
-                agent_json(a).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}}));
-        }
-        redis.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
-      }
-      // After a Redis restart the group (and the job) may be gone: nothing to acknowledge.
-      redis.try_command({"XACK", stream, keys::kWorkersGroup, job.id});
-      heartbeat.set_job("");
-      ++report.jobs;
-      report.agents += results.size();
-      if (stale) ++report.claimed_stale;
-      log_info("worker {}: job {} done: {} result(s) in {:.0f} ms", name, job.id, results.size(),
-               took.ms());
-      if (options.max_jobs > 0 && report.jobs >= options.max_jobs) break;
+  void warn_of_an_open_cluster() const {
+    if (options_.cluster_key.empty()) {
+      log_warn(
+          "worker {}: no cluster key (--cluster-key-file, $SWARMKV_CLUSTER_KEY): it runs any "
+          "job on {} and its results and snapshots are not authenticated",
+          name_, url_.address());
     }
-  } catch (const Error& e) {
-    // Stopped while waiting for Redis to come back: the job in hand (if
-    // any) stays pending for another worker, as after a crash.
-    if (options.stop == nullptr || !options.stop->load()) throw;
-    log_warn("worker {}: stopped while Redis was away: {}", name, e.message());
+    if (url_.clear_text_off_host()) {
+      log_warn(
+          "worker {}: {} is plain text: the documents, prompts, answers and KV cross the "
+          "network readable (rediss:// speaks TLS)",
+          name_, url_.address());
+    }
   }
-  log_info("worker {}: stopping after {} job(s)", name, report.jobs);
-  return report;
+
+  // A job a dead worker left pending comes first, then a new one; nullopt:
+  // none within a second, or the job group was made again.
+  std::optional<ClaimedJob> next_job() {
+    const redis::Reply claimed = redis_.try_command(
+        {"XAUTOCLAIM", stream_, keys::kWorkersGroup, name_, idle_ms_, "0-0", "COUNT", "1"});
+    if (claimed.is_error() && claimed.str.rfind("NOGROUP", 0) == 0) {
+      log_warn("worker {}: the job group is gone (Redis restarted?); creating it again", name_);
+      create_group(redis_, stream_);
+      return std::nullopt;
+    }
+    if (claimed.is_error()) {
+      throw Error(ErrorCode::kIo,
+                  fmt::format("{}: XAUTOCLAIM {}: {}", url_.address(), stream_, claimed.str));
+    }
+    std::vector<StreamEntry> jobs;
+    if (claimed.elements.size() >= 2) jobs = stream_entries(claimed.elements[1]);
+    if (!jobs.empty()) return ClaimedJob{std::move(jobs.front()), true};
+    const redis::Reply r =
+        redis_.try_command({"XREADGROUP", "GROUP", keys::kWorkersGroup, name_, "COUNT", "1",
+                            "BLOCK", "1000", "STREAMS", stream_, ">"});
+    if (r.is_error() && r.str.rfind("NOGROUP", 0) == 0) {
+      create_group(redis_, stream_);
+      return std::nullopt;
+    }
+    if (r.is_error())
+      throw Error(ErrorCode::kIo,
+                  fmt::format("{}: XREADGROUP {}: {}", url_.address(), stream_, r.str));
+    if (!r.is_nil() && !r.elements.empty() && r.elements[0].elements.size() >= 2)
+      jobs = stream_entries(r.elements[0].elements[1]);
+    if (jobs.empty()) return std::nullopt;
+    return ClaimedJob{std::move(jobs.front()), false};
+  }
+
+  // Under a cluster key a job that is not signed with it is never run, and
+  // nobody it names hears of it: acknowledged and logged.
+  bool refused(const StreamEntry& job) {
+    const std::optional<std::string> why = entry_refusal(options_.cluster_key, stream_, job);
+    if (!why) return false;
+    log_warn("worker {}: refusing job {} (run '{}'): {}; not run", name_, job.id,
+             job_run_shown(job), *why);
+    acknowledge(job);
+    return true;
+  }
+
+  // After a Redis restart the group (and the job) may be gone: nothing to acknowledge.
+  void acknowledge(const StreamEntry& job) {
+    redis_.try_command({"XACK", stream_, keys::kWorkersGroup, job.id});
+  }
+
+  // Runs the job in hand, posts what it made and acknowledges it; true for
+  // an agent job run to its end.
+  bool take(const ClaimedJob& job) {
+    const StreamEntry& entry = job.entry;
+    const std::optional<ErrorValue> dead =
+        job.stale ? dead_letter(redis_, stream_, pool_, entry, name_, options_.cluster_key)
+                  : std::nullopt;
+    heartbeat_->set_job(entry.id);
+    const Stopwatch took;
+    if (is_prefill_job(entry)) {
+      run_prefill_job(entry, dead);
+      heartbeat_->set_job("");
+      ++report_.jobs;
+      return false;
+    }
+    std::optional<JobOutcome> out = run_agent_job(job, dead);
+    if (!out) {  // its run is over
+      acknowledge(entry);
+      heartbeat_->set_job("");
+      return false;
+    }
+    if (!out->reruns.empty()) settle_reruns(runs_.at(out->run_id).first, out->reruns, out->results);
+    post_results(entry, *out);
+    acknowledge(entry);
+    heartbeat_->set_job("");
+    ++report_.jobs;
+    report_.agents += out->results.size();
+    if (job.stale) ++report_.claimed_stale;
+    log_info("worker {}: job {} done: {} result(s) in {:.0f} ms", name_, entry.id,
+             out->results.size(), took.ms());
+    return true;
+  }
+
+  // A prefill job: the coordinator never decodes. The run's document from
+  // this worker's store, else prefilled, published on the bus under the
+  // job's key (JobMessage::prefill says how); one result entry (agent "")
+  // says how it went. `dead`: the job is not run, it fails with that.
+  // Throws only for Redis itself.
+  void run_prefill_job(const StreamEntry& job, const std::optional<ErrorValue>& dead) {
+    std::string run_id;
+    PrefillOutcome outcome;
+    try {
+      run_id = job_run(job);
+      if (dead) throw Error(dead->code, dead->message);
+      const JobMessage message = job_from_entry(job);
+      const std::string& key = message.snapshot_key();
+      const std::optional<nlohmann::json> doc =
+          run_spec_message(redis_, run_id, options_.cluster_key);
+      if (!doc) {
+        throw Error(ErrorCode::kNotFound,
+                    fmt::format("prefill job {}: run {} has no pipeline in Redis", job.id, run_id));
+      }
+      PipelineSpec spec = spec_from_json(*doc, nullptr);
+      spec.n_threads = options_.n_threads;
+      RunOptions run;  // this worker's store: looked up, then the prefilled state published there
+      run.snapshot.cache = SnapshotCacheMode::kOn;
+      run.snapshot.cache_dir = options_.cache_dir;
+      run.snapshot.cache_max_bytes = options_.cache_max_bytes;
+      log_info("worker {}: prefill job {} of run {}", name_, job.id, run_id);
+      const PrefillReport made = prefill_document(spec, model_, run);
+      outcome.prefill_ms = made.prefill_ms;
+      if (made.snapshot.key != key) {
+        throw Error(ErrorCode::kIncompatible,
+                    fmt::format("prefill job {} asks for snapshot {}, and this worker makes {}: "
+                                "its model, engine or KV layout differs from the coordinator's",
+                                job.id, key, made.snapshot.key));
+      }
+      publish_prefilled(key, *message.prefill, outcome);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kIo && e.message().rfind(redis_.url().address(), 0) == 0) throw;
+      outcome.error = e.value();
+    } catch (const std::exception& e) {
+      outcome.error =
+          ErrorValue{ErrorCode::kCorruption, fmt::format("prefill job {}: {}", job.id, e.what())};
+    }
+    if (outcome.error) {
+      log_warn("worker {}: prefill job {} failed: {}", name_, job.id, outcome.error->to_string());
+    }
+    if (!run_id.empty()) {
+      redis_.command(
+          xadd(options_.cluster_key, keys::run_results(run_id), 100000,
+               result_fields(
+                   {.agent = "", .worker = name_, .job = job.id, .prefill = std::move(outcome)})));
+    }
+    acknowledge(job);
+  }
+
+  // The snapshot `key` from this worker's store onto the bus.
+  void publish_prefilled(const std::string& key, Publish mode, PrefillOutcome& outcome) {
+    const std::string file = read_file(store_->path_of(key), "snapshot");
+    outcome.bytes = file.size();
+    outcome.publish_ms =
+        publish_snapshot(redis_, key,
+                         std::span(reinterpret_cast<const uint8_t*>(file.data()), file.size()),
+                         BusOptions{.cluster_key = options_.cluster_key}, mode)
+            .ms;
+    log_info("worker {}: published snapshot {} ({:.1f} MiB; prefill {:.0f} ms)", name_, key,
+             outcome.bytes / 1048576.0, outcome.prefill_ms);
+  }
+
+  // An agent job, run; nullopt for one whose run is over (refused: nobody
+  // waits for it). Whatever its message makes the code throw fails the job,
+  // never the worker: a worker that exited would leave the job pending for
+  // the next one to claim and die on.
+  std::optional<JobOutcome> run_agent_job(const ClaimedJob& job,
+                                          const std::optional<ErrorValue>& dead) {
+    JobOutcome out;
+    try {
+      if (!run_agents(job, dead, out)) return std::nullopt;
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kIo && out.run_id.empty()) throw;
+      out.failure = e.value();
+    } catch (const std::exception& e) {
+      out.failure =
+          ErrorValue{ErrorCode::kCorruption, fmt::format("job {}: {}", job.entry.id, e.what())};
+    }
+    if (out.failure) fail_whole_job(job.entry, out);
+    return out;
+  }
+
+  // run_agent_job's steps; false: the run is over.
+  bool run_agents(const ClaimedJob& job, const std::optional<ErrorValue>& dead, JobOutcome& out) {
+    const StreamEntry& entry = job.entry;
+    out.run_id = job_run(entry);
+    if (dead) throw Error(dead->code, dead->message);
+    job_agents(entry);  // checked first: a job without agents fails, whatever its run
+    const RunPipeline* run = pipeline_of(out.run_id);
+    if (run == nullptr) {
+      log_warn(
+          "worker {}: refusing job {}: run {} has no pipeline in Redis (finished, expired or "
+          "lost in a restart)",
+          name_, entry.id, out.run_id);
+      return false;
+    }
+    const JobMessage message = job_from_entry(entry);
+    out.reruns = message.reruns;
+    const PipelineSpec spec = job_spec(message, run->first, job.stale);
+    RunOptions options;
+    options.guard = run->second;
+    if (fork_traits(spec.fork).prefix_state)
+      options.snapshot.file = snapshot_file(message.snapshot_key(), out);
+    run_in_parts(spec, options, out);
+    return true;
+  }
+
+  // The pipeline of `run_id`, from the last few runs' or Redis; nullptr when
+  // Redis has none: a run that finished (or was lost), whose jobs are
+  // leftovers nobody waits for.
+  const RunPipeline* pipeline_of(const std::string& run_id) {
+    const std::optional<nlohmann::json> doc =
+        run_spec_message(redis_, run_id, options_.cluster_key);
+    if (!doc) return nullptr;
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) {
+      if (runs_.size() >= 8) runs_.erase(runs_.begin());
+      GuardPolicy guard = GuardPolicy::kSerialized;
+      PipelineSpec spec = spec_from_json(*doc, &guard);
+      it = runs_.emplace(run_id, std::make_pair(std::move(spec), guard)).first;
+    }
+    return &it->second;
+  }
+
+  // The pipeline of the job's agents alone: each as the run has it, without
+  // its depends_on (the coordinator enqueues it once they are done) and
+  // with its prompt as the job renders it.
+  PipelineSpec job_spec(const JobMessage& job, const PipelineSpec& full, bool stale) const {
+    PipelineSpec spec = full;
+    spec.agents.clear();
+    spec.n_threads = options_.n_threads;
+    std::string listed;
+    for (const std::string& agent : job.agents) {
+      const std::optional<size_t> a = full.agent_index(agent);
+      if (!a) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("job {} names agent '{}', which run {} does not have", job.id,
+                                agent, job.run));
+      }
+      spec.agents.push_back(full.agents[*a]);
+      spec.agents.back().depends_on.clear();
+      // Its placeholders rendered with the upstream answers, which the
+      // coordinator has and this worker may not.
+      if (const auto p = job.prompts.find(agent); p != job.prompts.end())
+        spec.agents.back().prompt = p->second;
+      else if (!prompt_placeholders(spec.agents.back().prompt).empty())
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("job {}: agent '{}' has placeholders and the job no rendered "
+                                "prompt for it",
+                                job.id, agent));
+      listed += (listed.empty() ? "" : ", ") + agent;
+    }
+    log_info("worker {}: {} job {} of run {}: {} agent(s) ({})", name_,
+             stale ? "took over the stalled" : "claimed", job.id, job.run, spec.agents.size(),
+             listed);
+    return spec;
+  }
+
+  // The document's snapshot as a file in this worker's store: there
+  // already, else fetched from the bus (out.fetched; out.snapshot_unavailable
+  // when the bus's copy is missing, damaged or refused).
+  std::string snapshot_file(const std::string& key, JobOutcome& out) {
+    const std::string path = store_->path_of(key);
+    bool local = false;
+    try {
+      read_snapshot_header(path);
+      local = true;
+      store_->touch(path);
+    } catch (const Error&) {
+    }
+    if (local) return path;
+    std::vector<uint8_t> file;
+    try {
+      file = fetch_snapshot(redis_, key, options_.cluster_key, &out.fetched);
+    } catch (const Error& e) {
+      // Redis being away (kIo) is no fault of the bus's copy.
+      out.snapshot_unavailable = e.code() == ErrorCode::kCorruption ||
+                                 e.code() == ErrorCode::kNotFound ||
+                                 e.code() == ErrorCode::kUnauthenticated;
+      throw;
+    }
+    std::string adopted = store_->adopt(key, file);
+    ++report_.fetches;
+    const FetchReport& fetched = out.fetched;
+    log_info("worker {}: fetched snapshot {} ({:.1f} MiB in {:.0f} ms, {:.0f} MB/s)", name_, key,
+             fetched.bytes / 1048576.0, fetched.ms,
+             fetched.ms > 0 ? fetched.bytes / 1000.0 / fetched.ms : 0.0);
+    return adopted;
+  }
+
+  // The job's agents, run in parts of at most max_agents (a fork_from
+  // child in the same part as its parent); a part that throws fails its
+  // agents with that error.
+  void run_in_parts(const PipelineSpec& spec, const RunOptions& run, JobOutcome& out) {
+    const size_t slice = options_.max_agents > 0 && !spec.any_fork_from()
+                             ? static_cast<size_t>(options_.max_agents)
+                             : spec.agents.size();
+    for (size_t at = 0; at < spec.agents.size(); at += slice) {
+      PipelineSpec part = spec;
+      part.agents.assign(spec.agents.begin() + static_cast<std::ptrdiff_t>(at),
+                         spec.agents.begin() +
+                             static_cast<std::ptrdiff_t>(std::min(at + slice, spec.agents.size())));
+      try {
+        PipelineResult r = run_pipeline(part, model_, run);
+        drop_a_bad_store_entry(r, run, out);
+        for (AgentResult& a : r.agents) out.results.push_back(std::move(a));
+      } catch (const Error& e) {
+        for (const AgentSpec& a : part.agents)
+          out.results.push_back(failed_result(a.name, e.value()));
+      }
+    }
+  }
+
+  // State from this worker's store entry that fails the checks after its
+  // restore (cells elsewhere, non-finite logits) though its checksums held:
+  // the entry goes, as run_pipeline drops a store entry it looked up (this
+  // one is named as a file, checked against the bus's key), and the
+  // coordinator hears that the snapshot is unusable (it has it made and
+  // published again, and gives these agents one more try).
+  void drop_a_bad_store_entry(const PipelineResult& r, const RunOptions& run, JobOutcome& out) {
+    if (const ErrorValue* bad = state_error(r);
+        bad && !run.snapshot.file.empty() && store_->remove_path(run.snapshot.file)) {
+      log_warn("worker {}: removed snapshot {} from its store: {}", name_, run.snapshot.file,
+               bad->message);
+      out.snapshot_unavailable = true;
+    }
+  }
+
+  static AgentResult failed_result(const std::string& agent, const ErrorValue& error) {
+    AgentResult failed;
+    failed.name = agent;
+    failed.status = NodeStatus::kFailed;
+    failed.error = error;
+    return failed;
+  }
+
+  // The whole job failed (its snapshot, its message): every agent says why.
+  void fail_whole_job(const StreamEntry& job, JobOutcome& out) const {
+    log_warn("worker {}: job {} failed: {}", name_, job.id, out.failure->to_string());
+    out.results.clear();
+    try {
+      for (const std::string& agent : job_agents(job))
+        out.results.push_back(failed_result(agent, *out.failure));
+    } catch (const Error&) {
+      // A message without agent names: nobody waits for its results.
+    }
+  }
+
+  // One result entry per agent on the run's results stream.
+  void post_results(const StreamEntry& job, JobOutcome& out) {
+    if (out.run_id.empty()) return;
+    const std::string results_key = keys::run_results(out.run_id);
+    for (AgentResult& a : out.results) {
+      a.worker = name_;
+      redis_.command(xadd(options_.cluster_key, results_key, 100000,
+                          result_fields({.agent = a.name,
+                                         .worker = name_,
+                                         .job = job.id,
+                                         .result = a,
+                                         .fetch_bytes = out.fetched.bytes,
+                                         .fetch_ms = out.fetched.ms,
+                                         .snapshot_unavailable = out.snapshot_unavailable})));
+    }
+    redis_.command({"EXPIRE", results_key, std::to_string(keys::kRunTtlS)});
+  }
+
+  const redis::Url& url_;
+  const std::shared_ptr<const Model>& model_;
+  const WorkerOptions& options_;
+  const std::string name_;
+  const std::string fp_;
+  const bool exact_;
+  const std::string pool_;
+  const std::string stream_;
+  const std::string model_file_;
+  const std::string idle_ms_;  // the visibility timeout, as XAUTOCLAIM takes it
+  redis::Client redis_;
+  // Made in the constructor's body, in the order of its log lines.
+  std::optional<Heartbeat> heartbeat_;
+  std::optional<SnapshotStore> store_;
+  WorkerReport report_;
+  std::map<std::string, RunPipeline> runs_;  // the last few runs' pipelines
+};
+
+}  // namespace
+
+WorkerReport run_worker(const redis::Url& url, const std::shared_ptr<const Model>& model,
+                        const WorkerOptions& options) {
+  check_options(model, options);
+  return Worker(url, model, options).serve();
 }
 
 }  // namespace swarmkv::cluster

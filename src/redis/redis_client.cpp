@@ -226,40 +226,43 @@ bool Url::clear_text_off_host() const {
   return !tls && !is_loopback_host(host);
 }
 
-Url parse_url(std::string_view text) {
-  Url url;
-  const std::string shown = shown_url(text);
-  std::string_view rest;
-  if (text.substr(0, 8) == "redis://") {
-    rest = text.substr(8);
-  } else if (text.substr(0, 9) == "rediss://") {
+namespace {
+
+// The URL after its scheme ("redis://", or "rediss://", which sets url.tls).
+std::string_view after_scheme(std::string_view text, Url& url, const std::string& shown) {
+  if (text.substr(0, 8) == "redis://") return text.substr(8);
+  if (text.substr(0, 9) == "rediss://") {
     url.tls = true;
-    rest = text.substr(9);
-  } else {
+    return text.substr(9);
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("redis URL '{}' must start with redis:// or, for TLS, rediss:// "
+                          "(redis[s]://[user[:password]@]host[:port][/db])",
+                          shown));
+}
+
+// The authority's userinfo (what comes before its first '@') into url.user
+// and url.password; returns the rest, the host and port.
+std::string_view take_userinfo(std::string_view authority, Url& url, const std::string& shown) {
+  const size_t at = authority.find('@');
+  if (at == std::string_view::npos) return authority;
+  const std::string_view userinfo = authority.substr(0, at);
+  authority = authority.substr(at + 1);
+  if (authority.find('@') != std::string_view::npos) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("redis URL '{}' must start with redis:// or, for TLS, rediss:// "
-                            "(redis[s]://[user[:password]@]host[:port][/db])",
+                fmt::format("redis URL '{}': more than one '@' before the host: write an '@' "
+                            "in the user name or password as %40",
                             shown));
   }
-  // RFC 3986: the authority ends at the first '/', '?' or '#'; its userinfo
-  // is what comes before its first '@'.
-  const size_t authority_end = std::min(rest.find_first_of("/?#"), rest.size());
-  std::string_view authority = rest.substr(0, authority_end);
-  std::string_view tail = rest.substr(authority_end);
-  if (const size_t at = authority.find('@'); at != std::string_view::npos) {
-    const std::string_view userinfo = authority.substr(0, at);
-    authority = authority.substr(at + 1);
-    if (authority.find('@') != std::string_view::npos) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("redis URL '{}': more than one '@' before the host: write an '@' "
-                              "in the user name or password as %40",
-                              shown));
-    }
-    const size_t colon = userinfo.find(':');
-    url.user = percent_decoded(userinfo.substr(0, colon), shown, "the user name");
-    if (colon != std::string_view::npos)
-      url.password = percent_decoded(userinfo.substr(colon + 1), shown, "the password");
-  }
+  const size_t colon = userinfo.find(':');
+  url.user = percent_decoded(userinfo.substr(0, colon), shown, "the user name");
+  if (colon != std::string_view::npos)
+    url.password = percent_decoded(userinfo.substr(colon + 1), shown, "the password");
+  return authority;
+}
+
+// What follows the authority: "?query" and "/db" (a "#fragment" is refused).
+void parse_path_and_query(std::string_view tail, Url& url, const std::string& shown) {
   if (tail.find('#') != std::string_view::npos) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("redis URL '{}': a '#' fragment means nothing to Redis (write a '#' "
@@ -274,6 +277,10 @@ Url parse_url(std::string_view text) {
     const std::string_view db = tail.substr(1);
     if (!db.empty()) url.db = parse_int(db, "database", shown);
   }
+}
+
+// "host", "host:port", "[v6]" or "[v6]:port" into url.host and url.port.
+void parse_host_and_port(std::string_view authority, Url& url, const std::string& shown) {
   std::optional<std::string_view> port;  // set: a ':' was given
   if (!authority.empty() && authority.front() == '[') {
     const size_t close = authority.find(']');
@@ -309,6 +316,20 @@ Url parse_url(std::string_view text) {
                   fmt::format("redis URL '{}': port {} is outside 1-65535", shown, url.port));
     }
   }
+}
+
+}  // namespace
+
+Url parse_url(std::string_view text) {
+  Url url;
+  const std::string shown = shown_url(text);
+  const std::string_view rest = after_scheme(text, url, shown);
+  // RFC 3986: the authority ends at the first '/', '?' or '#'; its userinfo
+  // is what comes before its first '@'.
+  const size_t authority_end = std::min(rest.find_first_of("/?#"), rest.size());
+  const std::string_view authority = take_userinfo(rest.substr(0, authority_end), url, shown);
+  parse_path_and_query(rest.substr(authority_end), url, shown);
+  parse_host_and_port(authority, url, shown);
   if (!url.user.empty() && url.password.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("redis URL '{}' names user '{}' without a password "

@@ -425,39 +425,49 @@ void write_snapshot_bytes(const std::string& path, std::span<const uint8_t> file
 
 namespace {
 
-// The header and the tokens section, verified (read_snapshot_header's contract).
-SnapshotHeader decode_header(const ByteSource& src) {
-  const std::string& path = src.name();
-  SnapshotHeader h;
-  h.file_bytes = src.size();
-  if (h.file_bytes == 0) corrupt(path, "the file is empty (0 bytes)");
+// The head as the file holds it: the fixed part (magic, version, metadata
+// length), the metadata, the section count, the section table and the head's
+// checksum, verified against that checksum.
+struct Head {
+  std::vector<uint8_t> bytes;
+  uint32_t version = 0;
+  uint32_t meta_len = 0;  // the metadata's bytes, at kFixedBytes
+  uint32_t n_sections = 0;
+  size_t table_at = 0;  // where the section table starts
+  static constexpr size_t kFixedBytes = 16;
+};
 
-  uint8_t fixed[16];
+Head read_head(const ByteSource& src, uint64_t file_bytes) {
+  const std::string& path = src.name();
+  Head h;
+  uint8_t fixed[Head::kFixedBytes];
   if (!src.read(0, fixed, sizeof(fixed)) || std::memcmp(fixed, kMagic, sizeof(kMagic)) != 0) {
-    if (std::memcmp(fixed, kMagic, std::min<uint64_t>(h.file_bytes, sizeof(kMagic))) == 0) {
-      corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
+    if (std::memcmp(fixed, kMagic, std::min<uint64_t>(file_bytes, sizeof(kMagic))) == 0) {
+      corrupt(path, fmt::format("truncated in the header ({} bytes)", file_bytes));
     }
     corrupt(path, "not a SwarmKV snapshot (no SWKVSNAP magic)");
   }
-  const uint32_t version = get_u32(fixed + 8);
-  const uint32_t meta_len = get_u32(fixed + 12);
-  if (meta_len > kMaxMetaBytes) {
+  h.version = get_u32(fixed + 8);
+  h.meta_len = get_u32(fixed + 12);
+  if (h.meta_len > kMaxMetaBytes) {
     corrupt(path,
-            fmt::format("metadata length {} is beyond the limit {}", meta_len, kMaxMetaBytes));
+            fmt::format("metadata length {} is beyond the limit {}", h.meta_len, kMaxMetaBytes));
   }
-  std::vector<uint8_t> head(sizeof(fixed) + meta_len + 4);
+  std::vector<uint8_t>& head = h.bytes;
+  head.resize(sizeof(fixed) + h.meta_len + 4);
   std::memcpy(head.data(), fixed, sizeof(fixed));
-  if (!src.read(sizeof(fixed), head.data() + sizeof(fixed), meta_len + 4)) {
-    corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
+  if (!src.read(sizeof(fixed), head.data() + sizeof(fixed), h.meta_len + 4)) {
+    corrupt(path, fmt::format("truncated in the header ({} bytes)", file_bytes));
   }
-  const uint32_t n_sections = get_u32(head.data() + sizeof(fixed) + meta_len);
-  if (n_sections > kMaxSections) {
-    corrupt(path, fmt::format("section count {} is beyond the limit {}", n_sections, kMaxSections));
+  h.n_sections = get_u32(head.data() + sizeof(fixed) + h.meta_len);
+  if (h.n_sections > kMaxSections) {
+    corrupt(path,
+            fmt::format("section count {} is beyond the limit {}", h.n_sections, kMaxSections));
   }
-  const size_t table_at = head.size();
-  head.resize(table_at + n_sections * kTableRow + 8);
-  if (!src.read(table_at, head.data() + table_at, head.size() - table_at)) {
-    corrupt(path, fmt::format("truncated in the header ({} bytes)", h.file_bytes));
+  h.table_at = head.size();
+  head.resize(h.table_at + h.n_sections * kTableRow + 8);
+  if (!src.read(h.table_at, head.data() + h.table_at, head.size() - h.table_at)) {
+    corrupt(path, fmt::format("truncated in the header ({} bytes)", file_bytes));
   }
   const uint64_t stored = get_u64(head.data() + head.size() - 8);
   const uint64_t computed = XXH3_64bits(head.data(), head.size() - 8);
@@ -466,36 +476,47 @@ SnapshotHeader decode_header(const ByteSource& src) {
                               computed));
   }
   // The checksum holds: a version we do not know is a newer writer, not damage.
-  if (version != kSnapshotFormatVersion) {
+  if (h.version != kSnapshotFormatVersion) {
     throw Error(ErrorCode::kIncompatible,
                 fmt::format("snapshot '{}' has format version {}, this build reads version {}",
-                            path, version, kSnapshotFormatVersion));
+                            path, h.version, kSnapshotFormatVersion));
   }
+  return h;
+}
 
+// The head's metadata into `meta` (all but its tokens); returns its n_tokens.
+uint64_t decode_meta(const std::string& path, const Head& head, SnapshotMeta& meta) {
   uint64_t n_tokens = 0;
   try {
-    const auto j = nlohmann::json::parse(head.begin() + sizeof(fixed),
-                                         head.begin() + sizeof(fixed) + meta_len);
-    h.meta.format_version = version;
-    h.meta.binding.engine = j.at("engine").get<std::string>();
-    h.meta.binding.state_version = integer_field<uint32_t>(j, "state_version");
-    h.meta.binding.model_sha256 = j.at("model_sha256").get<std::string>();
-    h.meta.binding.layout = kv_layout_from_json(j.at("layout"));
+    const auto text = head.bytes.begin() + Head::kFixedBytes;
+    const auto j = nlohmann::json::parse(text, text + head.meta_len);
+    meta.format_version = head.version;
+    meta.binding.engine = j.at("engine").get<std::string>();
+    meta.binding.state_version = integer_field<uint32_t>(j, "state_version");
+    meta.binding.model_sha256 = j.at("model_sha256").get<std::string>();
+    meta.binding.layout = kv_layout_from_json(j.at("layout"));
     n_tokens = integer_field<uint64_t>(j, "n_tokens");
-    h.meta.payload_bytes = integer_field<uint64_t>(j, "payload_bytes");
-    h.meta.created_unix = integer_field<int64_t>(j, "created_unix");
-    h.meta.producer = j.at("producer").get<std::string>();
-    h.meta.model_file = j.at("model_file").get<std::string>();
+    meta.payload_bytes = integer_field<uint64_t>(j, "payload_bytes");
+    meta.created_unix = integer_field<int64_t>(j, "created_unix");
+    meta.producer = j.at("producer").get<std::string>();
+    meta.model_file = j.at("model_file").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     corrupt(path, fmt::format("unreadable metadata: {}", e.what()));
   } catch (const std::invalid_argument& e) {
     corrupt(path, fmt::format("unreadable metadata: {}", e.what()));
   }
+  return n_tokens;
+}
 
-  uint64_t expected_offset = head.size();
+// The head's section table, each row checked where it must be ("tokens",
+// then "kv.0", "kv.1", ... back to back after the head); returns the sum of
+// the KV sections' sizes.
+uint64_t decode_sections(const std::string& path, const Head& head,
+                         std::vector<SnapshotSection>& sections) {
+  uint64_t expected_offset = head.bytes.size();
   uint64_t payload = 0;
-  for (uint32_t i = 0; i < n_sections; ++i) {
-    const uint8_t* row = head.data() + table_at + i * kTableRow;
+  for (uint32_t i = 0; i < head.n_sections; ++i) {
+    const uint8_t* row = head.bytes.data() + head.table_at + i * kTableRow;
     SnapshotSection s;
     s.name.assign(reinterpret_cast<const char*>(row), kNameBytes);
     s.name.resize(std::strlen(s.name.c_str()));
@@ -513,8 +534,37 @@ SnapshotHeader decode_header(const ByteSource& src) {
     }
     expected_offset += s.size;
     if (i > 0) payload += s.size;
-    h.sections.push_back(std::move(s));
+    sections.push_back(std::move(s));
   }
+  return payload;
+}
+
+// The file ends where its last section does: else where it is cut short
+// (the first section it ends in), or how much follows.
+void check_file_end(const std::string& path, const SnapshotHeader& h) {
+  const SnapshotSection& last = h.sections.back();
+  if (last.offset + last.size == h.file_bytes) return;
+  if (last.offset + last.size > h.file_bytes) {
+    for (const SnapshotSection& s : h.sections) {
+      if (s.offset + s.size > h.file_bytes) {
+        corrupt(path, fmt::format("truncated: section '{}' needs bytes [{}, {}), the file has {}",
+                                  s.name, s.offset, s.offset + s.size, h.file_bytes));
+      }
+    }
+  }
+  corrupt(path,
+          fmt::format("{} bytes after the last section", h.file_bytes - last.offset - last.size));
+}
+
+// The header and the tokens section, verified (read_snapshot_header's contract).
+SnapshotHeader decode_header(const ByteSource& src) {
+  const std::string& path = src.name();
+  SnapshotHeader h;
+  h.file_bytes = src.size();
+  if (h.file_bytes == 0) corrupt(path, "the file is empty (0 bytes)");
+  const Head head = read_head(src, h.file_bytes);
+  const uint64_t n_tokens = decode_meta(path, head, h.meta);
+  const uint64_t payload = decode_sections(path, head, h.sections);
   if (h.sections.empty() || h.sections[0].size % 4 != 0 || h.sections[0].size / 4 != n_tokens ||
       payload != h.meta.payload_bytes) {
     corrupt(path,
@@ -530,20 +580,7 @@ SnapshotHeader decode_header(const ByteSource& src) {
   for (uint64_t i = 0; i < n_tokens; ++i) {
     h.meta.tokens[i] = static_cast<Token>(get_u32(tokens.data() + 4 * i));
   }
-  const SnapshotSection& last = h.sections.back();
-  if (last.offset + last.size != h.file_bytes) {
-    if (last.offset + last.size > h.file_bytes) {
-      // Report the first section the file ends in.
-      for (const SnapshotSection& s : h.sections) {
-        if (s.offset + s.size > h.file_bytes) {
-          corrupt(path, fmt::format("truncated: section '{}' needs bytes [{}, {}), the file has {}",
-                                    s.name, s.offset, s.offset + s.size, h.file_bytes));
-        }
-      }
-    }
-    corrupt(path,
-            fmt::format("{} bytes after the last section", h.file_bytes - last.offset - last.size));
-  }
+  check_file_end(path, h);
   return h;
 }
 
