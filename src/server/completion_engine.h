@@ -4,8 +4,10 @@
 //
 // Each completion is a sequence. A new request's prompt is matched against
 // the tokens of every sequence the context holds — live ones (also those
-// still prefilling: the request then waits until the shared part is decoded,
-// instead of prefilling it again) and finished ones kept for reuse — and
+// still prefilling, or still waiting to fork their own source, as requests
+// queued when an exact cache starts over are: the request then waits until
+// the shared part is decoded, instead of prefilling it again) and finished
+// ones kept for reuse — and
 // forks the longest common prefix (seq_cp, no copy of the cells); only the
 // rest of its prompt is prefilled. On models with sliding-window layers
 // (Gemma 3) a sequence's cells that left its window may be overwritten, so
