@@ -3,7 +3,7 @@
 # one step executor), NEW this tree's; the parts of
 # ../one-core-old-vs-new/command.sh: 16 agents shared over ~3,500 tokens,
 # 16 concurrent `serve` requests exact (the default) and --no-exact, 5
-# alternated trials; the README pipeline (shared, host, none),
+# alternated trials (this folder: TRIALS=3); the README pipeline (shared, host, none),
 # contract-review and the README pipeline on two workers, answers compared.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
