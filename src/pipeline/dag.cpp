@@ -4,12 +4,50 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 namespace swarmkv::detail {
+namespace {
+
+enum class Colour { kWhite, kGrey, kBlack };
+
+// Walks `deps` depth first, iteratively (a deep chain cannot overflow the
+// stack): `seen(node, dep, colour)` for an edge to a node already on the
+// stack (grey: a cycle) or done (black); `done(node, parent)` once every
+// dependency of `node` is done (parent: the node below it on the stack;
+// none for a root).
+template <class Seen, class Done>
+void depth_first(const std::vector<std::vector<size_t>>& deps, Seen&& seen, Done&& done) {
+  std::vector<Colour> colour(deps.size(), Colour::kWhite);
+  for (size_t root = 0; root < deps.size(); ++root) {
+    if (colour[root] != Colour::kWhite) continue;
+    std::vector<std::pair<size_t, size_t>> stack{{root, 0}};  // (node, next dependency)
+    colour[root] = Colour::kGrey;
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next == deps[node].size()) {
+        colour[node] = Colour::kBlack;
+        const size_t finished = node;
+        stack.pop_back();
+        done(finished, stack.empty() ? std::nullopt : std::optional(stack.back().first));
+        continue;
+      }
+      const size_t dep = deps[node][next++];
+      if (colour[dep] == Colour::kWhite) {
+        colour[dep] = Colour::kGrey;
+        stack.emplace_back(dep, 0);
+      } else {
+        seen(node, dep, colour[dep]);
+      }
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes) {
   std::unordered_map<std::string, size_t> index;
@@ -29,65 +67,30 @@ std::vector<std::vector<size_t>> resolve_dag(const std::vector<DagNode>& nodes) 
       deps[i].push_back(it->second);
     }
   }
-  // Three-colour DFS, iterative so deep chains cannot overflow the stack.
-  enum class Colour { kWhite, kGrey, kBlack };
-  std::vector<Colour> colour(nodes.size(), Colour::kWhite);
-  for (size_t root = 0; root < nodes.size(); ++root) {
-    if (colour[root] != Colour::kWhite) continue;
-    std::vector<std::pair<size_t, size_t>> stack{{root, 0}};  // (node, next dependency)
-    colour[root] = Colour::kGrey;
-    while (!stack.empty()) {
-      auto& [node, next] = stack.back();
-      if (next == deps[node].size()) {
-        colour[node] = Colour::kBlack;
-        stack.pop_back();
-        continue;
-      }
-      const size_t dep = deps[node][next++];
-      if (colour[dep] == Colour::kGrey) {
-        throw Error(ErrorCode::kGraph, fmt::format("cycle: edge '{} -> {}' closes a cycle",
-                                                   nodes[node].name, nodes[dep].name));
-      }
-      if (colour[dep] == Colour::kWhite) {
-        colour[dep] = Colour::kGrey;
-        stack.emplace_back(dep, 0);
-      }
-    }
-  }
+  depth_first(
+      deps,
+      [&](size_t node, size_t dep, Colour colour) {
+        if (colour == Colour::kGrey) {
+          throw Error(ErrorCode::kGraph, fmt::format("cycle: edge '{} -> {}' closes a cycle",
+                                                     nodes[node].name, nodes[dep].name));
+        }
+      },
+      [](size_t, std::optional<size_t>) {});
   return deps;
 }
 
 std::vector<int> node_depths(const std::vector<std::vector<size_t>>& deps) {
-  // The same DFS, with a node's depth settled when it turns black; a grey
-  // dependency (a cycle) counts as depth 0.
-  enum class Colour { kWhite, kGrey, kBlack };
-  std::vector<Colour> colour(deps.size(), Colour::kWhite);
+  // A node's depth is settled when it is done; a grey dependency (a cycle)
+  // counts as depth 0.
   std::vector<int> depth(deps.size(), 0);
-  for (size_t root = 0; root < deps.size(); ++root) {
-    if (colour[root] != Colour::kWhite) continue;
-    std::vector<std::pair<size_t, size_t>> stack{{root, 0}};  // (node, next dependency)
-    colour[root] = Colour::kGrey;
-    while (!stack.empty()) {
-      auto& [node, next] = stack.back();
-      if (next == deps[node].size()) {
-        colour[node] = Colour::kBlack;
-        const size_t done = node;
-        stack.pop_back();
-        if (!stack.empty()) {
-          int& up = depth[stack.back().first];
-          up = std::max(up, depth[done] + 1);
-        }
-        continue;
-      }
-      const size_t dep = deps[node][next++];
-      if (colour[dep] == Colour::kWhite) {
-        colour[dep] = Colour::kGrey;
-        stack.emplace_back(dep, 0);
-      } else {
-        depth[node] = std::max(depth[node], (colour[dep] == Colour::kBlack ? depth[dep] : 0) + 1);
-      }
-    }
-  }
+  depth_first(
+      deps,
+      [&](size_t node, size_t dep, Colour colour) {
+        depth[node] = std::max(depth[node], (colour == Colour::kBlack ? depth[dep] : 0) + 1);
+      },
+      [&](size_t node, std::optional<size_t> parent) {
+        if (parent) depth[*parent] = std::max(depth[*parent], depth[node] + 1);
+      });
   return depth;
 }
 
