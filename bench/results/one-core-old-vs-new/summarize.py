@@ -17,7 +17,7 @@ ap.add_argument("trials", type=int)
 ap.add_argument("--title", default="One core: old vs new binary, back to back")
 ap.add_argument("--old", default="release build of 3260f4d (before issue 37)")
 ap.add_argument("--old-short", default="3260f4d")
-ap.add_argument("--setting", default="nothing else running")
+ap.add_argument("--setting", default="2-core machine, nothing else running")
 ap.add_argument("--reading", help="markdown file: the report's notes instead of issue 37's")
 args = ap.parse_args()
 out, trials = args.out, args.trials
@@ -89,7 +89,7 @@ with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
 lines = [f"# {args.title}", "",
          f"Old: {args.old}; new: this commit. {trials} alternated trials "
          "for the timed rows (order swapped every other trial), one run per binary for the answer rows. "
-         f"SmolLM2-135M-Instruct F16, 2 threads, 2-core machine, {args.setting}.", "",
+         f"SmolLM2-135M-Instruct F16, 2 threads, {args.setting}.", "",
          "| what | old (median) | new (median) | new / old | trials | answers identical |",
          "|---|---|---|---|---|---|"]
 for r in rows:

@@ -13,4 +13,4 @@ OUT=$out SERVE_ARMS="exact= no-exact=--no-exact" SUMMARIZE=0 PARTS="${PARTS:-pip
 /usr/bin/python3 bench/results/one-core-old-vs-new/summarize.py "$out" "${TRIALS:-5}" \
   --title "One step loop: old vs new binary, back to back" \
   --old "release build of d05c815 (before issue 59's step executor)" --old-short d05c815 \
-  --setting "${SETTING:-nothing else running}" --reading "$out/reading.md"
+  --setting "${SETTING:-2-core AMD EPYC, AVX2 only (not the AVX-512 machines of earlier results), nothing else running}" --reading "$out/reading.md"
