@@ -82,9 +82,9 @@ llama_patch_key() {
 # llama_source DEST: the pinned llama.cpp tree (the llama-cpp-python sdist's
 # vendor/llama.cpp, downloaded and sha256-checked if missing) with our
 # patches applied in name order, in DEST, unless DEST already holds it.
-llama_source() {
-  local dest=$1 p
-  [ -f "$dest/CMakeLists.txt" ] && return 0
+# llama_sdist: prints the path of the pinned llama-cpp-python sdist,
+# downloaded and sha256-checked if missing.
+llama_sdist() {
   local sdist_dir="$SWARMKV_CACHE/downloads"
   local sdist="$sdist_dir/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}.tar.gz"
   if ! sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256"; then
@@ -94,6 +94,13 @@ llama_source() {
     sha256_ok "$sdist" "$LLAMA_CPP_PYTHON_SHA256" ||
       die "sha256 mismatch for $sdist (expected $LLAMA_CPP_PYTHON_SHA256)"
   fi
+  echo "$sdist"
+}
+
+llama_source() {
+  local dest=$1 p sdist
+  [ -f "$dest/CMakeLists.txt" ] && return 0
+  sdist=$(llama_sdist)
   local extract="$dest.extract"
   local tree="$extract/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
   rm -rf "$dest" "$extract"
@@ -143,6 +150,27 @@ CMAKE
     SWARMKV_LLAMA_PREFIX=$("$SWARMKV_ROOT/scripts/build-llama.sh")
   fi
   export SWARMKV_LLAMA_PREFIX
+  ensure_llama_common
+}
+
+# Sets SWARMKV_LLAMA_COMMON_SOURCE to the pinned tree's common/ folder (the
+# JSON-schema-to-grammar converter and what it needs), taken from the sdist
+# into the cache once. llama.cpp installs no headers for it, so CMake
+# compiles those few files into our build (swarmkv_llama_common).
+ensure_llama_common() {
+  local dir="$SWARMKV_CACHE/llama-common/$LLAMA_CPP_PYTHON_VERSION" sdist tmp
+  if [ ! -f "$dir/common/json-schema-to-grammar.cpp" ]; then
+    sdist=$(llama_sdist)
+    tmp=$(mktemp -d)
+    tar -xzf "$sdist" -C "$tmp" "llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/common" ||
+      die "$sdist holds no vendor/llama.cpp/common"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    mv "$tmp/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/common" "$dir/common"
+    rm -rf "$tmp"
+  fi
+  SWARMKV_LLAMA_COMMON_SOURCE=$dir/common
+  export SWARMKV_LLAMA_COMMON_SOURCE
 }
 
 # Sets SWARMKV_HIREDIS_SOURCE to a folder holding hiredis/ssl.c and the

@@ -248,6 +248,59 @@ TEST_F(PipelineFileTest, ASpecSurvivesItsPipelineJson) {
   EXPECT_EQ(parse_pipeline(pipeline_json(spec).dump(), "json", "/elsewhere"), spec);
 }
 
+TEST_F(PipelineFileTest, StructuredAnswersAreReadAsSchemasAndGrammars) {
+  write("level.json", R"({"type": "object", "properties": {"level": {"enum": ["low", "high"]}}})");
+  write("yes.gbnf", "root ::= \"yes\" | \"no\"\n");
+  const PipelineSpec spec = load_pipeline_file(write("s.yaml", R"(document: {text: x}
+defaults:
+  json_schema: {type: object, properties: {n: {type: integer, minimum: 0}}, required: [n]}
+agents:
+  - {name: inherits, prompt: q}
+  - {name: file, prompt: q, json_schema: {file: level.json}}
+  - {name: gbnf, prompt: q, grammar: {file: yes.gbnf}}
+  - {name: inline, prompt: q, grammar: 'root ::= [0-9]+'}
+  - {name: free, prompt: q, json_schema: null, stop: ["
+"]}
+)"));
+  const auto& a = spec.agents;
+  const std::string n =
+      R"({"properties":{"n":{"minimum":0,"type":"integer"}},"required":["n"],"type":"object"})";
+  EXPECT_EQ(a[0].json_schema, n);
+  EXPECT_EQ(a[0].sampling.grammar, grammar_from_json_schema(n));
+  EXPECT_EQ(a[1].json_schema,
+            R"({"properties":{"level":{"enum":["low","high"]}},"type":"object"})");
+  EXPECT_EQ(a[1].sampling.grammar, grammar_from_json_schema(a[1].json_schema));
+  EXPECT_EQ(a[2].json_schema, "");
+  EXPECT_EQ(a[2].sampling.grammar, "root ::= \"yes\" | \"no\"\n");
+  EXPECT_EQ(a[3].sampling.grammar, "root ::= [0-9]+");
+  EXPECT_EQ(a[4].json_schema, "");
+  EXPECT_EQ(a[4].sampling.grammar, "");
+}
+
+TEST_F(PipelineFileTest, StructuredAnswerMistakesAreRefusedBeforeTheRun) {
+  const auto agent = [&](const std::string& name, const std::string& keys) {
+    return error_of(
+        write(name, "document: {text: x}\nagents: [{name: a, prompt: q, " + keys + "}]\n"));
+  };
+  EXPECT_NE(agent("both.yaml", "json_schema: {type: string}, grammar: 'root ::= \"x\"'")
+                .find("agents[0]: give either 'json_schema' or 'grammar', not both"),
+            std::string::npos);
+  EXPECT_NE(agent("stop.yaml", "json_schema: {type: string}, stop: [x]")
+                .find("agent 'a': stop strings and a json_schema do not mix"),
+            std::string::npos)
+      << agent("stop.yaml", "json_schema: {type: string}, stop: [x]");
+  const std::string ref = agent("ref.yaml", "json_schema: {$ref: 'https://example.com/x.json'}");
+  EXPECT_NE(ref.find("agents[0].json_schema (line 2): llama.cpp's converter cannot make a grammar "
+                     "of this JSON schema: "),
+            std::string::npos)
+      << ref;
+  EXPECT_NE(ref.find("https://example.com/x.json"), std::string::npos) << ref;
+  EXPECT_NE(agent("empty.yaml", "grammar: ' '").find("agents[0].grammar is empty"),
+            std::string::npos);
+  EXPECT_NE(agent("nojson.yaml", "json_schema: {file: doc.txt}").find("the file is not JSON"),
+            std::string::npos);
+}
+
 TEST_F(PipelineFileTest, MistakesAreNamed) {
   EXPECT_EQ(error_of((dir_ / "missing.yaml").string()),
             "not_found: pipeline file '" + (dir_ / "missing.yaml").string() + "' does not exist");

@@ -10,11 +10,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "greedy_reference.h"
 #include "pipeline/fork_strategy.h"
@@ -265,6 +267,82 @@ TEST_P(ForkEquivalenceTest, RepetitionControlAppliesIdenticallyInEveryFork) {
   EXPECT_EQ(run(ForkMode::kShared), reference);
 }
 
+// Structured answers (a JSON schema, a GBNF grammar) come out of the same
+// grammar sampler in every fork: equal token for token to the re-prefill's,
+// parsed into answer_json, and an answer that reaches max_tokens inside its
+// structure fails as incomplete instead of passing as JSON.
+TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
+#ifdef SWARMKV_SANITIZED_THREAD
+  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
+#endif
+  // A short cut of the document: what is tested is the sampler, not the
+  // prefix; the sanitizer presets look at it on SmolLM2 only.
+#ifdef SWARMKV_SANITIZED
+  if (std::string_view(GetParam().name) == "gemma3") GTEST_SKIP() << "SmolLM2 runs it";
+#endif
+  PipelineSpec spec =
+      document_spec("apache-2.0.txt", 1200, 64,
+                    {"Name the licence and the year it dates from.",
+                     "Is this licence permissive? Answer yes or no.", "Is this licence permissive?",
+                     "List every right the licence grants."});
+  const std::string licence = R"({"type": "object", "properties": {
+      "licence": {"type": "string", "maxLength": 24}, "year": {"type": "integer"}},
+      "required": ["licence", "year"]})";
+  spec.agents[0].json_schema = licence;
+  spec.agents[0].sampling.grammar = grammar_from_json_schema(licence);
+  spec.agents[1].sampling.grammar = R"(root ::= "yes" | "no")";
+  const std::string flag = R"({"type": "object", "properties": {"permissive": {"type": "boolean"}},
+      "required": ["permissive"]})";
+  spec.agents[2].json_schema = flag;
+  spec.agents[2].sampling.grammar = grammar_from_json_schema(flag);
+  spec.agents[3].json_schema = R"({"type": "array", "items": {"type": "string"}, "minItems": 2})";
+  spec.agents[3].sampling.grammar = grammar_from_json_schema(spec.agents[3].json_schema);
+  spec.agents[3].max_tokens = 4;  // too few for a list of two strings to close
+  const auto run = [&](ForkMode fork) {
+    spec.fork = fork;
+    return run_pipeline(spec, model_);
+  };
+  const PipelineResult reference = run(ForkMode::kNone);
+  ASSERT_EQ(reference.agents.size(), 4u);
+  for (const size_t i : {0, 2}) {
+    const AgentResult& a = reference.agents[i];
+    ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error) << "\n" << a.answer;
+    EXPECT_EQ(a.stop_reason, StopReason::kEndOfGeneration);
+    ASSERT_TRUE(a.answer_is_json) << a.answer;
+    const nlohmann::json j = nlohmann::json::parse(a.answer);
+    ASSERT_TRUE(j.is_object()) << a.answer;
+    if (i == 0) {
+      ASSERT_TRUE(j.contains("licence") && j["licence"].is_string()) << a.answer;
+      EXPECT_LE(j["licence"].get<std::string>().size(), 24u) << a.answer;
+      EXPECT_TRUE(j.contains("year") && j["year"].is_number_integer()) << a.answer;
+    } else {
+      EXPECT_TRUE(j.contains("permissive") && j["permissive"].is_boolean()) << a.answer;
+    }
+  }
+  const AgentResult& yes_no = reference.agents[1];
+  ASSERT_EQ(yes_no.status, NodeStatus::kOk) << describe(yes_no.error);
+  EXPECT_TRUE(yes_no.answer == "yes" || yes_no.answer == "no") << yes_no.answer;
+  EXPECT_FALSE(yes_no.answer_is_json);
+  const AgentResult& cut = reference.agents[3];
+  EXPECT_EQ(cut.status, NodeStatus::kFailed);
+  ASSERT_TRUE(cut.error.has_value());
+  EXPECT_EQ(cut.error->code, ErrorCode::kBudget);
+  EXPECT_NE(cut.error->message.find("incomplete"), std::string::npos) << cut.error->message;
+  EXPECT_FALSE(cut.answer_is_json);
+  EXPECT_EQ(cut.tokens.size(), 4u);
+  for (const ForkMode fork : {ForkMode::kHost, ForkMode::kShared}) {
+    const PipelineResult forked = run(fork);
+    for (size_t i = 0; i < 4; ++i) {
+      const AgentResult& f = forked.agents[i];
+      const AgentResult& r = reference.agents[i];
+      EXPECT_EQ(f.status, r.status) << to_string(fork) << " " << f.name;
+      EXPECT_EQ(f.tokens, r.tokens) << to_string(fork) << " " << f.name
+                                    << "\nforked:     " << f.answer << "\nrecomputed: " << r.answer;
+      EXPECT_EQ(f.answer_is_json, r.answer_is_json) << to_string(fork) << " " << f.name;
+    }
+  }
+}
+
 // With one agent the shared fork's cells follow the document directly, as in
 // a recompute: the answer must be identical token for token. This pins the
 // decoder's positions, sampling and stop handling exactly.
@@ -414,6 +492,10 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
 #ifdef SWARMKV_SANITIZED_THREAD
   GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
 #endif
+  // The conversation's cells are kept the same way on every architecture;
+  // Gemma 3's sliding window in a fork is ExactForkTest's two documents and
+  // the watermark test's. Its run here was the suite's longest (~90 s).
+  if (std::string_view(GetParam().name) == "gemma3") GTEST_SKIP() << "SmolLM2 runs it";
   PipelineSpec spec =
       document_spec("apache-2.0.txt", kChainChars, 24,
                     {"What does the Grant of Copyright License allow?",

@@ -104,13 +104,43 @@ TEST(ChatRequestTest, EachRefusalNamesItsField) {
   EXPECT_EQ(refusal(m + R"("tools": [{"type": "function"}]})"),
             "tools: tools are not supported by swarmkv serve");
   EXPECT_EQ(refusal(m + R"("logprobs": true})"), "logprobs: not supported by swarmkv serve");
-  EXPECT_EQ(refusal(m + R"("response_format": {"type": "json_object"}})"),
-            "response_format: only {\"type\": \"text\"} is supported");
+  EXPECT_EQ(refusal(m + R"("response_format": {"type": "xml"}})"),
+            "response_format: type must be text, json_object or json_schema (got "
+            "{\"type\":\"xml\"})");
+  EXPECT_EQ(refusal(m + R"("response_format": {"type": "json_schema", "json_schema": {}}})"),
+            "response_format.json_schema: must be {\"name\": ..., \"schema\": {...}} (the "
+            "schema is missing)");
+  // What the converter cannot handle is refused by where it is.
+  EXPECT_EQ(refusal(m + R"("response_format": {"type": "json_schema", "json_schema":
+                {"name": "x", "schema": {"$ref": "https://example.com/s.json"}}}})")
+                .rfind("response_format.json_schema.schema: llama.cpp's converter cannot make a "
+                       "grammar of this JSON schema: ",
+                       0),
+            0u);
   const RequestLimits two{.max_messages = 2};
   EXPECT_THROW((void)parse_chat_request(R"({"messages": [{"role": "user", "content": "x"},
         {"role": "user", "content": "x"}, {"role": "user", "content": "x"}]})",
                                         two),
                Error);
+}
+
+TEST(ChatRequestTest, JsonResponseFormatsBecomeTheAnswersGrammar) {
+  const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
+  EXPECT_EQ(parse_chat_request(m + R"("response_format": {"type": "text"}})", {}).sampling.grammar,
+            "");
+  const std::string object =
+      parse_chat_request(m + R"("response_format": {"type": "json_object"}})", {}).sampling.grammar;
+  EXPECT_EQ(object, grammar_from_json_schema(R"({"type": "object"})"));
+  const std::string schema = R"({"type": "object", "properties": {"level": {"enum": ["low",
+      "high"]}}, "required": ["level"]})";
+  const ChatRequest r = parse_chat_request(
+      m + R"("response_format": {"type": "json_schema", "json_schema": {"name": "risk", "strict":
+      true, "schema": )" +
+          schema + "}}}",
+      {});
+  EXPECT_EQ(r.sampling.grammar, grammar_from_json_schema(schema));
+  EXPECT_NE(r.sampling.grammar.find("\"\\\"low\\\"\""), std::string::npos) << r.sampling.grammar;
+  EXPECT_NE(r.sampling.grammar, object);
 }
 
 TEST(ChatRequestTest, NotJsonIsRefusedWithThePosition) {

@@ -2,6 +2,8 @@
 // trips of their encodings (a field an encoder forgets fails the test).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "swarmkv/pipeline.h"
 
 namespace swarmkv::fixtures {
@@ -30,7 +32,7 @@ inline PipelineSpec spec_with_every_field_set() {
   a.name = "a";
   a.prompt = "null";
   a.max_tokens = 7;
-  a.sampling = {0.1f, 0.9f, 40, 4294967295u, 1.1f, 32, 0.2f, -0.3f, 0.8f, 1.5f, 3, 100};
+  a.sampling = {0.1f, 0.9f, 40, 4294967295u, 1.1f, 32, 0.2f, -0.3f, 0.8f, 1.5f, 3, 100, ""};
   a.stop = {"\n\n", "END"};
   a.priority = -5;
   a.needs.tokens = 60;
@@ -44,10 +46,16 @@ inline PipelineSpec spec_with_every_field_set() {
   AgentSpec d;
   d.name = "d";
   d.prompt = "What is it?";
+  // Strings that read as other scalars stay strings on the way through YAML.
+  d.json_schema = nlohmann::json::parse(R"({"type": "object", "properties": {"level": {"enum":
+      ["1", "true", null, 2.5, false, "null"]}}, "required": ["level"]})")
+                      .dump();
+  d.sampling.grammar = grammar_from_json_schema(d.json_schema);
   AgentSpec c;
   c.name = "c";
   c.prompt = "And then?";
   c.fork_from = "d";
+  c.sampling.grammar = "root ::= \"yes\" | \"no\"\n";
   spec.agents = {a, b, d, c};
   return spec;
 }

@@ -24,6 +24,8 @@
 struct llama_model;
 struct llama_context;
 struct llama_sampler;
+struct llama_token_data;
+struct llama_token_data_array;
 
 namespace swarmkv {
 
@@ -495,6 +497,13 @@ struct SamplingOptions {
   float dry_base = 1.75f;
   int32_t dry_allowed_length = 2;
   int32_t dry_penalty_last_n = 256;  // how many generated tokens DRY looks back over (>= 1)
+  // A GBNF grammar (llama.cpp's dialect, start symbol `root`) that the
+  // answer must match; empty = free text. Only tokens the grammar allows are
+  // sampled, and the end of generation only once it is complete, so an
+  // answer that stops otherwise (max_tokens) is incomplete.
+  // grammar_from_json_schema makes one from a JSON Schema. Not walked by
+  // for_each_sampling_field (it is text, not a number).
+  std::string grammar;
 
   bool penalties_on() const noexcept {
     return repeat_last_n != 0 &&
@@ -532,6 +541,18 @@ void for_each_sampling_field(Options& s, F&& f) {
 // dry_penalty_last_n >= 1 (got ...)".
 void validate_sampling(const SamplingOptions& options);
 
+// The GBNF grammar (start symbol `root`) of the JSON values that `schema`
+// (a JSON Schema, as JSON text) allows: llama.cpp's own converter
+// (common/json-schema-to-grammar). Throws Error(kInvalidArgument) for text
+// that is not JSON, and for a schema the converter cannot handle, naming
+// where ("JSON schema error at /properties/x: unsupported $ref ...").
+std::string grammar_from_json_schema(std::string_view schema);
+
+// Throws Error(kInvalidArgument) unless `grammar` (GBNF) parses and names a
+// `root` rule for `model`'s vocabulary: the check a run makes before it
+// starts, so that a bad grammar fails the run, not an agent in its middle.
+void check_grammar(const Model& model, std::string_view grammar);
+
 // A token sampler (llama_sampler chain). Thread-confined.
 class Sampler {
  public:
@@ -545,12 +566,23 @@ class Sampler {
   // Samples from output row `i` of ctx's last decode and records the token
   // in the sampler's history. Throws Error(kInvalidArgument) for a row
   // without logits, Error(kCorruption) for a row with a NaN or +Inf logit.
+  // With a grammar (SamplingOptions::grammar) the token comes from the
+  // distribution restricted to what the grammar allows: the row is sampled
+  // as if free first and the token kept when the grammar allows it (llama.cpp's
+  // common sampler does the same), else the grammar filters the whole row and
+  // it is sampled again. Greedy picks the same token either way.
   Token sample(Context& ctx, int32_t i = -1);
-  // Forgets the history and reseeds.
+  // Forgets the history (and the grammar's progress) and reseeds.
   void reset();
 
  private:
+  Token sample_with_grammar(std::span<const float> row);
+  Token first_allowed_by_logit(const llama_token_data_array& all);
+
   std::unique_ptr<llama_sampler, detail::SamplerDeleter> chain_;
+  std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar_;  // null: free text
+  std::vector<llama_token_data> candidates_;  // the row being sampled, kept for its storage
+  bool greedy_ = false;                       // temperature 0
 };
 
 enum class StopReason { kEndOfGeneration, kMaxTokens, kStopString };

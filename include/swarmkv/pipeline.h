@@ -67,8 +67,14 @@ struct AgentSpec {
   // among its dependencies (depends_on, directly or not), when this agent
   // starts; the answer's text goes in as is, never expanded again.
   std::string prompt;
-  int32_t max_tokens = 128;             // generated tokens at most
-  SamplingOptions sampling;             // temperature 0 = greedy (validate_sampling)
+  int32_t max_tokens = 128;  // generated tokens at most
+  SamplingOptions sampling;  // temperature 0 = greedy (validate_sampling)
+  // The JSON Schema the answer must satisfy, as compact JSON text; empty =
+  // none. sampling.grammar holds the grammar made from it
+  // (grammar_from_json_schema), and the answer, once complete, is JSON
+  // (AgentResult::answer_is_json). An agent may have a grammar without a
+  // schema (`grammar:` in a pipeline file): its answer is text that matches.
+  std::string json_schema;
   std::vector<std::string> stop;        // stop strings
   std::vector<std::string> depends_on;  // other agents that must finish first
   // Admission order among ready agents: higher first, then file order.
@@ -256,6 +262,9 @@ struct AgentResult {
   // message "dependency 'd' failed: <d's error as code: message>".
   std::optional<ErrorValue> error;
   std::string answer;
+  // The answer is one complete JSON value that satisfies the agent's
+  // json_schema (the result's JSON carries it parsed, as `answer_json`).
+  bool answer_is_json = false;
   std::vector<Token> tokens;  // the generated tokens
   // When each of `tokens` was sampled, from the start of the run (ms; a
   // remote worker's run starts when it takes the job).

@@ -981,9 +981,41 @@ void validate_sampling(const SamplingOptions& options) {
   }
 }
 
+namespace {
+constexpr Token kNoToken = -1;
+
+// A grammar sampler for `grammar` (GBNF, start symbol `root`), or an Error
+// naming why not: llama.cpp's grammar errors come through its log, a syntax
+// error only to standard error (its parser prints it there).
+std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar_sampler(const llama_vocab* vocab,
+                                                                       std::string_view grammar) {
+  const std::string text(grammar);
+  g_llama_errors.clear();
+  g_collect_errors = true;
+  std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler(
+      llama_sampler_init_grammar(vocab, text.c_str(), "root"));
+  g_collect_errors = false;
+  if (sampler == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("the grammar does not parse ({})",
+                            g_llama_errors.empty()
+                                ? std::string("llama.cpp's parser printed where on standard error")
+                                : "llama.cpp says: " + g_llama_errors));
+  }
+  return sampler;
+}
+}  // namespace
+
+void check_grammar(const Model& model, std::string_view grammar) {
+  ensure_backend();
+  grammar_sampler(vocab_of(model), grammar);
+}
+
 Sampler::Sampler(const Model& model, const SamplingOptions& options) {
   validate_sampling(options);
   ensure_backend();
+  if (!options.grammar.empty()) grammar_ = grammar_sampler(vocab_of(model), options.grammar);
+  greedy_ = options.temperature == 0.0f;
   chain_.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
   // Repetition control first, on the full distribution, as llama.cpp's
   // common sampler orders it; each sees only the tokens this chain accepted.
@@ -1031,11 +1063,72 @@ Token Sampler::sample(Context& ctx, int32_t i) {
                             i, *bad, bad - row.begin()));
   }
   // llama_sampler_sample also accepts the token into the chain's history.
-  return llama_sampler_sample(chain_.get(), detail::EngineAccess::context(ctx), i);
+  if (!grammar_) return llama_sampler_sample(chain_.get(), detail::EngineAccess::context(ctx), i);
+  return sample_with_grammar(row);
+}
+
+// Greedy under a grammar: the answer is the allowed token of highest logit
+// (after the repetition samplers; the lowest id among equals, as greedy
+// picks), so the few best are asked one at a time before the whole row is
+// filtered (one grammar check per candidate instead of one per vocabulary
+// entry: Gemma 3 has 262,144). kNoToken when none of them is allowed.
+Token Sampler::first_allowed_by_logit(const llama_token_data_array& all) {
+  constexpr size_t kAsked = 64;
+  const size_t n = std::min(kAsked, all.size);
+  std::vector<llama_token_data> best(n);
+  std::partial_sort_copy(all.data, all.data + all.size, best.begin(), best.end(),
+                         [](const llama_token_data& a, const llama_token_data& b) {
+                           return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+                         });
+  for (const llama_token_data& c : best) {
+    if (c.logit == -std::numeric_limits<float>::infinity()) break;
+    llama_token_data probe{c.id, 1.0f, 0.0f};
+    llama_token_data_array one{&probe, 1, -1, false};
+    llama_sampler_apply(grammar_.get(), &one);
+    if (probe.logit != -std::numeric_limits<float>::infinity()) return c.id;
+  }
+  return kNoToken;
+}
+
+Token Sampler::sample_with_grammar(std::span<const float> row) {
+  // As llama_sampler_sample does, over a candidate array we own.
+  const auto fill = [&] {
+    candidates_.resize(row.size());
+    for (size_t t = 0; t < row.size(); ++t) {
+      candidates_[t] = llama_token_data{static_cast<llama_token>(t), row[t], 0.0f};
+    }
+    return llama_token_data_array{candidates_.data(), candidates_.size(), -1, false};
+  };
+  llama_token_data_array all = fill();
+  llama_sampler_apply(chain_.get(), &all);
+  Token token = all.data[all.selected].id;
+  // The common case: the grammar allows the free choice.
+  llama_token_data one_token{token, 1.0f, 0.0f};
+  llama_token_data_array one{&one_token, 1, -1, false};
+  llama_sampler_apply(grammar_.get(), &one);
+  const bool allowed = one_token.logit != -std::numeric_limits<float>::infinity();
+  if (!allowed) token = greedy_ ? first_allowed_by_logit(all) : kNoToken;
+  if (token == kNoToken) {  // the grammar filters the whole row, which is sampled again
+    all = fill();
+    llama_sampler_apply(grammar_.get(), &all);
+    const bool any = std::any_of(all.data, all.data + all.size, [](const llama_token_data& c) {
+      return c.logit != -std::numeric_limits<float>::infinity();
+    });
+    if (!any) {
+      throw Error(ErrorCode::kInternal,
+                  "the grammar allows no token here (not even the end of generation)");
+    }
+    llama_sampler_apply(chain_.get(), &all);
+    token = all.data[all.selected].id;
+  }
+  llama_sampler_accept(grammar_.get(), token);
+  llama_sampler_accept(chain_.get(), token);
+  return token;
 }
 
 void Sampler::reset() {
   llama_sampler_reset(chain_.get());
+  if (grammar_) llama_sampler_reset(grammar_.get());
 }
 
 uint32_t max_parallel_sequences() noexcept {

@@ -111,6 +111,13 @@ std::function<void(Token, const std::string&)> branch_token_callback(const RunIn
                                                                      size_t agent,
                                                                      PipelineResult& result);
 
+// After `agent`'s answer is in `out` (answer, tokens, stop_reason): an
+// agent with a grammar whose answer stopped before the grammar was complete
+// (max_tokens) fails with Error(kBudget), its text kept in `out`; one with
+// a json_schema gets answer_is_json. Every strategy calls it before it
+// reports the agent done.
+void settle_structured_answer(const AgentSpec& agent, AgentResult& out);
+
 // The two layouts' budgets, shared by the strategies.
 PipelineBudget budget_one_context_per_branch(ForkMode fork, int32_t prefix_tokens,
                                              const std::vector<int32_t>& prompt_tokens,

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "pipeline/dag.h"
 #include "pipeline/fork_strategy.h"
@@ -302,6 +303,12 @@ void validate_agent(const AgentSpec& a, size_t i) {
   if (a.max_tokens < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("agent '{}': max_tokens must be >= 1 (got {})", a.name, a.max_tokens));
+  }
+  if (!a.sampling.grammar.empty() && !a.stop.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("agent '{}': stop strings and a {} do not mix (a stop string would "
+                            "cut the structure; the grammar ends the answer)",
+                            a.name, a.json_schema.empty() ? "grammar" : "json_schema"));
   }
   for (const std::string& stop : a.stop) {
     if (stop.empty()) {
@@ -747,6 +754,23 @@ void report_started(const RunInputs& in, size_t agent) {
                              .token = -1,
                              .text = {},
                              .result = nullptr});
+}
+
+void settle_structured_answer(const AgentSpec& agent, AgentResult& out) {
+  if (agent.sampling.grammar.empty()) return;
+  const std::string_view what = agent.json_schema.empty() ? "grammar" : "JSON";
+  if (out.stop_reason != StopReason::kEndOfGeneration) {
+    throw Error(ErrorCode::kBudget,
+                fmt::format("the answer is incomplete: it reached max_tokens={} before its {} "
+                            "was complete (raise max_tokens)",
+                            agent.max_tokens, what));
+  }
+  if (agent.json_schema.empty()) return;
+  if (!nlohmann::json::accept(out.answer)) {
+    throw Error(ErrorCode::kInternal,
+                "the answer completed its JSON schema's grammar but does not parse as JSON");
+  }
+  out.answer_is_json = true;
 }
 
 std::function<void(Token, const std::string&)> branch_token_callback(const RunInputs& in,

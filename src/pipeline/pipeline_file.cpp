@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <type_traits>
@@ -198,10 +199,37 @@ void read_document(const Reader& r, const YAML::Node& root, const std::filesyste
   }
 }
 
+// A YAML value as JSON (a JSON Schema written in YAML): a quoted scalar is
+// a string; a plain one null, a boolean or a number where it reads as one,
+// else a string. JSON's strings arrive quoted (yaml_tree tags them so).
+nlohmann::json json_value(const YAML::Node& n) {
+  if (n.IsNull()) return nullptr;
+  if (n.IsSequence()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const YAML::Node& v : n) out.push_back(json_value(v));
+    return out;
+  }
+  if (n.IsMap()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& kv : n) out[kv.first.Scalar()] = json_value(kv.second);
+    return out;
+  }
+  const std::string& text = n.Scalar();
+  if (n.Tag() == "!") return text;
+  if (text == "null" || text == "~") return nullptr;
+  if (text == "true" || text == "false") return text == "true";
+  if (!text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-')) {
+    nlohmann::json number = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (number.is_number()) return number;
+  }
+  return text;
+}
+
 // `defaults` and each of `agents`: the sampling keys are the same in both.
 class AgentReader {
  public:
-  explicit AgentReader(const Reader& r) : r_(r) {
+  AgentReader(const Reader& r, std::filesystem::path base, std::string origin)
+      : r_(r), base_(std::move(base)), origin_(std::move(origin)) {
     SamplingOptions probe;
     for_each_sampling_field(probe,
                             [&](const char* key, auto&, int64_t) { sampling_keys_.insert(key); });
@@ -211,12 +239,13 @@ class AgentReader {
     AgentSpec defaults;
     if (!d) return defaults;
     if (!d.IsMap()) r_.bad(fmt::format("'defaults' must be a mapping{}", Reader::at(d)));
-    std::set<std::string> default_keys = {"max_tokens", "stop"};
+    std::set<std::string> default_keys = {"max_tokens", "stop", "json_schema", "grammar"};
     default_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
     r_.check_keys(d, default_keys, "defaults");
     defaults.max_tokens = static_cast<int32_t>(
         r_.integer(d, "max_tokens", defaults.max_tokens, 1, kMaxInt32, "defaults"));
     sampling(d, defaults.sampling, "defaults");
+    structure(d, defaults, "defaults");
     defaults.stop = stop(d, "defaults");
     return defaults;
   }
@@ -224,8 +253,9 @@ class AgentReader {
   AgentSpec agent(const YAML::Node& a, size_t i, const AgentSpec& defaults) const {
     const std::string where = fmt::format("agents[{}]", i);
     if (!a.IsMap()) r_.bad(fmt::format("{} must be a mapping{}", where, Reader::at(a)));
-    std::set<std::string> agent_keys = {"name",       "prompt",   "max_tokens", "stop",
-                                        "depends_on", "priority", "fork_from",  "needs"};
+    std::set<std::string> agent_keys = {"name",        "prompt",   "max_tokens", "stop",
+                                        "depends_on",  "priority", "fork_from",  "needs",
+                                        "json_schema", "grammar"};
     agent_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
     r_.check_keys(a, agent_keys, where);
     AgentSpec agent = defaults;
@@ -243,6 +273,7 @@ class AgentReader {
     agent.max_tokens =
         static_cast<int32_t>(r_.integer(a, "max_tokens", agent.max_tokens, 1, kMaxInt32, where));
     sampling(a, agent.sampling, where);
+    structure(a, agent, where);
     if (a["stop"]) agent.stop = stop(a, where);
     agent.depends_on = r_.list(a, "depends_on", where);
     agent.fork_from = r_.text(a, "fork_from", "", where);
@@ -268,6 +299,55 @@ class AgentReader {
     } catch (const Error& e) {
       r_.bad(fmt::format("{}{}: {}", where, Reader::at(n), e.message()));
     }
+  }
+
+  // `json_schema:` (the schema, or {file: PATH} of a JSON file) or
+  // `grammar:` (GBNF text, or {file: PATH}); null for free text (over a
+  // default). The schema becomes its grammar here, so that one the converter
+  // cannot handle is refused with the file, before any model loads.
+  void structure(const YAML::Node& n, AgentSpec& agent, const std::string& where) const {
+    const YAML::Node schema = n["json_schema"];
+    const YAML::Node grammar = n["grammar"];
+    if (schema && grammar) {
+      r_.bad(fmt::format("{}: give either 'json_schema' or 'grammar', not both{}", where,
+                         Reader::at(n)));
+    }
+    if (!schema && !grammar) return;
+    agent.json_schema.clear();
+    agent.sampling.grammar.clear();
+    if (schema && !schema.IsNull()) {
+      const std::string key = where + ".json_schema";
+      nlohmann::json value;
+      if (const std::optional<std::string> file = file_form(schema, key)) {
+        value = nlohmann::json::parse(*file, nullptr, /*allow_exceptions=*/false);
+        if (value.is_discarded())
+          r_.bad(fmt::format("{}: the file is not JSON{}", key, Reader::at(schema)));
+      } else {
+        value = json_value(schema);
+      }
+      agent.json_schema = value.dump();
+      try {
+        agent.sampling.grammar = grammar_from_json_schema(agent.json_schema);
+      } catch (const Error& e) {
+        r_.bad(fmt::format("{}{}: {}", key, Reader::at(schema), e.message()));
+      }
+    }
+    if (grammar && !grammar.IsNull()) {
+      const std::string key = where + ".grammar";
+      const std::optional<std::string> file = file_form(grammar, key);
+      agent.sampling.grammar = file ? *file : r_.scalar(grammar, key).Scalar();
+      if (agent.sampling.grammar.find_first_not_of(" \t\r\n") == std::string::npos)
+        r_.bad(fmt::format("{} is empty{}", key, Reader::at(grammar)));
+    }
+  }
+
+  // {file: PATH} (relative to the pipeline file): the file's text; nullopt
+  // for any other value.
+  std::optional<std::string> file_form(const YAML::Node& n, const std::string& key) const {
+    if (!n.IsMap() || n.size() != 1 || !n["file"]) return std::nullopt;
+    auto file = std::filesystem::path(r_.text(n, "file", "", key));
+    if (file.is_relative()) file = base_ / file;
+    return read_file(file.string(), fmt::format("{}: {} file", origin_, key));
   }
 
   std::vector<std::string> stop(const YAML::Node& n, const std::string& where) const {
@@ -298,6 +378,8 @@ class AgentReader {
   }
 
   const Reader& r_;
+  const std::filesystem::path base_;  // the pipeline file's folder
+  const std::string origin_;
   std::set<std::string> sampling_keys_;
 };
 
@@ -314,7 +396,7 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
   const std::filesystem::path base(base_dir);
   read_settings(r, root, base, default_name, spec);
   read_document(r, root, base, origin, spec);
-  const AgentReader agents_reader(r);
+  const AgentReader agents_reader(r, base, origin);
   const AgentSpec defaults = agents_reader.defaults(root["defaults"]);
   const YAML::Node agents = root["agents"];
   if (!agents || !agents.IsSequence() || agents.size() == 0)
@@ -331,9 +413,9 @@ PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std:
 }
 
 // The deepest a pipeline nests (the pipeline, agents, an agent, its stop
-// list or needs, a value), with room to spare: a deeper tree is refused
-// before it is walked.
-constexpr int kMaxJsonDepth = 16;
+// list or needs, a value; a JSON schema nests a level or two per property),
+// with room to spare: a deeper tree is refused before it is walked.
+constexpr int kMaxJsonDepth = 32;
 
 // A JSON value as the YAML tree the reader takes: scalars as their text
 // (a number as JSON writes it, so that nothing is rounded on the way), keys
@@ -344,8 +426,11 @@ YAML::Node yaml_tree(const nlohmann::json& j, const Reader& r, int depth = 0) {
     case nlohmann::json::value_t::null:
     case nlohmann::json::value_t::discarded:
       return YAML::Node(YAML::NodeType::Null);
-    case nlohmann::json::value_t::string:
-      return YAML::Node(j.get_ref<const std::string&>());
+    case nlohmann::json::value_t::string: {
+      YAML::Node out(j.get_ref<const std::string&>());
+      out.SetTag("!");  // a string, as a quoted YAML scalar is (json_value reads it so)
+      return out;
+    }
     case nlohmann::json::value_t::array: {
       YAML::Node out(YAML::NodeType::Sequence);
       for (const nlohmann::json& v : j) out.push_back(yaml_tree(v, r, depth + 1));
@@ -489,6 +574,11 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
         {"stop", a.stop}, {"depends_on", a.depends_on}, {"priority", a.priority}};
     for_each_sampling_field(
         a.sampling, [&](const char* key, const auto& value, int64_t) { agent[key] = value; });
+    if (!a.json_schema.empty()) {
+      agent["json_schema"] = nlohmann::json::parse(a.json_schema);
+    } else if (!a.sampling.grammar.empty()) {
+      agent["grammar"] = a.sampling.grammar;
+    }
     if (!a.fork_from.empty()) agent["fork_from"] = a.fork_from;
     if (a.needs.any()) agent["needs"] = needs_json(a.needs);
     agents.push_back(std::move(agent));

@@ -63,6 +63,8 @@ nlohmann::json agent_json(const AgentResult& a) {
       {"status", std::string(to_string(a.status))},
       {"error", error_json(a.error)},
       {"answer", a.answer},
+      // The answer parsed, when it is JSON its agent's schema asked for.
+      {"answer_json", a.answer_is_json ? nlohmann::json::parse(a.answer) : nlohmann::json(nullptr)},
       {"n_tokens", a.tokens.size()},
       {"tokens", a.tokens},
       {"stop_reason", a.status == NodeStatus::kOk
@@ -109,6 +111,8 @@ AgentResult read_agent(const nlohmann::json& j, bool strict, AgentPhase* phase =
   }
   if (const nlohmann::json* e = find("error")) a.error = error_from_json(*e);
   get("answer", a.answer);
+  // Optional even when strict: results saved before it existed have none.
+  if (const auto it = j.find("answer_json"); it != j.end()) a.answer_is_json = !it->is_null();
   get("tokens", a.tokens);
   get("token_at_ms", a.token_at_ms);
   if (const nlohmann::json* r = find("stop_reason"); r && !r->is_null())

@@ -254,6 +254,12 @@ void BranchSteps::sampled(size_t agent, Token, bool done) {
   t.total = ms_between(b.admitted, now);
   t.done_at = ms_between(in_.started, now);
   b.step.release();
+  try {
+    settle_structured_answer(in_.spec.agents[agent], out);
+  } catch (...) {
+    fail(agent, current_error_value());
+    return;
+  }
   // After the result is written: the outcome is reported from here.
   planner_.sampled(agent, true);  // its id and cells freed, or parked for its children
 }

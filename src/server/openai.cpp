@@ -114,7 +114,36 @@ std::vector<ChatMessage> messages_of(const json& body, const RequestLimits& limi
   return out;
 }
 
-// Tools, log probabilities and answer formats other than text are refused.
+// "response_format": text, or a JSON answer (any object, or one that
+// satisfies a schema) as the grammar the answer is sampled under; empty for
+// text.
+std::string grammar_of(const json& body) {
+  const auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return {};
+  const std::string type = it->is_object() ? it->value("type", std::string()) : std::string();
+  if (type == "text") return {};
+  std::string schema;
+  if (type == "json_object") {
+    schema = R"({"type": "object"})";
+  } else if (type == "json_schema") {
+    const auto spec = it->find("json_schema");
+    if (spec == it->end() || !spec->is_object() || !spec->contains("schema")) {
+      refuse("response_format.json_schema",
+             "must be {\"name\": ..., \"schema\": {...}} (the schema is missing)");
+    }
+    schema = spec->at("schema").dump();
+  } else {
+    refuse("response_format",
+           fmt::format("type must be text, json_object or json_schema (got {})", shown(*it)));
+  }
+  try {
+    return grammar_from_json_schema(schema);
+  } catch (const Error& e) {
+    refuse("response_format.json_schema.schema", e.value().message);
+  }
+}
+
+// Tools and log probabilities are refused.
 void refuse_unsupported(const json& body) {
   for (const char* unsupported : {"tools", "functions", "tool_choice", "function_call"}) {
     if (const auto it = body.find(unsupported); it != body.end() && !it->is_null()) {
@@ -124,11 +153,6 @@ void refuse_unsupported(const json& body) {
     }
   }
   if (boolean(body, "logprobs")) refuse("logprobs", "not supported by swarmkv serve");
-  if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    if (!it->is_object() || it->value("type", json()) != "text") {
-      refuse("response_format", "only {\"type\": \"text\"} is supported");
-    }
-  }
 }
 
 // "max_tokens" or "max_completion_tokens" (the same if both), the sampling
@@ -207,6 +231,7 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
   r.messages = messages_of(body, limits);
   refuse_unsupported(body);
   read_generation(body, limits, r);
+  r.sampling.grammar = grammar_of(body);
   r.stop = stops_of(body, limits);
   r.stream = boolean(body, "stream");
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
