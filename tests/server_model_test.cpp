@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -698,6 +699,76 @@ TEST_P(ServerExactTest, ConcurrentAgentsAnswerAsAReprefillBitForBit) {
             static_cast<int64_t>(later.prompt.size()) - 20);
   EXPECT_EQ(metric(*c, "swarmkv_kv_resets_total"), 0);
   EXPECT_EQ(metric(*c, "swarmkv_live_sequences"), 0);
+}
+
+// response_format: a json_schema or json_object request is sampled under the
+// grammar made from it, beside a free-text request in the same steps, and
+// answers as a re-prefill sampled under the same grammar, token for token.
+// A complete answer parses and satisfies the schema; one cut by max_tokens
+// says so (finish_reason "length") and does not parse.
+TEST_P(ServerExactTest, JsonResponseFormatsAnswerAsAConstrainedReprefill) {
+  const ServerOptions options = exact_options(4096);
+#ifdef SWARMKV_SANITIZED
+  if (std::string_view(GetParam().name) == "gemma3") GTEST_SKIP() << "SmolLM2 runs it";
+  const std::string doc = document(600);
+#else
+  const std::string doc = document(1500);
+#endif
+  const int max_tokens = 48;
+  const json schema = json::parse(R"({"type": "object", "properties": {"licensor": {"type":
+      "string", "maxLength": 24}}, "required": ["licensor"]})");
+  const std::string user = doc + "\n\nWho is the Licensor? Answer in JSON.";
+  std::vector<json> formats = {
+      {{"type", "json_schema"},
+       {"json_schema", {{"name", "who"}, {"strict", true}, {"schema", schema}}}},
+      {{"type", "json_object"}},
+      nullptr};
+  std::vector<std::string> grammars = {grammar_from_json_schema(schema.dump()),
+                                       grammar_from_json_schema(R"({"type": "object"})"), ""};
+  std::vector<Generation> refs;
+  for (const std::string& grammar : grammars) {
+    ContextOptions o = options.context;
+    o.n_seq_max = static_cast<uint32_t>(options.max_live + options.max_cached);
+    o.kv_unified = true;
+    Context ctx(model_, o);
+    const std::vector<Token> prompt = render(*model_, "", user);
+    ctx.decode_prompt(prompt, 0, 0, true);
+    SamplingOptions sampling;
+    sampling.grammar = grammar;
+    Sampler sampler(*model_, sampling);
+    GenerateOptions g;
+    g.max_tokens = max_tokens;
+    refs.push_back(generate(ctx, sampler, 0, static_cast<Pos>(prompt.size()), g));
+  }
+  Running server(model_, options);
+  std::vector<std::future<json>> answers;
+  for (size_t i = 0; i < formats.size(); ++i) {
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      auto c = server.client();
+      json body = chat_body("", user, max_tokens);
+      if (!formats[i].is_null()) body["response_format"] = formats[i];
+      return post_chat(*c, body);
+    }));
+  }
+  for (size_t i = 0; i < formats.size(); ++i) {
+    const json j = answers[i].get();
+    const std::string content = j["choices"][0]["message"]["content"];
+    EXPECT_EQ(content, refs[i].text) << i;
+    const bool complete = refs[i].stop_reason == StopReason::kEndOfGeneration;
+    EXPECT_EQ(j["choices"][0]["finish_reason"], complete ? "stop" : "length") << i;
+    if (i == 2) continue;
+    const json parsed = json::parse(content, nullptr, /*allow_exceptions=*/false);
+    EXPECT_EQ(parsed.is_discarded(), !complete) << i << ": " << content;
+    if (complete) {
+      EXPECT_TRUE(parsed.is_object()) << content;
+    }
+  }
+  // The schema's answer is short enough to complete: it names the licensor.
+  ASSERT_EQ(refs[0].stop_reason, StopReason::kEndOfGeneration) << refs[0].text;
+  const json who = json::parse(refs[0].text);
+  ASSERT_TRUE(who.contains("licensor") && who["licensor"].is_string()) << refs[0].text;
+  EXPECT_LE(who["licensor"].get<std::string>().size(), 24u);
+  EXPECT_NE(refs[0].text, refs[2].text) << "the grammar changed nothing: is it applied?";
 }
 
 // A cache too small for all requests at once, and no finished sequence
