@@ -139,6 +139,7 @@ TEST(ResultJsonTest, ARunGoingOnReadsBackWithEachAgentsPhase) {
   r.prefix_tokens = 300;
   r.total_ms = 40;
   r.agents = fixtures::results_with_every_field_set();
+  r.agents.resize(2);
   r.agents.push_back(r.agents[0]);
   r.agents[2].name = "c";
   RunProgress p;

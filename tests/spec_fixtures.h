@@ -88,7 +88,12 @@ inline std::vector<AgentResult> results_with_every_field_set() {
   failed.status = NodeStatus::kFailed;
   failed.error = ErrorValue{ErrorCode::kNoKvSlot, "no slot"};
   failed.stop_reason = StopReason::kMaxTokens;  // not written for a failed agent
-  return {ok, failed};
+  AgentResult structured = ok;
+  structured.name = "c";
+  structured.answer = "{\"level\": \"low\", \"clauses\": [\"\xc3\xa9\", 2.5]}\n";
+  structured.answer_is_json = true;
+  structured.stop_reason = StopReason::kEndOfGeneration;
+  return {ok, failed, structured};
 }
 
 }  // namespace swarmkv::fixtures
