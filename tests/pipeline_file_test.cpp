@@ -277,6 +277,17 @@ agents:
   EXPECT_EQ(a[4].sampling.grammar, "");
 }
 
+TEST_F(PipelineFileTest, TheContractFieldsExampleTakesFieldsOfItsSchemas) {
+  const PipelineSpec spec = load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) +
+                                               "/examples/pipelines/contract-fields.yaml");
+  ASSERT_EQ(spec.agents.size(), 4u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(spec.agents[i].json_schema.empty()) << spec.agents[i].name;
+    EXPECT_FALSE(spec.agents[i].sampling.grammar.empty()) << spec.agents[i].name;
+  }
+  EXPECT_EQ(resolve_placeholder(spec, "risks.risk_level")->field, ".risk_level");
+}
+
 TEST_F(PipelineFileTest, StructuredAnswerMistakesAreRefusedBeforeTheRun) {
   const auto agent = [&](const std::string& name, const std::string& keys) {
     return error_of(

@@ -298,12 +298,18 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
   spec.agents[3].json_schema = R"({"type": "array", "items": {"type": "string"}, "minItems": 2})";
   spec.agents[3].sampling.grammar = grammar_from_json_schema(spec.agents[3].json_schema);
   spec.agents[3].max_tokens = 4;  // too few for a list of two strings to close
+  AgentSpec field;  // takes a field of agent0's JSON answer
+  field.name = "field";
+  field.prompt = "Who publishes the {{agent0.licence}}?";
+  field.depends_on = {"agent0"};
+  field.max_tokens = 8;
+  spec.agents.push_back(field);
   const auto run = [&](ForkMode fork) {
     spec.fork = fork;
     return run_pipeline(spec, model_);
   };
   const PipelineResult reference = run(ForkMode::kNone);
-  ASSERT_EQ(reference.agents.size(), 4u);
+  ASSERT_EQ(reference.agents.size(), 5u);
   for (const size_t i : {0, 2}) {
     const AgentResult& a = reference.agents[i];
     ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error) << "\n" << a.answer;
@@ -330,9 +336,15 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
   EXPECT_NE(cut.error->message.find("incomplete"), std::string::npos) << cut.error->message;
   EXPECT_FALSE(cut.answer_is_json);
   EXPECT_EQ(cut.tokens.size(), 4u);
+  const AgentResult& took = reference.agents[4];
+  EXPECT_EQ(took.status, NodeStatus::kOk) << describe(took.error);
+  EXPECT_EQ(took.prompt_rendered,
+            "Who publishes the " +
+                nlohmann::json::parse(reference.agents[0].answer)["licence"].get<std::string>() +
+                "?");
   for (const ForkMode fork : {ForkMode::kHost, ForkMode::kShared}) {
     const PipelineResult forked = run(fork);
-    for (size_t i = 0; i < 4; ++i) {
+    for (size_t i = 0; i < 5; ++i) {
       const AgentResult& f = forked.agents[i];
       const AgentResult& r = reference.agents[i];
       EXPECT_EQ(f.status, r.status) << to_string(fork) << " " << f.name;

@@ -124,6 +124,57 @@ TEST(PlaceholderTest, APlaceholderMustNameAnUpstreamAgent) {
             "invalid_argument: max_live must be >= 0 (0: as many as fit; got -1)");
 }
 
+// {{name.field}}: a field of an upstream JSON answer, checked against the
+// upstream's schema before the run, and inserted as text (a string) or JSON.
+TEST(PlaceholderTest, AFieldOfAJsonAnswerIsCheckedAgainstItsSchemaAndInserted) {
+  PipelineSpec spec = four_agents();
+  spec.agents[0].json_schema = R"({"type":"object","properties":{"level":{"type":"string"},)"
+                               R"("clauses":{"type":"array","items":{"type":"object",)"
+                               R"("properties":{"text":{"type":"string"}}}}}})";
+  spec.agents[1].name = "v1.2";  // a name with a dot is still a whole name
+  spec.agents[3].depends_on = {"agent0", "v1.2"};
+  spec.agents[3].prompt = "Level {{agent0.level}}, first {{ agent0.clauses[0].text }}, {{v1.2}}.";
+  EXPECT_EQ(validation_error(spec), "no error");
+  const auto ref = resolve_placeholder(spec, "agent0.clauses[0].text");
+  ASSERT_TRUE(ref);
+  EXPECT_EQ(ref->agent, "agent0");
+  EXPECT_EQ(ref->field, ".clauses[0].text");
+  EXPECT_EQ(resolve_placeholder(spec, "v1.2")->field, "");
+  EXPECT_FALSE(resolve_placeholder(spec, "nobody.level"));
+
+  const std::string answer = R"({"level": "high", "clauses": [{"text": "no sublet"}], "n": 2})";
+  const std::vector<std::string> answers = {answer, "plain", "", ""};
+  const auto values = placeholder_values(
+      spec, spec.agents[3].prompt, [&](size_t k) -> const std::string& { return answers[k]; });
+  EXPECT_EQ(render_prompt(spec.agents[3].prompt, values), "Level high, first no sublet, plain.");
+  EXPECT_EQ(placeholder_value({"agent0", ".n"}, answer), "2");
+  EXPECT_EQ(placeholder_value({"agent0", ".clauses"}, answer), R"([{"text":"no sublet"}])");
+  EXPECT_THROW(placeholder_value({"agent0", ".missing"}, answer), Error);
+  EXPECT_THROW(placeholder_value({"agent0", ".level"}, "not json"), Error);
+
+  spec.agents[3].prompt = "{{agent0.levle}}";
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{agent0.levle}}: 'levle' is not among its "
+            "schema's properties ('agent0')");
+  spec.agents[3].prompt = "{{agent0.clauses.text}}";
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{agent0.clauses.text}}: 'text' names a property "
+            "of a list ('agent0')");
+  spec.agents[3].prompt = "{{agent0.clauses[x]}}";
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{agent0.clauses[x]}}: the field '.clauses[x]' "
+            "is not a path of .names and [indices]");
+  spec.agents[3].prompt = "{{v1.2.level}}";
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{v1.2.level}} names unknown agent "
+            "'v1.2.level'");
+  spec.agents[3].prompt = "{{agent2.level}}";
+  spec.agents[3].depends_on = {"agent2"};
+  EXPECT_EQ(validation_error(spec),
+            "graph: agent 'agent3': placeholder {{agent2.level}} takes a field of the answer of "
+            "'agent2', which has no json_schema (its answer is text)");
+}
+
 TEST(ForkTreeTest, ForkFromNamesAnAgentAndImpliesTheDependency) {
   PipelineSpec spec = four_agents();
   spec.agents[1].fork_from = "agent0";

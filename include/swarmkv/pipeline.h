@@ -66,6 +66,8 @@ struct AgentSpec {
   // braces allowed) is replaced by the answer of agent `name`, which must be
   // among its dependencies (depends_on, directly or not), when this agent
   // starts; the answer's text goes in as is, never expanded again.
+  // `{{name.field}}`, `{{name.list[0]}}`: a field of the JSON answer of an
+  // agent with a json_schema (resolve_placeholder, placeholder_value).
   std::string prompt;
   int32_t max_tokens = 128;  // generated tokens at most
   SamplingOptions sampling;  // temperature 0 = greedy (validate_sampling)
@@ -135,6 +137,28 @@ struct PipelineSpec : EngineSettings {
   bool any_fork_from() const;  // an agent continues another's conversation
   bool operator==(const PipelineSpec&) const = default;
 };
+
+// What a placeholder takes: agent `agent`'s whole answer (`field` empty),
+// or a field of its JSON answer, as a path: ".level", "[0]",
+// ".clauses[2].text".
+struct PlaceholderRef {
+  std::string agent;
+  std::string field;
+};
+// `{{text}}` in `spec`: the whole answer when `text` names an agent, else
+// the agent named before its first '.' or '[' and the path after it;
+// nullopt when neither names an agent. A path that does not parse is
+// Error(kInvalidArgument).
+std::optional<PlaceholderRef> resolve_placeholder(const PipelineSpec& spec, std::string_view text);
+// What `ref` inserts, given its agent's answer: the answer itself, or the
+// field (a JSON string as its text, any other value as JSON). Throws
+// Error(kInvalidArgument) when the answer is not JSON or has no such field.
+std::string placeholder_value(const PlaceholderRef& ref, const std::string& answer);
+// The placeholders' values of `prompt`, keyed by their text, for
+// render_prompt, from the answers of `spec`'s agents by name.
+std::map<std::string, std::string> placeholder_values(
+    const PipelineSpec& spec, std::string_view prompt,
+    const std::function<const std::string&(size_t agent)>& answer_of);
 
 // `spec` as it runs on `model` (EngineSettings::settle_exact): itself, or,
 // when exact is off there, a copy in `storage` with exact off. Throws what

@@ -418,8 +418,12 @@ class Coordinator final : public AgentExecutor {
       const AgentSpec& a = spec_.agents[k];
       job.agents.push_back(a.name);
       // Prompts with placeholders travel rendered: the upstream answers are here.
-      if (!prompt_placeholders(a.prompt).empty())
-        job.prompts[a.name] = render_prompt(a.prompt, answers_);
+      if (!prompt_placeholders(a.prompt).empty()) {
+        job.prompts[a.name] = render_prompt(
+            a.prompt, placeholder_values(spec_, a.prompt, [&](size_t up) -> const std::string& {
+              return answers_.at(spec_.agents[up].name);
+            }));
+      }
     }
     return job;
   }

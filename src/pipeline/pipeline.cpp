@@ -369,13 +369,95 @@ void validate_needs_and_forks(const PipelineSpec& spec, const IndexOf& index_of)
   }
 }
 
+// A placeholder's field path (".a[0].b") as a JSON pointer ("/a/0/b").
+nlohmann::json::json_pointer field_pointer(std::string_view field) {
+  std::string pointer;
+  size_t at = 0;
+  while (at < field.size()) {
+    if (field[at] == '.') {
+      const size_t end = field.find_first_of(".[", at + 1);
+      const std::string_view key = field.substr(at + 1, end - at - 1);
+      if (key.empty()) break;
+      pointer += '/';
+      for (const char c : key) pointer += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+      at = end == std::string_view::npos ? field.size() : end;
+    } else if (field[at] == '[') {
+      const size_t end = field.find(']', at);
+      const std::string_view index =
+          end == std::string_view::npos ? std::string_view() : field.substr(at + 1, end - at - 1);
+      if (index.empty() || index.find_first_not_of("0123456789") != std::string_view::npos) break;
+      pointer += '/';
+      pointer += index;
+      at = end + 1;
+    } else {
+      break;
+    }
+  }
+  if (at != field.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("the field '{}' is not a path of .names and [indices]", field));
+  }
+  return nlohmann::json::json_pointer(pointer);
+}
+
+// Whether `schema` (a JSON Schema) may hold `field`: a name must be among
+// an object's declared properties, an index needs an array; where the
+// schema does not say (no properties, anyOf, $ref), it may.
+std::optional<std::string> field_outside_schema(const nlohmann::json& schema,
+                                                nlohmann::json::json_pointer field) {
+  std::vector<std::string> steps;
+  for (; !field.empty(); field.pop_back()) steps.insert(steps.begin(), field.back());
+  const nlohmann::json* at = &schema;
+  for (const std::string& step : steps) {
+    if (!at->is_object()) return std::nullopt;
+    if (const auto props = at->find("properties"); props != at->end() && props->is_object()) {
+      const auto it = props->find(step);
+      if (it == props->end()) return fmt::format("'{}' is not among its schema's properties", step);
+      at = &*it;
+    } else if (const auto items = at->find("items"); items != at->end()) {
+      if (step.find_first_not_of("0123456789") != std::string::npos)
+        return fmt::format("'{}' names a property of a list", step);
+      at = &*items;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+// A placeholder's field: of an agent whose answer is JSON (a json_schema),
+// and where its schema says which fields there are, one of them.
+void validate_field(const PipelineSpec& spec, const AgentSpec& agent, const std::string& text,
+                    const PlaceholderRef& ref) {
+  const AgentSpec& upstream = spec.agents[*spec.agent_index(ref.agent)];
+  if (upstream.json_schema.empty()) {
+    throw Error(ErrorCode::kGraph,
+                fmt::format("agent '{}': placeholder {{{{{}}}}} takes a field of the answer of "
+                            "'{}', which has no json_schema (its answer is text)",
+                            agent.name, text, ref.agent));
+  }
+  const nlohmann::json schema = nlohmann::json::parse(upstream.json_schema);
+  if (const std::optional<std::string> outside =
+          field_outside_schema(schema, field_pointer(ref.field))) {
+    throw Error(ErrorCode::kGraph, fmt::format("agent '{}': placeholder {{{{{}}}}}: {} ('{}')",
+                                               agent.name, text, *outside, ref.agent));
+  }
+}
+
 // Every placeholder names an agent among its dependencies.
 void validate_placeholders(const PipelineSpec& spec, const IndexOf& index_of) {
   const std::vector<std::vector<size_t>> deps = detail::resolve_dag(dag_nodes(spec));
   detail::Ancestry ancestry(deps);
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     for (const PromptPlaceholder& h : prompt_placeholders(spec.agents[i].prompt)) {
-      const std::optional<size_t> named = index_of(h.name);
+      std::optional<PlaceholderRef> ref;
+      try {
+        ref = resolve_placeholder(spec, h.name);
+      } catch (const Error& e) {
+        throw Error(ErrorCode::kGraph, fmt::format("agent '{}': placeholder {{{{{}}}}}: {}",
+                                                   spec.agents[i].name, h.name, e.message()));
+      }
+      const std::optional<size_t> named = ref ? index_of(ref->agent) : std::nullopt;
       if (!named) {
         throw Error(ErrorCode::kGraph,
                     fmt::format("agent '{}': placeholder {{{{{}}}}} names unknown agent '{}'",
@@ -385,8 +467,9 @@ void validate_placeholders(const PipelineSpec& spec, const IndexOf& index_of) {
         throw Error(ErrorCode::kGraph,
                     fmt::format("agent '{}': placeholder {{{{{}}}}} names agent '{}', which is not "
                                 "among its dependencies (add '{}' to depends_on)",
-                                spec.agents[i].name, h.name, h.name, h.name));
+                                spec.agents[i].name, h.name, ref->agent, ref->agent));
       }
+      if (!ref->field.empty()) validate_field(spec, spec.agents[i], h.name, *ref);
     }
   }
 }
@@ -423,6 +506,49 @@ std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt) {
     at = close + 2;
   }
   return out;
+}
+
+std::optional<PlaceholderRef> resolve_placeholder(const PipelineSpec& spec, std::string_view text) {
+  if (spec.agent_index(text)) return PlaceholderRef{std::string(text), {}};
+  const size_t split = text.find_first_of(".[");
+  if (split == std::string_view::npos || split == 0) return std::nullopt;
+  const std::string_view agent = text.substr(0, split);
+  if (!spec.agent_index(agent)) return std::nullopt;
+  PlaceholderRef ref{std::string(agent), std::string(text.substr(split))};
+  (void)field_pointer(ref.field);  // a path that does not parse is refused here
+  return ref;
+}
+
+std::string placeholder_value(const PlaceholderRef& ref, const std::string& answer) {
+  if (ref.field.empty()) return answer;
+  const nlohmann::json value = nlohmann::json::parse(answer, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{{{{{}{}}}}}: the answer of '{}' is not JSON", ref.agent, ref.field,
+                            ref.agent));
+  }
+  const nlohmann::json::json_pointer pointer = field_pointer(ref.field);
+  if (!value.contains(pointer)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{{{{{}{}}}}}: the answer of '{}' has no such field: {}", ref.agent,
+                            ref.field, ref.agent, answer));
+  }
+  const nlohmann::json& field = value.at(pointer);
+  return field.is_string() ? field.get<std::string>() : field.dump();
+}
+
+std::map<std::string, std::string> placeholder_values(
+    const PipelineSpec& spec, std::string_view prompt,
+    const std::function<const std::string&(size_t agent)>& answer_of) {
+  std::map<std::string, std::string> values;
+  for (const PromptPlaceholder& h : prompt_placeholders(prompt)) {
+    const std::optional<PlaceholderRef> ref = resolve_placeholder(spec, h.name);
+    if (!ref) {
+      throw Error(ErrorCode::kGraph, fmt::format("placeholder {{{{{}}}}} names no agent", h.name));
+    }
+    values[h.name] = placeholder_value(*ref, answer_of(*spec.agent_index(ref->agent)));
+  }
+  return values;
 }
 
 bool renders_at_start(const AgentSpec& agent) {
@@ -508,7 +634,8 @@ std::vector<int64_t> own_prompt_tokens(const PipelineSpec& spec, const Model& mo
     int64_t answers = 0;
     for (const PromptPlaceholder& h : prompt_placeholders(a.prompt)) {
       empty[h.name];
-      answers += spec.agents[index.at(h.name)].max_tokens;  // validated: an agent's name
+      // validated: an agent's answer or a field of it (no longer than the answer)
+      answers += spec.agents[index.at(resolve_placeholder(spec, h.name)->agent)].max_tokens;
     }
     std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
     if (a.needs.any()) tokens.insert(tokens.begin(), out.doc_close.begin(), out.doc_close.end());
@@ -791,9 +918,10 @@ std::function<void(Token, const std::string&)> branch_token_callback(const RunIn
 std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResult& result) {
   const AgentSpec& spec = in.spec.agents[agent];
   if (!renders_at_start(spec)) return in.prepared.branches[agent];
-  std::map<std::string, std::string> answers;
-  for (const PromptPlaceholder& h : prompt_placeholders(spec.prompt))
-    answers[h.name] = result.agents[*in.spec.agent_index(h.name)].answer;  // finished: upstream
+  // The upstream agents have finished: their answers are in the result.
+  const auto answers =
+      placeholder_values(in.spec, spec.prompt,
+                         [&](size_t k) -> const std::string& { return result.agents[k].answer; });
   AgentResult& out = result.agents[agent];
   out.prompt_rendered = render_prompt(spec.prompt, answers);
   std::vector<Token> tokens = finished_branch(in, agent, result);
