@@ -150,6 +150,10 @@ struct PlaceholderRef {
 // nullopt when neither names an agent. A path that does not parse is
 // Error(kInvalidArgument).
 std::optional<PlaceholderRef> resolve_placeholder(const PipelineSpec& spec, std::string_view text);
+// The same, with the agents' names looked up by `is_agent` (a map's, for
+// pipelines of many agents: PipelineSpec::agent_index scans).
+std::optional<PlaceholderRef> resolve_placeholder(
+    std::string_view text, const std::function<bool(std::string_view)>& is_agent);
 // What `ref` inserts, given its agent's answer: the answer itself, or the
 // field (a JSON string as its text, any other value as JSON). Throws
 // Error(kInvalidArgument) when the answer is not JSON or has no such field.

@@ -427,9 +427,8 @@ std::optional<std::string> field_outside_schema(const nlohmann::json& schema,
 
 // A placeholder's field: of an agent whose answer is JSON (a json_schema),
 // and where its schema says which fields there are, one of them.
-void validate_field(const PipelineSpec& spec, const AgentSpec& agent, const std::string& text,
+void validate_field(const AgentSpec& upstream, const AgentSpec& agent, const std::string& text,
                     const PlaceholderRef& ref) {
-  const AgentSpec& upstream = spec.agents[*spec.agent_index(ref.agent)];
   if (upstream.json_schema.empty()) {
     throw Error(ErrorCode::kGraph,
                 fmt::format("agent '{}': placeholder {{{{{}}}}} takes a field of the answer of "
@@ -452,7 +451,8 @@ void validate_placeholders(const PipelineSpec& spec, const IndexOf& index_of) {
     for (const PromptPlaceholder& h : prompt_placeholders(spec.agents[i].prompt)) {
       std::optional<PlaceholderRef> ref;
       try {
-        ref = resolve_placeholder(spec, h.name);
+        ref = resolve_placeholder(
+            h.name, [&](std::string_view name) { return index_of(name).has_value(); });
       } catch (const Error& e) {
         throw Error(ErrorCode::kGraph, fmt::format("agent '{}': placeholder {{{{{}}}}}: {}",
                                                    spec.agents[i].name, h.name, e.message()));
@@ -469,7 +469,7 @@ void validate_placeholders(const PipelineSpec& spec, const IndexOf& index_of) {
                                 "among its dependencies (add '{}' to depends_on)",
                                 spec.agents[i].name, h.name, ref->agent, ref->agent));
       }
-      if (!ref->field.empty()) validate_field(spec, spec.agents[i], h.name, *ref);
+      if (!ref->field.empty()) validate_field(spec.agents[*named], spec.agents[i], h.name, *ref);
     }
   }
 }
@@ -509,11 +509,17 @@ std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt) {
 }
 
 std::optional<PlaceholderRef> resolve_placeholder(const PipelineSpec& spec, std::string_view text) {
-  if (spec.agent_index(text)) return PlaceholderRef{std::string(text), {}};
+  return resolve_placeholder(
+      text, [&](std::string_view name) { return spec.agent_index(name).has_value(); });
+}
+
+std::optional<PlaceholderRef> resolve_placeholder(
+    std::string_view text, const std::function<bool(std::string_view)>& is_agent) {
+  if (is_agent(text)) return PlaceholderRef{std::string(text), {}};
   const size_t split = text.find_first_of(".[");
   if (split == std::string_view::npos || split == 0) return std::nullopt;
   const std::string_view agent = text.substr(0, split);
-  if (!spec.agent_index(agent)) return std::nullopt;
+  if (!is_agent(agent)) return std::nullopt;
   PlaceholderRef ref{std::string(agent), std::string(text.substr(split))};
   (void)field_pointer(ref.field);  // a path that does not parse is refused here
   return ref;
@@ -635,7 +641,9 @@ std::vector<int64_t> own_prompt_tokens(const PipelineSpec& spec, const Model& mo
     for (const PromptPlaceholder& h : prompt_placeholders(a.prompt)) {
       empty[h.name];
       // validated: an agent's answer or a field of it (no longer than the answer)
-      answers += spec.agents[index.at(resolve_placeholder(spec, h.name)->agent)].max_tokens;
+      const auto ref =
+          resolve_placeholder(h.name, [&](std::string_view name) { return index.contains(name); });
+      answers += spec.agents[index.at(ref->agent)].max_tokens;
     }
     std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
     if (a.needs.any()) tokens.insert(tokens.begin(), out.doc_close.begin(), out.doc_close.end());
