@@ -298,7 +298,7 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
   spec.agents[3].json_schema = R"({"type": "array", "items": {"type": "string"}, "minItems": 2})";
   spec.agents[3].sampling.grammar = grammar_from_json_schema(spec.agents[3].json_schema);
   spec.agents[3].max_tokens = 4;  // too few for a list of two strings to close
-  AgentSpec field;  // takes a field of agent0's JSON answer
+  AgentSpec field;                // takes a field of agent0's JSON answer
   field.name = "field";
   field.prompt = "Who publishes the {{agent0.licence}}?";
   field.depends_on = {"agent0"};
@@ -850,6 +850,26 @@ TEST_F(PipelineModelTest, BranchPositionsRestartingAtZeroAreCaught) {
   EXPECT_EQ(a.status, NodeStatus::kFailed);
   ASSERT_TRUE(a.error.has_value());
   EXPECT_EQ(a.error->code, ErrorCode::kInvalidBatch) << *a.error;
+}
+
+// A GBNF grammar that does not parse fails the run before anything runs,
+// naming the agent, instead of failing that agent in the middle of it.
+TEST_F(PipelineModelTest, AGrammarThatDoesNotParseIsRefusedBeforeTheRun) {
+  PipelineSpec spec = license_spec();
+  spec.document = spec.document.substr(0, 600);
+  spec.agents.resize(2);
+  spec.agents[1].sampling.grammar = R"(root ::= "yes" | maybe)";  // no rule `maybe`
+  try {
+    (void)prepare_pipeline(spec, *model_);
+    ADD_FAILURE() << "a grammar that does not parse was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(
+        e.message().rfind("agent '" + spec.agents[1].name + "': the grammar does not parse", 0), 0u)
+        << e.what();
+  }
+  spec.agents[1].sampling.grammar = R"(root ::= "yes" | "no")";
+  EXPECT_NO_THROW((void)prepare_pipeline(spec, *model_));
 }
 
 TEST_F(PipelineModelTest, TruncatedSnapshotIsASizeMismatchAndLeavesNothingBehind) {
