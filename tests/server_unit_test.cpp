@@ -124,6 +124,24 @@ TEST(ChatRequestTest, EachRefusalNamesItsField) {
                Error);
 }
 
+// Every field is applied or refused by name; only OpenAI's meaningless
+// ones (user, metadata, ...) are accepted without effect.
+TEST(ChatRequestTest, FieldsAreAppliedOrRefusedNeverIgnored) {
+  const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
+  const ChatRequest r = parse_chat_request(
+      m + R"("top_k": 40, "repeat_penalty": 1.2, "user": "u1", "store": false})", {});
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_EQ(r.sampling.repeat_penalty, 1.2f);
+  EXPECT_TRUE(r.sampling.penalties_on());
+  for (const char* field : {"min_p", "logit_bias", "grammar", "top_logprobs", "suffix", "typo"}) {
+    EXPECT_EQ(refusal(m + "\"" + field + "\": 1}"),
+              std::string(field) +
+                  ": is not supported by swarmkv serve (docs/serve.md lists the fields it takes)");
+  }
+  EXPECT_EQ(refusal(m + R"("top_k": -1})"), "top_k: must be in [0, 1048576] (got -1)");
+  EXPECT_EQ(refusal(m + R"("repeat_penalty": 0})"), "repeat_penalty: must be in (0, 10] (got 0)");
+}
+
 TEST(ChatRequestTest, JsonResponseFormatsBecomeTheAnswersGrammar) {
   const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
   EXPECT_EQ(parse_chat_request(m + R"("response_format": {"type": "text"}})", {}).sampling.grammar,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -143,6 +145,40 @@ std::string grammar_of(const json& body) {
   }
 }
 
+// Every field of the body is one read here or one of OpenAI's that carries
+// no meaning for us (accepted and ignored: docs/serve.md); anything else,
+// min_p and logit_bias among them, is refused by name rather than ignored.
+void refuse_unknown_fields(const json& body) {
+  static const std::set<std::string_view> kRead = {"model",
+                                                   "messages",
+                                                   "max_tokens",
+                                                   "max_completion_tokens",
+                                                   "temperature",
+                                                   "top_p",
+                                                   "top_k",
+                                                   "frequency_penalty",
+                                                   "presence_penalty",
+                                                   "repeat_penalty",
+                                                   "seed",
+                                                   "n",
+                                                   "stop",
+                                                   "stream",
+                                                   "stream_options",
+                                                   "response_format",
+                                                   "tools",
+                                                   "functions",
+                                                   "tool_choice",
+                                                   "function_call",
+                                                   "logprobs"};
+  static const std::set<std::string_view> kIgnored = {"user", "metadata", "store", "service_tier",
+                                                      "parallel_tool_calls"};
+  for (const auto& item : body.items()) {
+    if (kRead.contains(item.key()) || kIgnored.contains(item.key())) continue;
+    refuse(item.key(),
+           "is not supported by swarmkv serve (docs/serve.md lists the fields it takes)");
+  }
+}
+
 // Tools and log probabilities are refused.
 void refuse_unsupported(const json& body) {
   for (const char* unsupported : {"tools", "functions", "tool_choice", "function_call"}) {
@@ -170,6 +206,9 @@ void read_generation(const json& body, const RequestLimits& limits, ChatRequest&
   r.sampling.top_p = number(body, "top_p", 0.0f, 1.0f, 1.0f, /*open_lo=*/true);
   r.sampling.frequency_penalty = number(body, "frequency_penalty", -2.0f, 2.0f, 0.0f);
   r.sampling.presence_penalty = number(body, "presence_penalty", -2.0f, 2.0f, 0.0f);
+  // llama-server's names for what pipelines have too.
+  r.sampling.top_k = static_cast<int32_t>(integer(body, "top_k", 0, 1 << 20).value_or(0));
+  r.sampling.repeat_penalty = number(body, "repeat_penalty", 0.0f, 10.0f, 1.0f, /*open_lo=*/true);
   if (const auto seed = integer(body, "seed", INT64_MIN, INT64_MAX)) {
     r.sampling.seed = static_cast<uint32_t>(*seed);
   }
@@ -229,6 +268,7 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
     r.model = it->get<std::string>();
   }
   r.messages = messages_of(body, limits);
+  refuse_unknown_fields(body);
   refuse_unsupported(body);
   read_generation(body, limits, r);
   r.sampling.grammar = grammar_of(body);
