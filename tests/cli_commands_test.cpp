@@ -32,6 +32,8 @@ TEST(SamplingFlagsTest, EveryFieldIsSetByItsFlag) {
               "0.875",
               "--top-k",
               "7",
+              "--min-p",
+              "0.0625",
               "--seed",
               "9",
               "--repeat-penalty",
@@ -54,6 +56,7 @@ TEST(SamplingFlagsTest, EveryFieldIsSetByItsFlag) {
   want.temperature = 0.5f;
   want.top_p = 0.875f;
   want.top_k = 7;
+  want.min_p = 0.0625f;
   want.seed = 9;
   want.repeat_penalty = 1.25f;
   want.repeat_last_n = 32;
@@ -90,6 +93,7 @@ TEST(SamplingFlagsTest, OneFlagPerFieldWithItsDefaultShown) {
   const std::vector<std::string> want = {"--temp",
                                          "--top-p",
                                          "--top-k",
+                                         "--min-p",
                                          "--seed",
                                          "--repeat-penalty",
                                          "--repeat-last-n",

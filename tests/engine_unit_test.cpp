@@ -1,6 +1,7 @@
 // Engine behaviour that needs no model file.
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -111,6 +112,23 @@ TEST(SamplerTest, RejectsInvalidSettings) {
   SamplingOptions bad_t;
   bad_t.temperature = -1.0f;
   EXPECT_NE(error(bad_t), "no error") << "a negative temperature is an error, not greedy";
+  SamplingOptions bad_min_p;
+  bad_min_p.min_p = 1.5f;
+  EXPECT_EQ(error(bad_min_p), "invalid_argument: need min_p in [0, 1] (got 1.5)");
+  SamplingOptions bad_bias;
+  bad_bias.logit_bias = {{3, 1.0f}, {5, std::numeric_limits<float>::infinity()}};
+  EXPECT_EQ(error(bad_bias), "invalid_argument: logit_bias: need finite biases (got inf for token 5)");
+  SamplingOptions outside;
+  outside.logit_bias = {{100, 1.0f}};
+  EXPECT_EQ(error(outside), "no error");  // no vocabulary to check against
+  try {
+    validate_sampling(outside, 100);
+    ADD_FAILURE() << "token 100 of a 100-token vocabulary passed";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "invalid_argument: logit_bias: token 100 is not in the model's vocabulary (ids 0 "
+                 "to 99)");
+  }
   SamplingOptions bad_repeat;
   bad_repeat.repeat_penalty = 0.0f;
   EXPECT_EQ(error(bad_repeat),

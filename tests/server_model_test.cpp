@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -775,6 +776,33 @@ TEST_P(ServerExactTest, JsonResponseFormatsAnswerAsAConstrainedReprefill) {
 // kept (its cells are parked while others run): the requests that do not
 // fit wait for the live ones to finish, the cache starts over (at least
 // once), and every answer is still its re-prefill's, token for token.
+// Without "seed" each request samples from a seed of its own, which comes
+// back in X-SwarmKV-Seed; sent back as "seed", it gives the same answer
+// (exact mode: the same bits whichever cached sequence a request forks).
+TEST_P(ServerExactTest, AnUnseededRequestDrawsItsSeedAndReturnsIt) {
+  Running server(model_, exact_options(1024));
+  auto c = server.client();
+  json body = chat_body("", "Invent a name for a new colour.", 12);
+  body["temperature"] = 1.5;
+  std::set<std::string> seeds, answers;
+  std::string seed, answer;
+  for (int i = 0; i < 4; ++i) {
+    const auto res = c->Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+    seed = res->get_header_value("X-SwarmKV-Seed");
+    ASSERT_FALSE(seed.empty());
+    seeds.insert(seed);
+    answer = json::parse(res->body)["choices"][0]["message"]["content"];
+    answers.insert(answer);
+  }
+  EXPECT_EQ(seeds.size(), 4u);
+  EXPECT_GT(answers.size(), 1u) << "four unseeded sampled requests gave one answer";
+  body["seed"] = std::stoll(seed);
+  EXPECT_EQ(post_chat(*c, body)["choices"][0]["message"]["content"], answer);
+  const Streamed st = post_stream(*c, body);
+  EXPECT_EQ(st.texts[0], answer);
+}
+
 TEST_P(ServerExactTest, TheCacheStartsOverWhenItsCellsRunOut) {
   ServerOptions options = exact_options(512);
   options.max_cached = 0;
@@ -1059,6 +1087,34 @@ TEST_F(ServerTest, NCompletionsForkFromOnePrompt) {
     EXPECT_EQ(s.texts[static_cast<size_t>(i)], j["choices"][0]["message"]["content"]);
   }
   EXPECT_EQ(s.usage["completion_tokens"], j["usage"]["completion_tokens"]);
+}
+
+// logit_bias steers even greedy answers and min_p cuts a sampled one's
+// choices; a token outside the vocabulary is a 400 naming it.
+TEST_F(ServerTest, LogitBiasAndMinPAreApplied) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  const json greedy = chat_body("", "Name a colour.", 8);
+  const std::string plain = post_chat(*c, greedy)["choices"][0]["message"]["content"];
+  const std::vector<Token> first = model_->tokenize(plain, false, false);
+  ASSERT_FALSE(first.empty());
+  json banned = greedy;
+  banned["logit_bias"] = {{std::to_string(first[0]), -100}};
+  const std::string other = post_chat(*c, banned)["choices"][0]["message"]["content"];
+  EXPECT_NE(other, plain);
+  // min_p 1 keeps only the likeliest token: a hot sampled answer is greedy's.
+  json min_p = greedy;
+  min_p["temperature"] = 1.5;
+  min_p["min_p"] = 1.0;
+  EXPECT_EQ(post_chat(*c, min_p)["choices"][0]["message"]["content"], plain);
+  json outside = greedy;
+  outside["logit_bias"] = {{std::to_string(model_->n_vocab()), 5}};
+  const auto res = c->Post("/v1/chat/completions", outside.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(json::parse(res->body)["error"]["message"],
+            fmt::format("logit_bias: token {} is not in the model's vocabulary (ids 0 to {})",
+                        model_->n_vocab(), model_->n_vocab() - 1));
 }
 
 // With room for one completion, a second request waits in the queue and

@@ -129,11 +129,27 @@ TEST(ChatRequestTest, EachRefusalNamesItsField) {
 TEST(ChatRequestTest, FieldsAreAppliedOrRefusedNeverIgnored) {
   const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
   const ChatRequest r = parse_chat_request(
-      m + R"("top_k": 40, "repeat_penalty": 1.2, "user": "u1", "store": false})", {});
+      m + R"("top_k": 40, "repeat_penalty": 1.2, "min_p": 0.05, "logit_bias": {"7": -100,
+      "12": 2.5}, "user": "u1", "store": false})",
+      {});
   EXPECT_EQ(r.sampling.top_k, 40);
   EXPECT_EQ(r.sampling.repeat_penalty, 1.2f);
   EXPECT_TRUE(r.sampling.penalties_on());
-  for (const char* field : {"min_p", "logit_bias", "grammar", "top_logprobs", "suffix", "typo"}) {
+  EXPECT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_EQ(r.sampling.logit_bias,
+            (std::vector<std::pair<Token, float>>{{12, 2.5f}, {7, -100.0f}}));
+  EXPECT_FALSE(r.seed_given);
+  EXPECT_TRUE(parse_chat_request(m + R"("seed": 0})", {}).seed_given);
+  EXPECT_EQ(refusal(m + R"("min_p": 1.5})"), "min_p: must be in [0, 1] (got 1.5)");
+  EXPECT_EQ(refusal(m + R"("logit_bias": [1]})"),
+            "logit_bias: must be an object of token id -> bias (got [1])");
+  EXPECT_EQ(refusal(m + R"("logit_bias": {"x1": 1}})"),
+            "logit_bias.\"x1\": keys must be token ids (non-negative integers as strings)");
+  EXPECT_EQ(refusal(m + R"("logit_bias": {"5": 101}})"),
+            "logit_bias.5: must be in [-100, 100] (got 101)");
+  EXPECT_EQ(refusal(m + R"("logit_bias": {"5": "up"}})"),
+            "logit_bias.5: must be a number (got \"up\")");
+  for (const char* field : {"grammar", "top_logprobs", "suffix", "typo"}) {
     EXPECT_EQ(refusal(m + "\"" + field + "\": 1}"),
               std::string(field) +
                   ": is not supported by swarmkv serve (docs/serve.md lists the fields it takes)");

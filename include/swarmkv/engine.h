@@ -481,6 +481,7 @@ struct SamplingOptions {
   float temperature = 0.0f;  // 0: greedy (argmax); otherwise softmax temperature
   float top_p = 1.0f;        // nucleus mass kept; 1 = off
   int32_t top_k = 0;         // keep the k most likely tokens; 0 = off
+  float min_p = 0.0f;        // drop tokens below min_p x the likeliest's probability; 0 = off
   uint32_t seed = 42;        // RNG seed for sampled generation
   // Repetition control over the tokens this sampler generated (the document
   // and the prompt are never fed to it). llama.cpp's / llama-server's names;
@@ -504,6 +505,11 @@ struct SamplingOptions {
   // grammar_from_json_schema makes one from a JSON Schema. Not walked by
   // for_each_sampling_field (it is text, not a number).
   std::string grammar;
+  // Added to a token's logit before anything else (greedy included), as
+  // OpenAI's logit_bias: (token id, bias); -100 all but bans a token. Not
+  // walked by for_each_sampling_field (a list, not a number); the Sampler
+  // refuses a token outside the model's vocabulary.
+  std::vector<std::pair<Token, float>> logit_bias;
 
   bool penalties_on() const noexcept {
     return repeat_last_n != 0 &&
@@ -522,6 +528,7 @@ void for_each_sampling_field(Options& s, F&& f) {
   f("temperature", s.temperature, 0);
   f("top_p", s.top_p, 0);
   f("top_k", s.top_k, 0);
+  f("min_p", s.min_p, 0);
   f("seed", s.seed, 0);
   f("repeat_penalty", s.repeat_penalty, 0);
   f("repeat_last_n", s.repeat_last_n, 0);
@@ -534,12 +541,15 @@ void for_each_sampling_field(Options& s, F&& f) {
 }
 
 // The one check of sampling settings. Throws Error(kInvalidArgument): "need
-// temperature >= 0, top_p in (0, 1], top_k >= 0 (got T, P, K)", or for the
+// temperature >= 0, top_p in (0, 1], top_k >= 0 (got T, P, K)", "need min_p
+// in [0, 1] (got M)", "logit_bias: need finite biases (got B for token T)", with n_vocab
+// > 0 "logit_bias: token T is not in the model's vocabulary (ids 0 to V)", or
+// for the
 // repetition settings "need repeat_penalty > 0, repeat_last_n >= 0,
 // frequency_penalty and presence_penalty finite (got ...)" / "need
 // dry_multiplier >= 0, dry_base >= 1, dry_allowed_length >= 1,
 // dry_penalty_last_n >= 1 (got ...)".
-void validate_sampling(const SamplingOptions& options);
+void validate_sampling(const SamplingOptions& options, int32_t n_vocab = 0);
 
 // The GBNF grammar (start symbol `root`) of the JSON values that `schema`
 // (a JSON Schema, as JSON text) allows: llama.cpp's own converter

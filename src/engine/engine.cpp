@@ -943,7 +943,7 @@ uint32_t Context::read_state_cells(
 
 // ---------------------------------------------------------------- Sampler
 
-void validate_sampling(const SamplingOptions& options) {
+void validate_sampling(const SamplingOptions& options, int32_t n_vocab) {
   const std::pair<const char*, float> reals[] = {{"temperature", options.temperature},
                                                  {"top_p", options.top_p},
                                                  {"repeat_penalty", options.repeat_penalty},
@@ -962,6 +962,21 @@ void validate_sampling(const SamplingOptions& options) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("need temperature >= 0, top_p in (0, 1], top_k >= 0 (got {}, {}, {})",
                             options.temperature, options.top_p, options.top_k));
+  }
+  if (!(options.min_p >= 0.0f && options.min_p <= 1.0f)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need min_p in [0, 1] (got {})", options.min_p));
+  }
+  for (const auto& [token, bias] : options.logit_bias) {
+    if (!std::isfinite(bias)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("logit_bias: need finite biases (got {} for token {})", bias, token));
+    }
+    if (n_vocab > 0 && (token < 0 || token >= n_vocab)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("logit_bias: token {} is not in the model's vocabulary (ids 0 to {})",
+                              token, n_vocab - 1));
+    }
   }
   if (!(options.repeat_penalty > 0.0f) || options.repeat_last_n < 0 ||
       !std::isfinite(options.frequency_penalty) || !std::isfinite(options.presence_penalty)) {
@@ -1012,7 +1027,7 @@ void check_grammar(const Model& model, std::string_view grammar) {
 }
 
 Sampler::Sampler(const Model& model, const SamplingOptions& options) {
-  validate_sampling(options);
+  validate_sampling(options, model.n_vocab());
   ensure_backend();
   if (!options.grammar.empty()) grammar_ = grammar_sampler(vocab_of(model), options.grammar);
   greedy_ = options.temperature == 0.0f;
@@ -1020,9 +1035,20 @@ Sampler::Sampler(const Model& model, const SamplingOptions& options) {
   // Repetition control first, on the full distribution, as llama.cpp's
   // common sampler orders it; each sees only the tokens this chain accepted.
   const llama_vocab* vocab = vocab_of(model);
+  const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+  if (!options.logit_bias.empty()) {
+    std::vector<llama_logit_bias> biases;
+    biases.reserve(options.logit_bias.size());
+    for (const auto& [token, bias] : options.logit_bias) {
+      biases.push_back({token, bias});
+    }
+    llama_sampler_chain_add(chain_.get(),
+                            llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(biases.size()),
+                                                          biases.data()));
+  }
   if (options.penalties_on()) {
     llama_sampler_chain_add(chain_.get(), llama_sampler_init_penalties(
-                                              llama_vocab_n_tokens(vocab), options.repeat_last_n,
+                                              n_vocab, options.repeat_last_n,
                                               options.repeat_penalty, options.frequency_penalty,
                                               options.presence_penalty));
   }
@@ -1041,6 +1067,8 @@ Sampler::Sampler(const Model& model, const SamplingOptions& options) {
     llama_sampler_chain_add(chain_.get(), llama_sampler_init_top_k(options.top_k));
   if (options.top_p < 1.0f)
     llama_sampler_chain_add(chain_.get(), llama_sampler_init_top_p(options.top_p, 1));
+  if (options.min_p > 0.0f)
+    llama_sampler_chain_add(chain_.get(), llama_sampler_init_min_p(options.min_p, 1));
   llama_sampler_chain_add(chain_.get(), llama_sampler_init_temp(options.temperature));
   llama_sampler_chain_add(chain_.get(), llama_sampler_init_dist(options.seed));
 }

@@ -674,7 +674,7 @@ std::shared_ptr<Job> CompletionEngine::submit(CompletionRequest request) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("max_tokens must be >= 1 (got {})", request.max_tokens));
   }
-  validate_sampling(request.sampling);
+  validate_sampling(request.sampling, model_->n_vocab());
   // Each further choice forks the prompt but its last token, which it
   // decodes itself.
   const uint64_t required = request.prompt.size() +

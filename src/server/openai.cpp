@@ -1,6 +1,7 @@
 #include "server/openai.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <set>
 #include <string_view>
@@ -147,7 +148,7 @@ std::string grammar_of(const json& body) {
 
 // Every field of the body is one read here or one of OpenAI's that carries
 // no meaning for us (accepted and ignored: docs/serve.md); anything else,
-// min_p and logit_bias among them, is refused by name rather than ignored.
+// grammar and top_logprobs among them, is refused by name rather than ignored.
 void refuse_unknown_fields(const json& body) {
   static const std::set<std::string_view> kRead = {"model",
                                                    "messages",
@@ -156,6 +157,8 @@ void refuse_unknown_fields(const json& body) {
                                                    "temperature",
                                                    "top_p",
                                                    "top_k",
+                                                   "min_p",
+                                                   "logit_bias",
                                                    "frequency_penalty",
                                                    "presence_penalty",
                                                    "repeat_penalty",
@@ -191,6 +194,41 @@ void refuse_unsupported(const json& body) {
   if (boolean(body, "logprobs")) refuse("logprobs", "not supported by swarmkv serve");
 }
 
+// "logit_bias": OpenAI's {"token id": bias in [-100, 100]} (ids as strings;
+// the sampler refuses one outside the vocabulary).
+std::vector<std::pair<Token, float>> logit_bias_of(const json& body) {
+  std::vector<std::pair<Token, float>> biases;
+  const auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return biases;
+  if (!it->is_object()) {
+    refuse("logit_bias",
+           fmt::format("must be an object of token id -> bias (got {})", shown(*it)));
+  }
+  constexpr size_t kMostBiases = 1024;
+  if (it->size() > kMostBiases) {
+    refuse("logit_bias", fmt::format("at most {} tokens (got {})", kMostBiases, it->size()));
+  }
+  for (const auto& item : it->items()) {
+    const std::string& key = item.key();
+    Token token = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), token);
+    if (ec != std::errc() || end != key.data() + key.size() || token < 0) {
+      refuse(fmt::format("logit_bias.{}", shown(json(key))),
+             "keys must be token ids (non-negative integers as strings)");
+    }
+    const std::string field = fmt::format("logit_bias.{}", key);
+    if (!item.value().is_number()) {
+      refuse(field, fmt::format("must be a number (got {})", shown(item.value())));
+    }
+    const double bias = item.value().get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      refuse(field, fmt::format("must be in [-100, 100] (got {})", shown(item.value())));
+    }
+    biases.emplace_back(token, static_cast<float>(bias));
+  }
+  return biases;
+}
+
 // "max_tokens" or "max_completion_tokens" (the same if both), the sampling
 // settings and "n".
 void read_generation(const json& body, const RequestLimits& limits, ChatRequest& r) {
@@ -209,8 +247,11 @@ void read_generation(const json& body, const RequestLimits& limits, ChatRequest&
   // llama-server's names for what pipelines have too.
   r.sampling.top_k = static_cast<int32_t>(integer(body, "top_k", 0, 1 << 20).value_or(0));
   r.sampling.repeat_penalty = number(body, "repeat_penalty", 0.0f, 10.0f, 1.0f, /*open_lo=*/true);
+  r.sampling.min_p = number(body, "min_p", 0.0f, 1.0f, 0.0f);
+  r.sampling.logit_bias = logit_bias_of(body);
   if (const auto seed = integer(body, "seed", INT64_MIN, INT64_MAX)) {
     r.sampling.seed = static_cast<uint32_t>(*seed);
+    r.seed_given = true;
   }
   // OpenAI counts penalties over the whole completion.
   if (r.sampling.penalties_on()) r.sampling.repeat_last_n = limits.max_tokens;

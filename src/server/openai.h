@@ -31,6 +31,7 @@ struct ChatRequest {
   std::vector<ChatMessage> messages;
   int32_t max_tokens = 0;  // 0: not given (the server's default applies)
   SamplingOptions sampling;
+  bool seed_given = false;  // "seed" was in the body; else the server draws one per request
   std::vector<std::string> stop;
   int32_t n = 1;
   bool stream = false;

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string_view>
 #include <thread>
 
@@ -503,6 +504,10 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
                  {{404, "invalid_request_error", "model_not_found"}});
       return nullptr;
     }
+    // Without "seed" each request samples from a seed of its own, as
+    // OpenAI's do; the one used goes back in a header, so that a sampled
+    // answer can be had again.
+    if (!chat.seed_given) chat.sampling.seed = std::random_device{}();
     server::CompletionRequest c;
     c.prompt = chat_tokens(*model, chat.messages);
     c.sampling = chat.sampling;
@@ -515,7 +520,9 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
                            static_cast<int64_t>(c.prompt.size());
       c.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(room, 1, c.max_tokens));
     }
-    return engine->submit(std::move(c));
+    auto job = engine->submit(std::move(c));
+    res.set_header("X-SwarmKV-Seed", std::to_string(chat.sampling.seed));
+    return job;
   } catch (const Error& e) {
     send_error(res, e.value());
     return nullptr;
