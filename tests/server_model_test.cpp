@@ -166,6 +166,7 @@ void expect_completion_shape(const json& j, int n) {
 struct Streamed {
   std::vector<std::string> texts;
   std::vector<std::string> finish;
+  std::vector<json> tool_calls;  // each choice's, as the deltas sent them
   json usage;
   int status = 0;
 };
@@ -175,6 +176,7 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
   Streamed out;
   out.texts.resize(static_cast<size_t>(n));
   out.finish.resize(static_cast<size_t>(n));
+  out.tool_calls.resize(static_cast<size_t>(n), json::array());
   std::string buffer;
   bool done = false;
   const auto res = post_receiving(c, body, [&](const char* data, size_t len) {
@@ -198,7 +200,13 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
       }
       for (const json& choice : chunk["choices"]) {
         const auto i = choice["index"].get<size_t>();
-        if (choice["delta"].contains("content")) out.texts[i] += choice["delta"]["content"];
+        const json& delta = choice["delta"];
+        if (delta.contains("content") && !delta["content"].is_null()) {
+          out.texts[i] += delta["content"].get<std::string>();
+        }
+        if (delta.contains("tool_calls")) {
+          for (const json& call : delta["tool_calls"]) out.tool_calls[i].push_back(call);
+        }
         if (!choice["finish_reason"].is_null()) out.finish[i] = choice["finish_reason"];
       }
     }
@@ -1115,6 +1123,82 @@ TEST_F(ServerTest, LogitBiasAndMinPAreApplied) {
   EXPECT_EQ(json::parse(res->body)["error"]["message"],
             fmt::format("logit_bias: token {} is not in the model's vocabulary (ids 0 to {})",
                         model_->n_vocab(), model_->n_vocab() - 1));
+}
+
+// tool_choice "required" or a named function: the answer is a call, in
+// OpenAI's tool_calls shape, whose arguments satisfy the function's schema;
+// streamed, the same call in one delta. A later turn reads the call and its
+// result.
+TEST_F(ServerTest, ToolChoiceMakesTheAnswerACallInOpenAIsShape) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  json body = chat_body("", "What is the weather in Oslo? Use a tool.", 64);
+  body["n"] = 2;
+  body["tools"] = json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+       "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+       "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+       "properties": {"zone": {"type": "string", "maxLength": 20}}, "required": ["zone"],
+       "additionalProperties": false}}}])");
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  const json j = post_chat(*c, body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (const json& choice : j["choices"]) {
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << choice;
+    EXPECT_TRUE(choice["message"]["content"].is_null()) << choice;
+    ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << choice;
+    const json& call = choice["message"]["tool_calls"][0];
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_FALSE(call["id"].get<std::string>().empty());
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    ASSERT_TRUE(args.is_object()) << args;
+    EXPECT_EQ(args.size(), 2u) << args;
+    EXPECT_TRUE(args["city"].is_string()) << args;
+    EXPECT_LE(args["city"].get<std::string>().size(), 20u) << args;
+    EXPECT_TRUE(args["unit"] == "C" || args["unit"] == "F") << args;
+  }
+  const json first = j["choices"][0]["message"]["tool_calls"][0];
+  EXPECT_NE(first["id"], j["choices"][1]["message"]["tool_calls"][0]["id"]);
+
+  const Streamed st = post_stream(*c, body, 2);
+  EXPECT_EQ(st.status, 200);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(st.finish[i], "tool_calls");
+    EXPECT_EQ(st.texts[i], "");
+    ASSERT_EQ(st.tool_calls[i].size(), 1u);
+    EXPECT_EQ(st.tool_calls[i][0]["index"], 0);
+    EXPECT_EQ(st.tool_calls[i][0]["function"], first["function"]);
+  }
+
+  // "required" offers both; the answer calls one of them.
+  body["tool_choice"] = "required";
+  body["n"] = 1;
+  const json any = post_chat(*c, body)["choices"][0];
+  EXPECT_EQ(any["finish_reason"], "tool_calls");
+  const std::string name = any["message"]["tool_calls"][0]["function"]["name"];
+  EXPECT_TRUE(name == "get_weather" || name == "get_time") << name;
+
+  // Cut by max_tokens inside the call: text, "length", no tool_calls.
+  body["max_tokens"] = 3;
+  const json cut = post_chat(*c, body)["choices"][0];
+  EXPECT_EQ(cut["finish_reason"], "length");
+  EXPECT_FALSE(cut["message"].contains("tool_calls"));
+  EXPECT_EQ(cut["message"]["content"].get<std::string>().rfind("{", 0), 0u) << cut;
+
+  // The next turn: the call and its result in the history, a text answer.
+  json turn = chat_body("", "What is the weather in Oslo? Use a tool.", 16);
+  turn["messages"].push_back({{"role", "assistant"},
+                              {"content", nullptr},
+                              {"tool_calls", json::array({first})}});
+  turn["messages"].push_back(
+      {{"role", "tool"}, {"tool_call_id", first["id"]}, {"content", "-3 C, snow"}});
+  turn["tools"] = body["tools"];
+  turn["tool_choice"] = "none";
+  const json reply = post_chat(*c, turn)["choices"][0];
+  EXPECT_NE(reply["finish_reason"], "tool_calls");
+  EXPECT_TRUE(reply["message"]["content"].is_string());
 }
 
 // With room for one completion, a second request waits in the queue and

@@ -17,6 +17,8 @@
 namespace swarmkv::server {
 namespace {
 
+using nlohmann::json;
+
 ChatRequest parse(const std::string& body) {
   return parse_chat_request(body, RequestLimits{});
 }
@@ -73,8 +75,8 @@ TEST(ChatRequestTest, EachRefusalNamesItsField) {
   EXPECT_EQ(refusal(R"([1])"), "body: must be a JSON object (got [1])");
   EXPECT_EQ(refusal(R"({})"),
             "messages: must be a non-empty array of {\"role\", \"content\"} objects");
-  EXPECT_EQ(refusal(R"({"messages": [{"role": "tool", "content": "x"}]})"),
-            "messages[0].role: must be system, user or assistant (got \"tool\")");
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "robot", "content": "x"}]})"),
+            "messages[0].role: must be system, user, assistant or tool (got \"robot\")");
   EXPECT_EQ(refusal(R"({"messages": [{"role": "user"}]})"),
             "messages[0].content: is missing (a string or an array of text parts)");
   EXPECT_EQ(
@@ -101,8 +103,6 @@ TEST(ChatRequestTest, EachRefusalNamesItsField) {
   EXPECT_EQ(refusal(m + R"("stream": "yes"})"), "stream: must be true or false (got \"yes\")");
   EXPECT_EQ(refusal(m + R"("stream_options": {"include_usage": true}})"),
             "stream_options: is only allowed with \"stream\": true");
-  EXPECT_EQ(refusal(m + R"("tools": [{"type": "function"}]})"),
-            "tools: tools are not supported by swarmkv serve");
   EXPECT_EQ(refusal(m + R"("logprobs": true})"), "logprobs: not supported by swarmkv serve");
   EXPECT_EQ(refusal(m + R"("response_format": {"type": "xml"}})"),
             "response_format: type must be text, json_object or json_schema (got "
@@ -175,6 +175,88 @@ TEST(ChatRequestTest, JsonResponseFormatsBecomeTheAnswersGrammar) {
   EXPECT_EQ(r.sampling.grammar, grammar_from_json_schema(schema));
   EXPECT_NE(r.sampling.grammar.find("\"\\\"low\\\"\""), std::string::npos) << r.sampling.grammar;
   EXPECT_NE(r.sampling.grammar, object);
+}
+
+// tool_choice "required" or a named function makes the answer a call: the
+// grammar of {"name", "arguments"} over the offered schemas and a system
+// prompt naming them; "auto" and the legacy "functions" are refused by name;
+// a conversation's earlier calls and their results are read.
+TEST(ChatRequestTest, ToolsMakeTheAnswerACallOfTheChosenOnes) {
+  const std::string tools = R"("tools": [
+      {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+       "parameters": {"type": "object", "properties": {"zeta": {"type": "string"},
+       "alpha": {"type": "integer"}}, "required": ["zeta"]}}},
+      {"type": "function", "function": {"name": "noop"}}])";
+  const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )" + tools;
+  const ChatRequest all = parse_chat_request(m + R"(, "tool_choice": "required"})", {});
+  ASSERT_EQ(all.tools.size(), 2u);
+  EXPECT_EQ(all.sampling.grammar, grammar_from_json_schema(tool_call_schema(all.tools)));
+  // The client's order of properties is the order they are sampled in.
+  const std::string schema = tool_call_schema(all.tools);
+  EXPECT_LT(schema.find("zeta"), schema.find("alpha")) << schema;
+  EXPECT_LT(schema.find("\"name\""), schema.find("\"arguments\"")) << schema;
+  ASSERT_EQ(all.messages.size(), 2u);
+  EXPECT_EQ(all.messages[0].role, "system");
+  EXPECT_EQ(all.messages[0].content, tools_prompt(all.tools));
+  EXPECT_NE(all.messages[0].content.find("Weather now"), std::string::npos);
+
+  const ChatRequest named = parse_chat_request(
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content":
+      "x"}], )" + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "noop"}}})",
+      {});
+  ASSERT_EQ(named.tools.size(), 1u);
+  EXPECT_EQ(named.tools[0].name, "noop");
+  EXPECT_EQ(named.messages[0].content, "Be brief.\n\n" + tools_prompt(named.tools));
+  EXPECT_TRUE(parse_chat_request(m + R"(, "tool_choice": "none"})", {}).tools.empty());
+  EXPECT_TRUE(parse_chat_request(m + R"(, "tool_choice": "none"})", {}).sampling.grammar.empty());
+
+  EXPECT_EQ(refusal(m + "}").rfind("tool_choice: \"auto\" (the default with tools) is not "
+                                   "supported",
+                                   0),
+            0u);
+  EXPECT_EQ(refusal(m + R"(, "tool_choice": {"type": "function", "function": {"name": "x"}}})"),
+            "tool_choice.function.name: no tool is named \"x\"");
+  EXPECT_EQ(refusal(m + R"(, "tool_choice": "required", "response_format": {"type":
+      "json_object"}})"),
+            "response_format: cannot be combined with a tool call (tool_choice makes the answer a "
+            "call)");
+  const std::string u = R"({"messages": [{"role": "user", "content": "x"}], )";
+  EXPECT_EQ(refusal(u + R"("tool_choice": "required"})"), "tool_choice: \"required\" needs \"tools\"");
+  EXPECT_EQ(refusal(u + R"("tools": [{"type": "function"}], "tool_choice": "required"})"),
+            "tools[0]: must be {\"type\": \"function\", \"function\": {...}} (got "
+            "{\"type\":\"function\"})");
+  EXPECT_EQ(refusal(u + R"("tools": [{"type": "function", "function": {"name": "a b"}}]})"),
+            "tools[0].function.name: must be 1 to 64 of a-z, A-Z, 0-9, _ and - (got \"a b\")");
+  EXPECT_EQ(refusal(u + R"("functions": [], "function_call": "auto"})"),
+            "function_call: is OpenAI's legacy form of tool calls; send \"tools\" and "
+            "\"tool_choice\"");
+
+  // An earlier call and its result, as the model sees them.
+  const ChatRequest turn = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"zeta\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "-3 C"}]})",
+      {});
+  ASSERT_EQ(turn.messages.size(), 3u);
+  EXPECT_EQ(turn.messages[1].role, "assistant");
+  EXPECT_EQ(turn.messages[1].content, R"({"arguments":{"zeta":"Oslo"},"name":"get_weather"})");
+  EXPECT_EQ(turn.messages[2].role, "user");
+  EXPECT_EQ(turn.messages[2].content, "The tool call c1 returned:\n-3 C");
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "tool", "content": "-3 C"}]})"),
+            "messages[0].tool_call_id: is missing (the id of the call this message answers)");
+  EXPECT_EQ(refusal(R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "type":
+      "function", "function": {"name": "f", "arguments": "{"}}]}]})"),
+            "messages[0].tool_calls[0].function.arguments: must be JSON text (the call's "
+            "arguments object)");
+}
+
+TEST(ChatRequestTest, AnAnswerUnderTheCallGrammarBecomesOpenAIsToolCalls) {
+  const json calls = tool_calls_of(R"({"name": "get_weather", "arguments": {"zeta": "Oslo"}})", "c7");
+  EXPECT_EQ(calls, json::parse(R"([{"id": "c7", "type": "function", "function": {"name":
+      "get_weather", "arguments": "{\"zeta\":\"Oslo\"}"}}])"));
+  EXPECT_THROW((void)tool_calls_of(R"({"name": "get_weather")", "c7"), Error);
+  EXPECT_THROW((void)tool_calls_of(R"({"arguments": {}})", "c7"), Error);
 }
 
 TEST(ChatRequestTest, NotJsonIsRefusedWithThePosition) {

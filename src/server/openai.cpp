@@ -14,6 +14,7 @@ namespace swarmkv::server {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;  // where the order of a schema's properties counts
 
 std::string shown(const json& value) {
   std::string s = value.dump();
@@ -84,6 +85,48 @@ std::string content_of(const json& message, const std::string& field) {
   return text;
 }
 
+// An assistant message's "tool_calls" as the model sees its own calls: one
+// {"name", "arguments"} object per line, the shape a tool call is sampled in.
+std::string calls_as_text(const json& calls, const std::string& field) {
+  if (!calls.is_array() || calls.empty()) {
+    refuse(field, fmt::format("must be a non-empty array of tool calls (got {})", shown(calls)));
+  }
+  std::string text;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const json& call = calls[i];
+    const std::string at = fmt::format("{}[{}]", field, i);
+    const json* function = call.is_object() && call.contains("function") && call["function"].is_object()
+                               ? &call["function"]
+                               : nullptr;
+    if (function == nullptr || !function->contains("name") || !(*function)["name"].is_string() ||
+        !function->contains("arguments") || !(*function)["arguments"].is_string()) {
+      refuse(at, fmt::format("must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                             "\"arguments\"}}}} with arguments a JSON string (got {})",
+                             shown(call)));
+    }
+    json arguments;
+    try {
+      arguments = json::parse((*function)["arguments"].get<std::string>());
+    } catch (const json::exception&) {
+      refuse(at + ".function.arguments", "must be JSON text (the call's arguments object)");
+    }
+    if (!text.empty()) text += "\n";
+    text += json{{"name", (*function)["name"]}, {"arguments", arguments}}.dump();
+  }
+  return text;
+}
+
+// A "tool" message: the result of a call, shown to the model as a user turn
+// (every chat template has one; few of them have a tool role).
+ChatMessage tool_result(const json& m, const std::string& field) {
+  const auto id = m.find("tool_call_id");
+  if (id == m.end() || !id->is_string()) {
+    refuse(field + ".tool_call_id", "is missing (the id of the call this message answers)");
+  }
+  return {"user", fmt::format("The tool call {} returned:\n{}", id->get<std::string>(),
+                              content_of(m, field))};
+}
+
 // "messages": each one's role and text.
 std::vector<ChatMessage> messages_of(const json& body, const RequestLimits& limits) {
   const auto messages = body.find("messages");
@@ -105,12 +148,24 @@ std::vector<ChatMessage> messages_of(const json& body, const RequestLimits& limi
     }
     std::string name = role->get<std::string>();
     if (name == "developer") name = "system";  // OpenAI's newer name for it
-    if (name != "system" && name != "user" && name != "assistant") {
+    if (name != "system" && name != "user" && name != "assistant" && name != "tool") {
       refuse(field + ".role",
-             fmt::format("must be system, user or assistant (got {})", shown(*role)));
+             fmt::format("must be system, user, assistant or tool (got {})", shown(*role)));
     }
-    if (m.contains("tool_calls")) refuse(field + ".tool_calls", "tools are not supported");
-    ChatMessage message{std::move(name), content_of(m, field)};
+    ChatMessage message{std::move(name), ""};
+    if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (message.role != "assistant") {
+        refuse(field + ".tool_calls", "only an assistant message makes tool calls");
+      }
+      message.content = calls_as_text(*calls, field + ".tool_calls");
+      if (const auto c = m.find("content"); c != m.end() && !c->is_null()) {
+        message.content = content_of(m, field) + "\n" + message.content;
+      }
+    } else if (message.role == "tool") {
+      message = tool_result(m, field);
+    } else {
+      message.content = content_of(m, field);
+    }
     require_text(message.content, field + ".content");
     out.push_back(std::move(message));
   }
@@ -120,7 +175,7 @@ std::vector<ChatMessage> messages_of(const json& body, const RequestLimits& limi
 // "response_format": text, or a JSON answer (any object, or one that
 // satisfies a schema) as the grammar the answer is sampled under; empty for
 // text.
-std::string grammar_of(const json& body) {
+std::string grammar_of(const json& body, const ordered_json& ordered) {
   const auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return {};
   const std::string type = it->is_object() ? it->value("type", std::string()) : std::string();
@@ -134,7 +189,7 @@ std::string grammar_of(const json& body) {
       refuse("response_format.json_schema",
              "must be {\"name\": ..., \"schema\": {...}} (the schema is missing)");
     }
-    schema = spec->at("schema").dump();
+    schema = ordered["response_format"]["json_schema"]["schema"].dump();  // properties in order
   } else {
     refuse("response_format",
            fmt::format("type must be text, json_object or json_schema (got {})", shown(*it)));
@@ -182,16 +237,90 @@ void refuse_unknown_fields(const json& body) {
   }
 }
 
-// Tools and log probabilities are refused.
+// Log probabilities are refused; so are OpenAI's legacy "functions".
 void refuse_unsupported(const json& body) {
-  for (const char* unsupported : {"tools", "functions", "tool_choice", "function_call"}) {
-    if (const auto it = body.find(unsupported); it != body.end() && !it->is_null()) {
-      if (!(it->is_array() && it->empty()) && *it != "none") {
-        refuse(unsupported, "tools are not supported by swarmkv serve");
-      }
+  for (const char* legacy : {"functions", "function_call"}) {
+    if (const auto it = body.find(legacy);
+        it != body.end() && !it->is_null() && *it != "none" && !(it->is_array() && it->empty())) {
+      refuse(legacy, "is OpenAI's legacy form of tool calls; send \"tools\" and \"tool_choice\"");
     }
   }
   if (boolean(body, "logprobs")) refuse("logprobs", "not supported by swarmkv serve");
+}
+
+// "tools": each {"type": "function", "function": {"name", "description",
+// "parameters"}}.
+std::vector<ToolFunction> tools_of(const json& body, const ordered_json& ordered) {
+  std::vector<ToolFunction> tools;
+  const auto it = body.find("tools");
+  if (it == body.end() || it->is_null()) return tools;
+  if (!it->is_array()) refuse("tools", fmt::format("must be an array (got {})", shown(*it)));
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& t = (*it)[i];
+    const std::string at = fmt::format("tools[{}]", i);
+    if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
+        !t["function"].is_object()) {
+      refuse(at, fmt::format("must be {{\"type\": \"function\", \"function\": {{...}}}} (got {})",
+                             shown(t)));
+    }
+    const json& f = t["function"];
+    ToolFunction tool;
+    if (!f.contains("name") || !f["name"].is_string()) {
+      refuse(at + ".function.name", "is missing");
+    }
+    tool.name = f["name"].get<std::string>();
+    if (tool.name.empty() || tool.name.size() > 64 ||
+        tool.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+            std::string::npos) {
+      refuse(at + ".function.name",
+             fmt::format("must be 1 to 64 of a-z, A-Z, 0-9, _ and - (got {})", shown(f["name"])));
+    }
+    for (const ToolFunction& other : tools) {
+      if (other.name == tool.name) refuse(at + ".function.name", "names another tool's function too");
+    }
+    if (f.contains("description") && f["description"].is_string()) {
+      tool.description = f["description"].get<std::string>();
+    }
+    tool.parameters = ordered["tools"][i]["function"].value("parameters", ordered_json::object());
+    if (!tool.parameters.is_object()) {
+      refuse(at + ".function.parameters",
+             fmt::format("must be a JSON Schema object (got {})", shown(tool.parameters)));
+    }
+    tools.push_back(std::move(tool));
+  }
+  return tools;
+}
+
+// "tool_choice" over "tools": the functions the answer must call one of
+// (empty: the answer is text). "auto" would need the model's own tool-call
+// format read back out of free text; it is refused.
+std::vector<ToolFunction> called_tools(const json& body, std::vector<ToolFunction> tools) {
+  const auto it = body.find("tool_choice");
+  const json choice = it == body.end() || it->is_null() ? json(tools.empty() ? "none" : "auto") : *it;
+  if (choice == "none") return {};
+  if (tools.empty()) refuse("tool_choice", fmt::format("{} needs \"tools\"", shown(choice)));
+  if (choice == "required") return tools;
+  if (choice == "auto") {
+    refuse("tool_choice",
+           "\"auto\" (the default with tools) is not supported: swarmkv serve does not read "
+           "calls out of free text; send \"required\" (the answer is a call of one of the tools) "
+           "or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  if (!choice.is_object() || choice.value("type", json()) != "function" ||
+      !choice.contains("function") || !choice["function"].is_object() ||
+      !choice["function"].contains("name") || !choice["function"]["name"].is_string()) {
+    refuse("tool_choice",
+           fmt::format("must be \"none\", \"required\" or {{\"type\": \"function\", \"function\": "
+                       "{{\"name\": ...}}}} (got {})",
+                       shown(choice)));
+  }
+  const std::string name = choice["function"]["name"].get<std::string>();
+  const auto named = std::find_if(tools.begin(), tools.end(),
+                                  [&](const ToolFunction& t) { return t.name == name; });
+  if (named == tools.end()) {
+    refuse("tool_choice.function.name", fmt::format("no tool is named {}", shown(json(name))));
+  }
+  return {*named};
 }
 
 // "logit_bias": OpenAI's {"token id": bias in [-100, 100]} (ids as strings;
@@ -312,7 +441,27 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
   refuse_unknown_fields(body);
   refuse_unsupported(body);
   read_generation(body, limits, r);
-  r.sampling.grammar = grammar_of(body);
+  // The schemas' properties are sampled in the order the client gave them.
+  const auto ordered = ordered_json::parse(body_text);
+  r.sampling.grammar = grammar_of(body, ordered);
+  r.tools = called_tools(body, tools_of(body, ordered));
+  if (!r.tools.empty()) {
+    if (!r.sampling.grammar.empty()) {
+      refuse("response_format", "cannot be combined with a tool call (tool_choice makes the answer "
+                                "a call)");
+    }
+    try {
+      r.sampling.grammar = grammar_from_json_schema(tool_call_schema(r.tools));
+    } catch (const Error& e) {
+      refuse("tools", e.value().message);
+    }
+    const std::string prompt = tools_prompt(r.tools);
+    if (r.messages.front().role == "system") {
+      r.messages.front().content += "\n\n" + prompt;
+    } else {
+      r.messages.insert(r.messages.begin(), ChatMessage{"system", prompt});
+    }
+  }
   r.stop = stops_of(body, limits);
   r.stream = boolean(body, "stream");
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
@@ -321,6 +470,56 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
     r.include_usage = boolean(*it, "include_usage");
   }
   return r;
+}
+
+std::string tool_call_schema(std::span<const ToolFunction> tools) {
+  ordered_json calls = ordered_json::array();
+  for (const ToolFunction& t : tools) {
+    // "name" first: the call is sampled in this order, the name deciding
+    // which arguments follow.
+    calls.push_back({{"type", "object"},
+                     {"properties", {{"name", {{"const", t.name}}}, {"arguments", t.parameters}}},
+                     {"required", {"name", "arguments"}},
+                     {"additionalProperties", false}});
+  }
+  if (calls.size() == 1) return calls[0].dump();
+  return ordered_json{{"anyOf", calls}}.dump();
+}
+
+std::string tools_prompt(std::span<const ToolFunction> tools) {
+  std::string text = tools.size() == 1
+                         ? "Call this tool (its arguments follow the JSON Schema given):"
+                         : "Call one of these tools (their arguments follow the JSON Schemas "
+                           "given):";
+  for (const ToolFunction& t : tools) {
+    ordered_json entry = {{"name", t.name}};
+    if (!t.description.empty()) entry["description"] = t.description;
+    entry["parameters"] = t.parameters;
+    text += '\n';
+    text += entry.dump();
+  }
+  text += "\nAnswer with the call alone, as one JSON object: {\"name\": \"<the tool's name>\", "
+          "\"arguments\": {...}}.";
+  return text;
+}
+
+json tool_calls_of(const std::string& answer, const std::string& call_id) {
+  json call;
+  try {
+    call = json::parse(answer);
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInternal,
+                fmt::format("a tool call sampled under its grammar is not JSON ({})", e.what()));
+  }
+  if (!call.is_object() || !call.contains("name") || !call["name"].is_string() ||
+      !call.contains("arguments")) {
+    throw Error(ErrorCode::kInternal,
+                fmt::format("a tool call sampled under its grammar lacks its name or arguments ({})",
+                            shown(call)));
+  }
+  return json::array({{{"id", call_id},
+                       {"type", "function"},
+                       {"function", {{"name", call["name"]}, {"arguments", call["arguments"].dump()}}}}});
 }
 
 std::string param_of(const std::string& message) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,14 @@ struct RequestLimits {
   int32_t max_stop = 4;       // OpenAI's own limit
 };
 
+// A function a request offers the model ("tools": {"type": "function",
+// "function": {...}}).
+struct ToolFunction {
+  std::string name;
+  std::string description;
+  nlohmann::ordered_json parameters;  // a JSON Schema of its arguments ({} when not given), as given
+};
+
 struct ChatRequest {
   std::string model;  // "" when not given; the server answers 404 model_not_found to a name it does
                       // not list
@@ -36,6 +45,9 @@ struct ChatRequest {
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // The functions the answer is a call of (tool_choice "required" or a named
+  // one); empty: the answer is text. The grammar and the system prompt say so.
+  std::vector<ToolFunction> tools;
 };
 
 // Throws Error(kInvalidArgument) "<field>: <what>", the shape of every
@@ -52,6 +64,15 @@ ChatRequest parse_chat_request(std::string_view body, const RequestLimits& limit
 
 // The field path an error message of parse_chat_request starts with ("" if
 // none): OpenAI's error "param".
+// The JSON Schema of a call of one of `tools`: {"name": <one's name>,
+// "arguments": <its parameters>}, name first.
+std::string tool_call_schema(std::span<const ToolFunction> tools);
+// The system prompt's part that tells the model its tools and the call's form.
+std::string tools_prompt(std::span<const ToolFunction> tools);
+// OpenAI's "tool_calls" of an answer sampled under tool_call_schema's
+// grammar. Throws Error(kInternal) for one that is not such a call.
+nlohmann::json tool_calls_of(const std::string& answer, const std::string& call_id);
+
 std::string param_of(const std::string& message);
 
 // An error as HTTP: the status, OpenAI's error "type" and "code".

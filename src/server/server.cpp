@@ -338,14 +338,35 @@ struct Server::Impl {
     metric("swarmkv_queue_length", "gauge", "Requests waiting for room in the engine.", s.queued);
   }
 
+  // A choice's message: its text, or with tools its call (a call cut by
+  // max_tokens stays text, finish_reason "length").
+  static json message_json(const std::string& id, int32_t choice, const std::string& text,
+                           StopReason reason, bool calls_tool) {
+    if (!calls_tool || reason == StopReason::kMaxTokens) {
+      return {{"role", "assistant"}, {"content", text}};
+    }
+    return {{"role", "assistant"},
+            {"content", nullptr},
+            {"tool_calls", server::tool_calls_of(text, call_id(id, choice))}};
+  }
+  static std::string call_id(const std::string& id, int32_t choice) {
+    return fmt::format("call-{}-{}", id, choice);
+  }
+  static std::string_view finish_reason(StopReason reason, bool calls_tool) {
+    return calls_tool && reason != StopReason::kMaxTokens ? "tool_calls"
+                                                          : server::finish_reason(reason);
+  }
+
   json response_json(const std::string& id, const std::vector<std::string>& texts,
-                     const std::vector<StopReason>& reasons, const server::Usage& usage) const {
+                     const std::vector<StopReason>& reasons, const server::Usage& usage,
+                     bool calls_tool) const {
     json choices = json::array();
     for (size_t i = 0; i < texts.size(); ++i) {
+      const auto choice = static_cast<int32_t>(i);
       choices.push_back({{"index", i},
-                         {"message", {{"role", "assistant"}, {"content", texts[i]}}},
+                         {"message", message_json(id, choice, texts[i], reasons[i], calls_tool)},
                          {"logprobs", nullptr},
-                         {"finish_reason", server::finish_reason(reasons[i])}});
+                         {"finish_reason", finish_reason(reasons[i], calls_tool)}});
     }
     return {{"id", id},
             {"object", "chat.completion"},
@@ -393,8 +414,8 @@ struct Server::Impl {
   std::shared_ptr<server::Job> submit_chat(const std::string& body, server::ChatRequest& chat,
                                            httplib::Response& res);
   // Answers a chat completion as one JSON body once it is complete.
-  void answer_whole(server::Job& job, int32_t n, const std::string& id, Clock::time_point t0,
-                    httplib::Response& res);
+  void answer_whole(server::Job& job, const server::ChatRequest& chat, const std::string& id,
+                    Clock::time_point t0, httplib::Response& res);
   class ChatStream;
   // The constructor's steps: the request limits, the completion engine
   // and the pipeline runner; httplib's handlers; the routes; the listening
@@ -529,8 +550,10 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
   }
 }
 
-void Server::Impl::answer_whole(server::Job& job, int32_t n, const std::string& id,
-                                Clock::time_point t0, httplib::Response& res) {
+void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& chat,
+                                const std::string& id, Clock::time_point t0,
+                                httplib::Response& res) {
+  const int32_t n = chat.n;
   std::vector<std::string> texts(static_cast<size_t>(n));
   std::vector<StopReason> reasons(static_cast<size_t>(n), StopReason::kMaxTokens);
   bool first = true;
@@ -544,7 +567,13 @@ void Server::Impl::answer_whole(server::Job& job, int32_t n, const std::string& 
     } else if (e->kind == Event::Kind::kChoiceDone) {
       reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
     } else if (e->kind == Event::Kind::kFinished) {
-      res.set_content(dump(response_json(id, texts, reasons, e->usage)), "application/json");
+      try {
+        res.set_content(dump(response_json(id, texts, reasons, e->usage, !chat.tools.empty())),
+                        "application/json");
+      } catch (const Error& error) {
+        send_error(res, error.value());
+        return;
+      }
       trace.usage = e->usage;
       duration.observe(seconds_since(t0));
       return;
@@ -569,7 +598,9 @@ class Server::Impl::ChatStream {
         id_(std::move(id)),
         n_(chat.n),
         include_usage_(chat.include_usage),
-        t0_(t0) {}
+        calls_tool_(!chat.tools.empty()),
+        t0_(t0),
+        calls_(calls_tool_ ? static_cast<size_t>(chat.n) : 0) {}
 
   // The content provider's call: the next chunk, or false to end.
   bool step(httplib::DataSink& sink) {
@@ -603,7 +634,7 @@ class Server::Impl::ChatStream {
     json choices = json::array();
     for (int32_t i = 0; i < n_; ++i) {
       choices.push_back({{"index", i},
-                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"delta", {{"role", "assistant"}, {"content", calls_tool_ ? json() : json("")}}},
                          {"logprobs", nullptr},
                          {"finish_reason", nullptr}});
     }
@@ -621,10 +652,15 @@ class Server::Impl::ChatStream {
       case Event::Kind::kDelta:
         if (first_text_) server_.ttft.observe(seconds_since(t0_));
         first_text_ = false;
+        if (calls_tool_) {  // a call goes out whole once complete
+          calls_[static_cast<size_t>(e.choice)] += e.text;
+          return true;
+        }
         return send(sink, choice_chunk(e.choice, {{"content", e.text}}, nullptr));
       case Event::Kind::kChoiceDone:
-        return send(sink,
-                    choice_chunk(e.choice, json::object(), server::finish_reason(e.stop_reason)));
+        if (calls_tool_ && !send_call(sink, e)) return false;
+        return send(sink, choice_chunk(e.choice, json::object(),
+                                       finish_reason(e.stop_reason, calls_tool_)));
       case Event::Kind::kFinished: {
         bool ok = true;
         if (include_usage_) {
@@ -650,6 +686,23 @@ class Server::Impl::ChatStream {
     return true;
   }
 
+  // A choice's tool call as one delta (or, cut by max_tokens, its text).
+  bool send_call(httplib::DataSink& sink, const Event& e) {
+    const std::string& text = calls_[static_cast<size_t>(e.choice)];
+    json delta;
+    try {
+      delta = message_json(id_, e.choice, text, e.stop_reason, true);
+    } catch (const Error& error) {  // not a call: said, and the stream ends
+      send(sink, server::error_body(error.value(), server::http_error(error.code())));
+      return false;
+    }
+    delta.erase("role");
+    if (delta.contains("tool_calls")) {
+      for (size_t i = 0; i < delta["tool_calls"].size(); ++i) delta["tool_calls"][i]["index"] = i;
+    }
+    return send(sink, choice_chunk(e.choice, std::move(delta), nullptr));
+  }
+
   Impl& server_;
   std::shared_ptr<server::Job> job_;
   std::shared_ptr<InFlight> guard_;  // the request counts in flight while it streams
@@ -657,7 +710,9 @@ class Server::Impl::ChatStream {
   const int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   const int32_t n_;
   const bool include_usage_;
+  const bool calls_tool_;  // the answers are tool calls, sent whole
   const Clock::time_point t0_;
+  std::vector<std::string> calls_;  // with tools: each choice's text so far
   bool started_ = false;
   bool first_text_ = true;
   bool finished_ = false;
@@ -671,7 +726,7 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
   std::shared_ptr<server::Job> job = submit_chat(body, chat, res);
   if (!job) return;
   const std::string id = fmt::format("chatcmpl-swarmkv-{}", next_id.fetch_add(1));
-  if (!chat.stream) return answer_whole(*job, chat.n, id, t0, res);
+  if (!chat.stream) return answer_whole(*job, chat, id, t0, res);
   auto st = std::make_shared<ChatStream>(*this, std::move(job), std::move(guard), chat, id, t0);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
