@@ -198,15 +198,15 @@ ensure_hiredis() {
   export SWARMKV_HIREDIS_SOURCE
 }
 
-# Sets SWARMKV_TEST_BROWSER_PYTHON to a Python with the pinned Playwright
-# and PyYAML (scripts/browser-requirements.txt): a virtual environment in
-# the cache, made once per version of that file.
+# Sets SWARMKV_TEST_BROWSER_PYTHON to a Python with the pinned Playwright,
+# PyYAML and openai client (scripts/browser-requirements.txt): a virtual
+# environment in the cache, made once per version of that file.
 ensure_browser_python() {
   local reqs="$SWARMKV_ROOT/scripts/browser-requirements.txt" key venv
   key=$(sha256sum "$reqs" | cut -c1-16)
   venv="$SWARMKV_CACHE/venvs/browser-$key"
   if [ ! -f "$venv/.complete" ]; then
-    log "installing the browser tests' Python packages (Playwright, PyYAML) into $venv"
+    log "installing the Python tests' packages (Playwright, PyYAML, openai) into $venv"
     rm -rf "$venv"
     python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \

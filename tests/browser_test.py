@@ -34,6 +34,7 @@ import urllib.error
 import urllib.request
 
 import yaml
+from serve_process import served
 from playwright.sync_api import sync_playwright
 
 CASES = {}
@@ -112,23 +113,6 @@ def contract_review_page(swarmkv, root, model, chromium, shots):
     print(f"contract-review page: {len(names)} agents, no console error, nothing fetched")
 
 
-def start_server(swarmkv, model, key, tmp):
-    log_path = os.path.join(tmp, "serve.log")
-    log = open(log_path, "w")
-    server = subprocess.Popen([swarmkv, "serve", "--model", model, "--port", "0", "--api-key", key,
-                               "--snapshot-cache", "off"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with open(log_path) as f:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", f.read())
-        if m:
-            return server, int(m.group(1)), log_path
-        expect(server.poll() is None, f"swarmkv serve exited: {open(log_path).read()}")
-        time.sleep(0.2)
-    server.kill()
-    raise AssertionError(f"swarmkv serve did not listen within 120 s: {open(log_path).read()}")
-
-
 def another_site_cannot_use_the_server(pw, chromium, key, port, run_id, log_path):
     """evil.test resolves to 127.0.0.1 in this browser, as a rebinding DNS
     server would make it: the page at http://evil.test:PORT/ is the
@@ -186,8 +170,9 @@ def served_fifty_agents_live(swarmkv, root, model, chromium, shots):
     spec = fifty_agents_request(root, 4)
     names = [a["name"] for a in spec["agents"]]
     expect(len(names) == 50, f"{len(names)} agents in the example")
-    with tempfile.TemporaryDirectory(prefix="swarmkv-browser-") as tmp:
-        server, port, log_path = start_server(swarmkv, model, key, tmp)
+    args = ("--api-key", key, "--snapshot-cache", "off")
+    with tempfile.TemporaryDirectory(prefix="swarmkv-browser-") as tmp, \
+            served(swarmkv, model, tmp, args) as (_, port, log_path):
         base = f"http://127.0.0.1:{port}"
         posted = {}
 
@@ -210,58 +195,50 @@ def served_fifty_agents_live(swarmkv, root, model, chromium, shots):
             accepted.set()
 
         poster = threading.Thread(target=post)
-        try:
-            poster.start()
-            expect(accepted.wait(120) and "id" in posted, f"the POST failed: {posted.get('error')}")
-            run = f"{base}/runs/{posted['id']}"
-            try:  # (a browser without credentials just gives up on the challenge)
-                urllib.request.urlopen(run, timeout=60)
-                raise AssertionError(f"{run} answered without the key")
-            except urllib.error.HTTPError as e:
-                expect(e.code == 401, f"without the key: {e.code}")
-                expect(e.headers.get("WWW-Authenticate", "").startswith("Basic "),
-                       f"the 401 asks for Basic auth: {e.headers.get('WWW-Authenticate')}")
-            with sync_playwright() as pw:
-                b = Browser(pw, chromium, credentials={"username": "viewer", "password": key})
-                res = b.page.goto(run)
-                expect(res.status == 200, f"{run}: {res.status} {b.page.content()[:300]}")
-                first_state = b.page.locator("#state").text_content()
-                expect(first_state.startswith(("queued", "running")),
-                       f"the run had ended before the browser saw it: {first_state}")
-                expect(b.page.locator('meta[http-equiv="refresh"]').count() == 1,
-                       "a page of a running run reloads itself")
-                # The page reloads itself; the locators follow it.
-                b.page.locator("g.node.running").first.wait_for(timeout=300_000)
-                b.page.screenshot(path=os.path.join(shots, "served-run-live.png"), full_page=False)
-                b.page.locator(f"#bar-{len(names) - 1} rect.prompt").wait_for(timeout=300_000)
-                b.page.locator("#state", has_text=re.compile(r"^done")).wait_for(timeout=300_000)
-                expect(b.page.locator('meta[http-equiv="refresh"]').count() == 0,
-                       "an ended run's page does not reload")
-                check_every_agent(b.page, names, "served run")
-                b.page.screenshot(path=os.path.join(shots, "served-run-done.png"), full_page=False)
-                b.page.goto(f"{base}/")
-                link = b.page.locator(f"#run-{posted['id']} a").first
-                expect(link.text_content() == posted["id"], f"/ lists run {posted['id']}")
-                link.click()
-                expect(b.page.url == run, f"the list links to {b.page.url}")
-                expect(not b.errors, f"console errors: {b.errors}")
-                foreign = [u for u in b.requests if not u.startswith(base + "/")]
-                expect(not foreign, f"requests away from the server: {foreign}")
-                reloads = sum(1 for u in b.requests if u == run)
-                b.close()
-                another_site_cannot_use_the_server(pw, chromium, key, port, posted["id"], log_path)
-            poster.join(600)
-            expect("result" in posted, f"the POST failed: {posted.get('error')}")
-            expect(re.fullmatch(r"[0-9a-f]{32}", posted["id"]), f"X-SwarmKV-Run-Id: {posted['id']}")
-            expect(posted["result"]["ok"], "the run failed")
-            expect(reloads >= 3, f"the page was loaded {reloads} times: it did not follow the run")
-        finally:
-            server.terminate()
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        poster.start()
+        expect(accepted.wait(120) and "id" in posted, f"the POST failed: {posted.get('error')}")
+        run = f"{base}/runs/{posted['id']}"
+        try:  # (a browser without credentials just gives up on the challenge)
+            urllib.request.urlopen(run, timeout=60)
+            raise AssertionError(f"{run} answered without the key")
+        except urllib.error.HTTPError as e:
+            expect(e.code == 401, f"without the key: {e.code}")
+            expect(e.headers.get("WWW-Authenticate", "").startswith("Basic "),
+                   f"the 401 asks for Basic auth: {e.headers.get('WWW-Authenticate')}")
+        with sync_playwright() as pw:
+            b = Browser(pw, chromium, credentials={"username": "viewer", "password": key})
+            res = b.page.goto(run)
+            expect(res.status == 200, f"{run}: {res.status} {b.page.content()[:300]}")
+            first_state = b.page.locator("#state").text_content()
+            expect(first_state.startswith(("queued", "running")),
+                   f"the run had ended before the browser saw it: {first_state}")
+            expect(b.page.locator('meta[http-equiv="refresh"]').count() == 1,
+                   "a page of a running run reloads itself")
+            # The page reloads itself; the locators follow it.
+            b.page.locator("g.node.running").first.wait_for(timeout=300_000)
+            b.page.screenshot(path=os.path.join(shots, "served-run-live.png"), full_page=False)
+            b.page.locator(f"#bar-{len(names) - 1} rect.prompt").wait_for(timeout=300_000)
+            b.page.locator("#state", has_text=re.compile(r"^done")).wait_for(timeout=300_000)
+            expect(b.page.locator('meta[http-equiv="refresh"]').count() == 0,
+                   "an ended run's page does not reload")
+            check_every_agent(b.page, names, "served run")
+            b.page.screenshot(path=os.path.join(shots, "served-run-done.png"), full_page=False)
+            b.page.goto(f"{base}/")
+            link = b.page.locator(f"#run-{posted['id']} a").first
+            expect(link.text_content() == posted["id"], f"/ lists run {posted['id']}")
+            link.click()
+            expect(b.page.url == run, f"the list links to {b.page.url}")
+            expect(not b.errors, f"console errors: {b.errors}")
+            foreign = [u for u in b.requests if not u.startswith(base + "/")]
+            expect(not foreign, f"requests away from the server: {foreign}")
+            reloads = sum(1 for u in b.requests if u == run)
+            b.close()
+            another_site_cannot_use_the_server(pw, chromium, key, port, posted["id"], log_path)
+        poster.join(600)
+        expect("result" in posted, f"the POST failed: {posted.get('error')}")
+        expect(re.fullmatch(r"[0-9a-f]{32}", posted["id"]), f"X-SwarmKV-Run-Id: {posted['id']}")
+        expect(posted["result"]["ok"], "the run failed")
+        expect(reloads >= 3, f"the page was loaded {reloads} times: it did not follow the run")
     print(f"served page: {len(names)} agents followed live over {reloads} loads; "
           f"first seen '{first_state}'")
 

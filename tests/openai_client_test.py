@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""`swarmkv serve` from OpenAI's own Python client (scripts/browser-requirements.txt
+pins it), as an agent framework calls it.
+
+    openai_client_test.py SWARMKV MODEL
+
+Checks, against one server (exact mode, its default):
+  - chat.completions.parse with a Pydantic model: the answer parses into it,
+    every field within its constraints (response_format json_schema, strict);
+  - tools with tool_choice "required" and a named function: the answer is a
+    call, message.tool_calls in OpenAI's shape, its arguments valid for the
+    function's schema; streamed, the same call;
+  - a sampled request without seed returns the seed it drew
+    (X-SwarmKV-Seed); sent back as seed, the same answer;
+  - logit_bias and min_p are applied; a field the server does not take is a
+    BadRequestError naming it.
+"""
+
+import json
+import sys
+import tempfile
+from typing import Literal
+
+import openai
+from pydantic import BaseModel, Field
+
+from serve_process import served
+
+
+def expect(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+class Risk(BaseModel):
+    risk_level: Literal["low", "medium", "high"]
+    reason: str = Field(max_length=60)
+    clauses: list[int] = Field(max_length=3)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather now in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20},
+                           "unit": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}},
+                       "required": ["zone"], "additionalProperties": False},
+    },
+}
+
+
+def structured_output(client):
+    completion = client.chat.completions.parse(
+        model="swarmkv", max_tokens=96, temperature=0,
+        messages=[{"role": "user", "content":
+                   "Clause 4 lets the vendor raise prices at will. Rate the risk."}],
+        response_format=Risk)
+    choice = completion.choices[0]
+    expect(choice.finish_reason == "stop", f"finish_reason {choice.finish_reason}: {choice}")
+    parsed = choice.message.parsed
+    expect(isinstance(parsed, Risk), f"not parsed into Risk: {choice.message}")
+    expect(len(parsed.reason) <= 60 and len(parsed.clauses) <= 3, f"constraints: {parsed}")
+    print(f"parse: {parsed!r}")
+
+
+def tool_calls(client):
+    ask = [{"role": "user", "content": "What is the weather in Oslo? Use a tool."}]
+    named = client.chat.completions.create(
+        model="swarmkv", max_tokens=64, temperature=0, messages=ask, tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = named.choices[0]
+    expect(choice.finish_reason == "tool_calls", f"finish_reason: {choice}")
+    call = choice.message.tool_calls[0]
+    expect(call.type == "function" and call.function.name == "get_weather", f"call: {call}")
+    args = json.loads(call.function.arguments)
+    expect(set(args) == {"city", "unit"} and args["unit"] in ("C", "F")
+           and len(args["city"]) <= 20, f"arguments: {args}")
+
+    required = client.chat.completions.create(
+        model="swarmkv", max_tokens=64, temperature=0, messages=ask, tools=[WEATHER, TIME],
+        tool_choice="required")
+    name = required.choices[0].message.tool_calls[0].function.name
+    expect(name in ("get_weather", "get_time"), f"required: {name}")
+
+    stream = client.chat.completions.create(
+        model="swarmkv", max_tokens=64, temperature=0, messages=ask, tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
+    streamed, finish = [], None
+    for chunk in stream:
+        for c in chunk.choices:
+            streamed.extend(c.delta.tool_calls or [])
+            finish = c.finish_reason or finish
+    expect(finish == "tool_calls" and len(streamed) == 1, f"streamed: {streamed} {finish}")
+    expect(streamed[0].function.name == call.function.name
+           and streamed[0].function.arguments == call.function.arguments,
+           f"streamed {streamed[0]} vs {call}")
+
+    # The next turn reads the call and its result.
+    reply = client.chat.completions.create(
+        model="swarmkv", max_tokens=24, temperature=0, tools=[WEATHER], tool_choice="none",
+        messages=ask + [choice.message.model_dump(exclude_none=True),
+                        {"role": "tool", "tool_call_id": call.id, "content": "-3 C, snow"}])
+    expect(isinstance(reply.choices[0].message.content, str), f"reply: {reply}")
+
+    try:
+        client.chat.completions.create(model="swarmkv", max_tokens=8, messages=ask,
+                                       tools=[WEATHER])
+        raise AssertionError("tool_choice auto (the default) was accepted")
+    except openai.BadRequestError as e:
+        expect(e.body.get("param") == "tool_choice", f"auto: {e.body}")
+    print(f"tools: {call.function.name}({call.function.arguments}), required chose {name}")
+
+
+def seeds_and_fields(client):
+    ask = [{"role": "user", "content": "Invent a name for a new colour."}]
+    raw = client.chat.completions.with_raw_response.create(
+        model="swarmkv", max_tokens=12, temperature=1.5, messages=ask)
+    seed = raw.headers.get("X-SwarmKV-Seed")
+    expect(seed is not None, f"no X-SwarmKV-Seed in {dict(raw.headers)}")
+    first = raw.parse().choices[0].message.content
+    again = client.chat.completions.create(model="swarmkv", max_tokens=12, temperature=1.5,
+                                           messages=ask, seed=int(seed))
+    expect(again.choices[0].message.content == first,
+           f"seed {seed}: {again.choices[0].message.content!r} vs {first!r}")
+
+    greedy = client.chat.completions.create(model="swarmkv", max_tokens=8, temperature=0,
+                                            messages=ask).choices[0].message.content
+    hot_min_p = client.chat.completions.create(model="swarmkv", max_tokens=8, temperature=1.5,
+                                               messages=ask, extra_body={"min_p": 1.0})
+    expect(hot_min_p.choices[0].message.content == greedy, "min_p 1 did not keep greedy's token")
+    try:
+        client.chat.completions.create(model="swarmkv", max_tokens=8, messages=ask,
+                                       extra_body={"mirostat": 2})
+        raise AssertionError("an unknown field was accepted")
+    except openai.BadRequestError as e:
+        expect(e.body.get("param") == "mirostat", f"unknown field: {e.body}")
+    print(f"seed {seed} repeats {first!r}")
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(f"usage: {sys.argv[0]} SWARMKV MODEL")
+    swarmkv, model = sys.argv[1:]
+    with tempfile.TemporaryDirectory(prefix="swarmkv-openai-") as tmp, \
+            served(swarmkv, model, tmp, ("--api-key", "k", "--snapshot-cache", "off")) as (_, port, _):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
+                               max_retries=0, timeout=300)
+        structured_output(client)
+        tool_calls(client)
+        seeds_and_fields(client)
+
+
+if __name__ == "__main__":
+    main()
