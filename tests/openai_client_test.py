@@ -12,7 +12,9 @@ Checks, against one server (exact mode, its default):
     function's schema; streamed, the same call;
   - a sampled request without seed returns the seed it drew
     (X-SwarmKV-Seed); sent back as seed, the same answer;
-  - logit_bias and min_p are applied; a field the server does not take is a
+  - logprobs with top_logprobs: one entry per answer token, read by the
+    client's types;
+  - min_p is applied; a field the server does not take is a
     BadRequestError naming it.
 """
 
@@ -141,6 +143,13 @@ def seeds_and_fields(client):
     hot_min_p = client.chat.completions.create(model="swarmkv", max_tokens=8, temperature=1.5,
                                                messages=ask, extra_body={"min_p": 1.0})
     expect(hot_min_p.choices[0].message.content == greedy, "min_p 1 did not keep greedy's token")
+    scored = client.chat.completions.create(model="swarmkv", max_tokens=8, temperature=0,
+                                            messages=ask, logprobs=True, top_logprobs=2)
+    tokens = scored.choices[0].logprobs.content
+    expect(len(tokens) == scored.usage.completion_tokens
+           and "".join(t.token for t in tokens) == greedy
+           and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens),
+           f"logprobs: {scored.choices[0].logprobs}")
     try:
         client.chat.completions.create(model="swarmkv", max_tokens=8, messages=ask,
                                        extra_body={"mirostat": 2})

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -167,6 +168,7 @@ struct Streamed {
   std::vector<std::string> texts;
   std::vector<std::string> finish;
   std::vector<json> tool_calls;  // each choice's, as the deltas sent them
+  std::vector<json> logprobs;    // each choice's logprobs.content, the chunks' together
   json usage;
   int status = 0;
 };
@@ -177,6 +179,7 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
   out.texts.resize(static_cast<size_t>(n));
   out.finish.resize(static_cast<size_t>(n));
   out.tool_calls.resize(static_cast<size_t>(n), json::array());
+  out.logprobs.resize(static_cast<size_t>(n), json::array());
   std::string buffer;
   bool done = false;
   const auto res = post_receiving(c, body, [&](const char* data, size_t len) {
@@ -203,6 +206,9 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
         const json& delta = choice["delta"];
         if (delta.contains("content") && !delta["content"].is_null()) {
           out.texts[i] += delta["content"].get<std::string>();
+        }
+        if (!choice["logprobs"].is_null()) {
+          for (const json& t : choice["logprobs"]["content"]) out.logprobs[i].push_back(t);
         }
         if (delta.contains("tool_calls")) {
           for (const json& call : delta["tool_calls"]) out.tool_calls[i].push_back(call);
@@ -809,6 +815,57 @@ TEST_P(ServerExactTest, AnUnseededRequestDrawsItsSeedAndReturnsIt) {
   EXPECT_EQ(post_chat(*c, body)["choices"][0]["message"]["content"], answer);
   const Streamed st = post_stream(*c, body);
   EXPECT_EQ(st.texts[0], answer);
+}
+
+// logprobs: every answer token's, with the top ones beside it, in OpenAI's
+// shape: log probabilities <= 0, the top ones most likely first, greedy's
+// token the likeliest, their mass <= 1; the same bits for a request alone
+// and in a batch of 16 sharing its document, and streamed.
+TEST_P(ServerExactTest, LogprobsAreTheSameAloneAndInABatch) {
+  Running server(model_, exact_options(2048));
+  const std::string doc = document(300);
+  const auto body = [&](int i) {
+    json b = chat_body("", doc + "\n\nQuestion " + std::to_string(i) + ": who may use it?", 8);
+    b["logprobs"] = true;
+    b["top_logprobs"] = 3;
+    return b;
+  };
+  auto c = server.client();
+  const json alone = post_chat(*c, body(0))["choices"][0];
+  const json& content = alone["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 8u) << alone;
+  std::string text;
+  for (const json& t : content) {
+    text += t["token"].get<std::string>();
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]) << "greedy took another token";
+    EXPECT_EQ(t["top_logprobs"][0]["logprob"], t["logprob"]);
+    double mass = 0;
+    for (size_t k = 0; k < 3; ++k) {
+      mass += std::exp(t["top_logprobs"][k]["logprob"].get<double>());
+      if (k > 0) {
+        EXPECT_LE(t["top_logprobs"][k]["logprob"], t["top_logprobs"][k - 1]["logprob"]);
+      }
+    }
+    EXPECT_LE(mass, 1.0 + 1e-6);
+    EXPECT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
+  }
+  EXPECT_EQ(text, alone["message"]["content"]);
+
+  std::vector<std::future<json>> batch;
+  for (int i = 15; i >= 0; --i) {
+    batch.push_back(std::async(std::launch::async, [&, i] {
+      auto ci = server.client();
+      return post_chat(*ci, body(i))["choices"][0]["logprobs"];
+    }));
+  }
+  std::vector<json> got;
+  for (auto& f : batch) got.push_back(f.get());
+  EXPECT_EQ(got.back(), alone["logprobs"]) << "question 0 in a batch of 16";
+  const Streamed st = post_stream(*c, body(0));
+  EXPECT_EQ(st.texts[0], alone["message"]["content"]);
+  EXPECT_EQ(st.logprobs[0], alone["logprobs"]["content"]);
 }
 
 TEST_P(ServerExactTest, TheCacheStartsOverWhenItsCellsRunOut) {

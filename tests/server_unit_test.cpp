@@ -103,7 +103,9 @@ TEST(ChatRequestTest, EachRefusalNamesItsField) {
   EXPECT_EQ(refusal(m + R"("stream": "yes"})"), "stream: must be true or false (got \"yes\")");
   EXPECT_EQ(refusal(m + R"("stream_options": {"include_usage": true}})"),
             "stream_options: is only allowed with \"stream\": true");
-  EXPECT_EQ(refusal(m + R"("logprobs": true})"), "logprobs: not supported by swarmkv serve");
+  EXPECT_EQ(refusal(m + R"("top_logprobs": 2})"), "top_logprobs: needs \"logprobs\": true");
+  EXPECT_EQ(refusal(m + R"("logprobs": true, "top_logprobs": 21})"),
+            "top_logprobs: must be in [0, 20] (got 21)");
   EXPECT_EQ(refusal(m + R"("response_format": {"type": "xml"}})"),
             "response_format: type must be text, json_object or json_schema (got "
             "{\"type\":\"xml\"})");
@@ -149,7 +151,10 @@ TEST(ChatRequestTest, FieldsAreAppliedOrRefusedNeverIgnored) {
             "logit_bias.5: must be in [-100, 100] (got 101)");
   EXPECT_EQ(refusal(m + R"("logit_bias": {"5": "up"}})"),
             "logit_bias.5: must be a number (got \"up\")");
-  for (const char* field : {"grammar", "top_logprobs", "suffix", "typo"}) {
+  EXPECT_EQ(parse(m + R"("logprobs": true, "top_logprobs": 5})").top_logprobs, 5);
+  EXPECT_EQ(parse(m + R"("logprobs": true})").top_logprobs, 0);
+  EXPECT_EQ(parse(m + R"("logprobs": false})").top_logprobs, -1);
+  for (const char* field : {"grammar", "echo", "suffix", "typo"}) {
     EXPECT_EQ(refusal(m + "\"" + field + "\": 1}"),
               std::string(field) +
                   ": is not supported by swarmkv serve (docs/serve.md lists the fields it takes)");

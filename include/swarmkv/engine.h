@@ -563,6 +563,20 @@ std::string grammar_from_json_schema(std::string_view schema);
 // starts, so that a bad grammar fails the run, not an agent in its middle.
 void check_grammar(const Model& model, std::string_view grammar);
 
+// A sampled token's log probability under the model's own distribution
+// (the softmax of the raw logits: before penalties, temperature or a
+// grammar), and the most likely tokens' beside it (OpenAI's logprobs).
+struct TokenLogprob {
+  Token token = -1;
+  float logprob = 0.0f;
+  bool operator==(const TokenLogprob&) const = default;
+};
+struct SampledLogprobs {
+  TokenLogprob sampled;
+  std::vector<TokenLogprob> top;  // most likely first (the lower id first among equals)
+  bool operator==(const SampledLogprobs&) const = default;
+};
+
 // A token sampler (llama_sampler chain). Thread-confined.
 class Sampler {
  public:
@@ -584,8 +598,15 @@ class Sampler {
   Token sample(Context& ctx, int32_t i = -1);
   // Forgets the history (and the grammar's progress) and reseeds.
   void reset();
+  // From now on each sample() also records the sampled token's log
+  // probability and the `top` likeliest tokens' (0..20; -1: off, the
+  // default, which costs nothing): last_logprobs().
+  void keep_logprobs(int32_t top);
+  // The last sample()'s, when keep_logprobs is on.
+  const SampledLogprobs& last_logprobs() const noexcept { return logprobs_; }
 
  private:
+  void record_logprobs(std::span<const float> row, Token token);
   Token sample_with_grammar(std::span<const float> row);
   Token first_allowed_by_logit(const llama_token_data_array& all);
 
@@ -593,6 +614,8 @@ class Sampler {
   std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar_;  // null: free text
   std::vector<llama_token_data> candidates_;  // the row being sampled, kept for its storage
   bool greedy_ = false;                       // temperature 0
+  int32_t top_logprobs_ = -1;                 // keep_logprobs; -1: off
+  SampledLogprobs logprobs_;
 };
 
 enum class StopReason { kEndOfGeneration, kMaxTokens, kStopString };

@@ -1091,8 +1091,42 @@ Token Sampler::sample(Context& ctx, int32_t i) {
                             i, *bad, bad - row.begin()));
   }
   // llama_sampler_sample also accepts the token into the chain's history.
-  if (!grammar_) return llama_sampler_sample(chain_.get(), detail::EngineAccess::context(ctx), i);
-  return sample_with_grammar(row);
+  const Token token = grammar_ ? sample_with_grammar(row)
+                               : llama_sampler_sample(chain_.get(),
+                                                      detail::EngineAccess::context(ctx), i);
+  if (top_logprobs_ >= 0) record_logprobs(row, token);
+  return token;
+}
+
+void Sampler::keep_logprobs(int32_t top) {
+  if (top < -1 || top > 20) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("top_logprobs: must be in [0, 20] (got {})", top));
+  }
+  top_logprobs_ = top;
+}
+
+// log softmax of the raw row, in double: the same bits for a row whatever
+// else the batch held (the row itself is, in exact mode).
+void Sampler::record_logprobs(std::span<const float> row, Token token) {
+  const float most = *std::max_element(row.begin(), row.end());
+  double sum = 0.0;
+  for (const float v : row) sum += std::exp(static_cast<double>(v) - most);
+  const double log_sum = most + std::log(sum);
+  const auto logprob = [&](Token t) {
+    return static_cast<float>(static_cast<double>(row[static_cast<size_t>(t)]) - log_sum);
+  };
+  logprobs_.sampled = {token, logprob(token)};
+  logprobs_.top.clear();
+  if (top_logprobs_ == 0) return;
+  std::vector<Token> best(static_cast<size_t>(top_logprobs_));
+  std::vector<Token> ids(row.size());
+  for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<Token>(t);
+  std::partial_sort_copy(ids.begin(), ids.end(), best.begin(), best.end(), [&](Token a, Token b) {
+    const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  });
+  for (const Token t : best) logprobs_.top.push_back({t, logprob(t)});
 }
 
 // Greedy under a grammar: the answer is the allowed token of highest logit

@@ -60,6 +60,8 @@ class CompletionEngine::Scheduler {
     std::shared_ptr<Job> job;
     int32_t choice = 0;
     TextStream sent;         // the answer's text as sent so far
+    bool keeps_logprobs = false;
+    std::vector<SampledLogprobs> logprobs;  // each sampled token's, when asked for
     uint64_t admitted = 0;   // admission order (prefill order in a batch)
     uint64_t last_used = 0;  // kCached: LRU
     int32_t max_tokens = 0;
@@ -251,6 +253,11 @@ void CompletionEngine::Scheduler::finish(size_t index) {
   done.kind = Event::Kind::kChoiceDone;
   done.choice = s.choice;
   done.stop_reason = g.stop_reason;
+  if (s.keeps_logprobs) {  // the end-of-generation token is not the answer's
+    s.logprobs.resize(std::min(s.logprobs.size(), g.tokens.size()));
+    done.logprobs = std::move(s.logprobs);
+    s.logprobs.clear();
+  }
   emit(s.job, std::move(done));
   Request& r = requests_[s.job.get()];
   r.usage.completion_tokens += static_cast<int32_t>(g.tokens.size());
@@ -413,6 +420,9 @@ void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t s
     gen.max_tokens = req.max_tokens;
     gen.stop = req.stop;
     s.step.start(*engine_.model_, sampling, gen);
+    s.keeps_logprobs = req.top_logprobs >= 0;
+    s.logprobs.clear();
+    if (s.keeps_logprobs) s.step.sampler->keep_logprobs(req.top_logprobs);
     s.sent = TextStream(req.stop);
     s.max_tokens = req.max_tokens;
     s.admitted = ++clock_;
@@ -562,6 +572,7 @@ void CompletionEngine::Scheduler::decode_step(size_t prefilled) {
   on.sampled = [&](size_t index, Token, bool done) {
     Slot& s = slots_[index];
     s.state = Slot::State::kGenerate;
+    if (s.keeps_logprobs) s.logprobs.push_back(s.step.sampler->last_logprobs());
     if (done) {
       finish(index);
       return;

@@ -227,7 +227,8 @@ void refuse_unknown_fields(const json& body) {
                                                    "functions",
                                                    "tool_choice",
                                                    "function_call",
-                                                   "logprobs"};
+                                                   "logprobs",
+                                                   "top_logprobs"};
   static const std::set<std::string_view> kIgnored = {"user", "metadata", "store", "service_tier",
                                                       "parallel_tool_calls"};
   for (const auto& item : body.items()) {
@@ -237,7 +238,7 @@ void refuse_unknown_fields(const json& body) {
   }
 }
 
-// Log probabilities are refused; so are OpenAI's legacy "functions".
+// OpenAI's legacy "functions" are refused.
 void refuse_unsupported(const json& body) {
   for (const char* legacy : {"functions", "function_call"}) {
     if (const auto it = body.find(legacy);
@@ -245,7 +246,6 @@ void refuse_unsupported(const json& body) {
       refuse(legacy, "is OpenAI's legacy form of tool calls; send \"tools\" and \"tool_choice\"");
     }
   }
-  if (boolean(body, "logprobs")) refuse("logprobs", "not supported by swarmkv serve");
 }
 
 // "tools": each {"type": "function", "function": {"name", "description",
@@ -385,6 +385,12 @@ void read_generation(const json& body, const RequestLimits& limits, ChatRequest&
   // OpenAI counts penalties over the whole completion.
   if (r.sampling.penalties_on()) r.sampling.repeat_last_n = limits.max_tokens;
   r.n = static_cast<int32_t>(integer(body, "n", 1, limits.max_n).value_or(1));
+  const auto top = integer(body, "top_logprobs", 0, 20);
+  if (boolean(body, "logprobs")) {
+    r.top_logprobs = static_cast<int32_t>(top.value_or(0));
+  } else if (top) {
+    refuse("top_logprobs", "needs \"logprobs\": true");
+  }
 }
 
 // "stop": a string or an array of them, none empty.
@@ -520,6 +526,24 @@ json tool_calls_of(const std::string& answer, const std::string& call_id) {
   return json::array({{{"id", call_id},
                        {"type", "function"},
                        {"function", {{"name", call["name"]}, {"arguments", call["arguments"].dump()}}}}});
+}
+
+json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens) {
+  const auto entry = [&](const TokenLogprob& t) {
+    const std::string piece = model.token_to_piece(t.token);
+    json bytes = json::array();
+    for (const char c : piece) bytes.push_back(static_cast<uint8_t>(c));
+    return json{{"token", piece}, {"logprob", t.logprob}, {"bytes", std::move(bytes)}};
+  };
+  json content = json::array();
+  for (const SampledLogprobs& s : tokens) {
+    json e = entry(s.sampled);
+    json top = json::array();
+    for (const TokenLogprob& t : s.top) top.push_back(entry(t));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
 std::string param_of(const std::string& message) {

@@ -45,6 +45,7 @@ struct ChatRequest {
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  int32_t top_logprobs = -1;   // "logprobs": true: "top_logprobs" (0 when not given); else -1
   // The functions the answer is a call of (tool_choice "required" or a named
   // one); empty: the answer is text. The grammar and the system prompt say so.
   std::vector<ToolFunction> tools;
@@ -72,6 +73,10 @@ std::string tools_prompt(std::span<const ToolFunction> tools);
 // OpenAI's "tool_calls" of an answer sampled under tool_call_schema's
 // grammar. Throws Error(kInternal) for one that is not such a call.
 nlohmann::json tool_calls_of(const std::string& answer, const std::string& call_id);
+
+// OpenAI's choice "logprobs": {"content": [{"token", "logprob", "bytes",
+// "top_logprobs": [...]}], "refusal": null}.
+nlohmann::json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens);
 
 std::string param_of(const std::string& message);
 

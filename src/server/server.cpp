@@ -358,14 +358,14 @@ struct Server::Impl {
   }
 
   json response_json(const std::string& id, const std::vector<std::string>& texts,
-                     const std::vector<StopReason>& reasons, const server::Usage& usage,
-                     bool calls_tool) const {
+                     const std::vector<StopReason>& reasons, const std::vector<json>& logprobs,
+                     const server::Usage& usage, bool calls_tool) const {
     json choices = json::array();
     for (size_t i = 0; i < texts.size(); ++i) {
       const auto choice = static_cast<int32_t>(i);
       choices.push_back({{"index", i},
                          {"message", message_json(id, choice, texts[i], reasons[i], calls_tool)},
-                         {"logprobs", nullptr},
+                         {"logprobs", logprobs[i]},
                          {"finish_reason", finish_reason(reasons[i], calls_tool)}});
     }
     return {{"id", id},
@@ -534,6 +534,7 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
     c.sampling = chat.sampling;
     c.stop = chat.stop;
     c.n = chat.n;
+    c.top_logprobs = chat.top_logprobs;
     c.max_tokens = chat.max_tokens > 0 ? chat.max_tokens : options.default_max_tokens;
     if (chat.max_tokens == 0) {
       // No max_tokens: whatever the context leaves, up to the default.
@@ -556,6 +557,7 @@ void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& cha
   const int32_t n = chat.n;
   std::vector<std::string> texts(static_cast<size_t>(n));
   std::vector<StopReason> reasons(static_cast<size_t>(n), StopReason::kMaxTokens);
+  std::vector<json> logprobs(static_cast<size_t>(n));
   bool first = true;
   for (;;) {
     const std::optional<Event> e = job.next(std::chrono::milliseconds(500));
@@ -566,10 +568,14 @@ void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& cha
       texts[static_cast<size_t>(e->choice)] += e->text;
     } else if (e->kind == Event::Kind::kChoiceDone) {
       reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
+      if (chat.top_logprobs >= 0) {
+        logprobs[static_cast<size_t>(e->choice)] = server::logprobs_json(*model, e->logprobs);
+      }
     } else if (e->kind == Event::Kind::kFinished) {
       try {
-        res.set_content(dump(response_json(id, texts, reasons, e->usage, !chat.tools.empty())),
-                        "application/json");
+        res.set_content(
+            dump(response_json(id, texts, reasons, logprobs, e->usage, !chat.tools.empty())),
+            "application/json");
       } catch (const Error& error) {
         send_error(res, error.value());
         return;
@@ -599,6 +605,7 @@ class Server::Impl::ChatStream {
         n_(chat.n),
         include_usage_(chat.include_usage),
         calls_tool_(!chat.tools.empty()),
+        logprobs_(chat.top_logprobs >= 0),
         t0_(t0),
         calls_(calls_tool_ ? static_cast<size_t>(chat.n) : 0) {}
 
@@ -640,11 +647,12 @@ class Server::Impl::ChatStream {
     }
     return server_.chunk_json(id_, created_, choices);
   }
-  json choice_chunk(int32_t choice, json delta, json finish_reason) const {
+  json choice_chunk(int32_t choice, json delta, json finish_reason,
+                    json logprobs = nullptr) const {
     return server_.chunk_json(id_, created_,
                               json::array({{{"index", choice},
                                             {"delta", std::move(delta)},
-                                            {"logprobs", nullptr},
+                                            {"logprobs", std::move(logprobs)},
                                             {"finish_reason", std::move(finish_reason)}}}));
   }
   bool send_event(httplib::DataSink& sink, const Event& e) {
@@ -659,8 +667,11 @@ class Server::Impl::ChatStream {
         return send(sink, choice_chunk(e.choice, {{"content", e.text}}, nullptr));
       case Event::Kind::kChoiceDone:
         if (calls_tool_ && !send_call(sink, e)) return false;
+        // A choice's log probabilities go out with its last chunk.
         return send(sink, choice_chunk(e.choice, json::object(),
-                                       finish_reason(e.stop_reason, calls_tool_)));
+                                       finish_reason(e.stop_reason, calls_tool_),
+                                       logprobs_ ? server::logprobs_json(*server_.model, e.logprobs)
+                                                 : json()));
       case Event::Kind::kFinished: {
         bool ok = true;
         if (include_usage_) {
@@ -711,6 +722,7 @@ class Server::Impl::ChatStream {
   const int32_t n_;
   const bool include_usage_;
   const bool calls_tool_;  // the answers are tool calls, sent whole
+  const bool logprobs_;    // "logprobs": true
   const Clock::time_point t0_;
   std::vector<std::string> calls_;  // with tools: each choice's text so far
   bool started_ = false;
