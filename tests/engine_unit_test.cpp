@@ -117,7 +117,8 @@ TEST(SamplerTest, RejectsInvalidSettings) {
   EXPECT_EQ(error(bad_min_p), "invalid_argument: need min_p in [0, 1] (got 1.5)");
   SamplingOptions bad_bias;
   bad_bias.logit_bias = {{3, 1.0f}, {5, std::numeric_limits<float>::infinity()}};
-  EXPECT_EQ(error(bad_bias), "invalid_argument: logit_bias: need finite biases (got inf for token 5)");
+  EXPECT_EQ(error(bad_bias),
+            "invalid_argument: logit_bias: need finite biases (got inf for token 5)");
   SamplingOptions outside;
   outside.logit_bias = {{100, 1.0f}};
   EXPECT_EQ(error(outside), "no error");  // no vocabulary to check against

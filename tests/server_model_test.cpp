@@ -1246,9 +1246,8 @@ TEST_F(ServerTest, ToolChoiceMakesTheAnswerACallInOpenAIsShape) {
 
   // The next turn: the call and its result in the history, a text answer.
   json turn = chat_body("", "What is the weather in Oslo? Use a tool.", 16);
-  turn["messages"].push_back({{"role", "assistant"},
-                              {"content", nullptr},
-                              {"tool_calls", json::array({first})}});
+  turn["messages"].push_back(
+      {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({first})}});
   turn["messages"].push_back(
       {{"role", "tool"}, {"tool_call_id", first["id"]}, {"content", "-3 C, snow"}});
   turn["tools"] = body["tools"];

@@ -207,7 +207,8 @@ TEST(ChatRequestTest, ToolsMakeTheAnswerACallOfTheChosenOnes) {
 
   const ChatRequest named = parse_chat_request(
       R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content":
-      "x"}], )" + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "noop"}}})",
+      "x"}], )" +
+          tools + R"(, "tool_choice": {"type": "function", "function": {"name": "noop"}}})",
       {});
   ASSERT_EQ(named.tools.size(), 1u);
   EXPECT_EQ(named.tools[0].name, "noop");
@@ -226,7 +227,8 @@ TEST(ChatRequestTest, ToolsMakeTheAnswerACallOfTheChosenOnes) {
             "response_format: cannot be combined with a tool call (tool_choice makes the answer a "
             "call)");
   const std::string u = R"({"messages": [{"role": "user", "content": "x"}], )";
-  EXPECT_EQ(refusal(u + R"("tool_choice": "required"})"), "tool_choice: \"required\" needs \"tools\"");
+  EXPECT_EQ(refusal(u + R"("tool_choice": "required"})"),
+            "tool_choice: \"required\" needs \"tools\"");
   EXPECT_EQ(refusal(u + R"("tools": [{"type": "function"}], "tool_choice": "required"})"),
             "tools[0]: must be {\"type\": \"function\", \"function\": {...}} (got "
             "{\"type\":\"function\"})");
@@ -257,7 +259,8 @@ TEST(ChatRequestTest, ToolsMakeTheAnswerACallOfTheChosenOnes) {
 }
 
 TEST(ChatRequestTest, AnAnswerUnderTheCallGrammarBecomesOpenAIsToolCalls) {
-  const json calls = tool_calls_of(R"({"name": "get_weather", "arguments": {"zeta": "Oslo"}})", "c7");
+  const json calls =
+      tool_calls_of(R"({"name": "get_weather", "arguments": {"zeta": "Oslo"}})", "c7");
   EXPECT_EQ(calls, json::parse(R"([{"id": "c7", "type": "function", "function": {"name":
       "get_weather", "arguments": "{\"zeta\":\"Oslo\"}"}}])"));
   EXPECT_THROW((void)tool_calls_of(R"({"name": "get_weather")", "c7"), Error);

@@ -1042,15 +1042,15 @@ Sampler::Sampler(const Model& model, const SamplingOptions& options) {
     for (const auto& [token, bias] : options.logit_bias) {
       biases.push_back({token, bias});
     }
-    llama_sampler_chain_add(chain_.get(),
-                            llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(biases.size()),
-                                                          biases.data()));
+    llama_sampler_chain_add(
+        chain_.get(),
+        llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(biases.size()), biases.data()));
   }
   if (options.penalties_on()) {
-    llama_sampler_chain_add(chain_.get(), llama_sampler_init_penalties(
-                                              n_vocab, options.repeat_last_n,
-                                              options.repeat_penalty, options.frequency_penalty,
-                                              options.presence_penalty));
+    llama_sampler_chain_add(
+        chain_.get(),
+        llama_sampler_init_penalties(n_vocab, options.repeat_last_n, options.repeat_penalty,
+                                     options.frequency_penalty, options.presence_penalty));
   }
   if (options.dry_multiplier > 0.0f) {
     static const char* kBreakers[] = {"\n", ":", "\"", "*"};  // llama.cpp's defaults
@@ -1091,9 +1091,9 @@ Token Sampler::sample(Context& ctx, int32_t i) {
                             i, *bad, bad - row.begin()));
   }
   // llama_sampler_sample also accepts the token into the chain's history.
-  const Token token = grammar_ ? sample_with_grammar(row)
-                               : llama_sampler_sample(chain_.get(),
-                                                      detail::EngineAccess::context(ctx), i);
+  const Token token =
+      grammar_ ? sample_with_grammar(row)
+               : llama_sampler_sample(chain_.get(), detail::EngineAccess::context(ctx), i);
   if (top_logprobs_ >= 0) record_logprobs(row, token);
   return token;
 }

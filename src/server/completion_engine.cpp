@@ -59,11 +59,11 @@ class CompletionEngine::Scheduler {
     // Live:
     std::shared_ptr<Job> job;
     int32_t choice = 0;
-    TextStream sent;         // the answer's text as sent so far
+    TextStream sent;  // the answer's text as sent so far
     bool keeps_logprobs = false;
     std::vector<SampledLogprobs> logprobs;  // each sampled token's, when asked for
-    uint64_t admitted = 0;   // admission order (prefill order in a batch)
-    uint64_t last_used = 0;  // kCached: LRU
+    uint64_t admitted = 0;                  // admission order (prefill order in a batch)
+    uint64_t last_used = 0;                 // kCached: LRU
     int32_t max_tokens = 0;
 
     bool live() const noexcept {

@@ -98,8 +98,8 @@ struct Event {
   StopReason stop_reason = StopReason::kMaxTokens;  // kChoiceDone
   // kChoiceDone, with top_logprobs >= 0: one per answer token, in order.
   std::vector<SampledLogprobs> logprobs;
-  Usage usage;                                      // kFinished
-  ErrorValue error;                                 // kFailed
+  Usage usage;       // kFinished
+  ErrorValue error;  // kFailed
 };
 
 class CompletionEngine;

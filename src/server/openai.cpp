@@ -95,9 +95,10 @@ std::string calls_as_text(const json& calls, const std::string& field) {
   for (size_t i = 0; i < calls.size(); ++i) {
     const json& call = calls[i];
     const std::string at = fmt::format("{}[{}]", field, i);
-    const json* function = call.is_object() && call.contains("function") && call["function"].is_object()
-                               ? &call["function"]
-                               : nullptr;
+    const json* function =
+        call.is_object() && call.contains("function") && call["function"].is_object()
+            ? &call["function"]
+            : nullptr;
     if (function == nullptr || !function->contains("name") || !(*function)["name"].is_string() ||
         !function->contains("arguments") || !(*function)["arguments"].is_string()) {
       refuse(at, fmt::format("must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
@@ -270,13 +271,15 @@ std::vector<ToolFunction> tools_of(const json& body, const ordered_json& ordered
     }
     tool.name = f["name"].get<std::string>();
     if (tool.name.empty() || tool.name.size() > 64 ||
-        tool.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+        tool.name.find_first_not_of(
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
             std::string::npos) {
       refuse(at + ".function.name",
              fmt::format("must be 1 to 64 of a-z, A-Z, 0-9, _ and - (got {})", shown(f["name"])));
     }
     for (const ToolFunction& other : tools) {
-      if (other.name == tool.name) refuse(at + ".function.name", "names another tool's function too");
+      if (other.name == tool.name)
+        refuse(at + ".function.name", "names another tool's function too");
     }
     if (f.contains("description") && f["description"].is_string()) {
       tool.description = f["description"].get<std::string>();
@@ -296,7 +299,8 @@ std::vector<ToolFunction> tools_of(const json& body, const ordered_json& ordered
 // format read back out of free text; it is refused.
 std::vector<ToolFunction> called_tools(const json& body, std::vector<ToolFunction> tools) {
   const auto it = body.find("tool_choice");
-  const json choice = it == body.end() || it->is_null() ? json(tools.empty() ? "none" : "auto") : *it;
+  const json choice =
+      it == body.end() || it->is_null() ? json(tools.empty() ? "none" : "auto") : *it;
   if (choice == "none") return {};
   if (tools.empty()) refuse("tool_choice", fmt::format("{} needs \"tools\"", shown(choice)));
   if (choice == "required") return tools;
@@ -330,8 +334,7 @@ std::vector<std::pair<Token, float>> logit_bias_of(const json& body) {
   const auto it = body.find("logit_bias");
   if (it == body.end() || it->is_null()) return biases;
   if (!it->is_object()) {
-    refuse("logit_bias",
-           fmt::format("must be an object of token id -> bias (got {})", shown(*it)));
+    refuse("logit_bias", fmt::format("must be an object of token id -> bias (got {})", shown(*it)));
   }
   constexpr size_t kMostBiases = 1024;
   if (it->size() > kMostBiases) {
@@ -453,8 +456,9 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
   r.tools = called_tools(body, tools_of(body, ordered));
   if (!r.tools.empty()) {
     if (!r.sampling.grammar.empty()) {
-      refuse("response_format", "cannot be combined with a tool call (tool_choice makes the answer "
-                                "a call)");
+      refuse("response_format",
+             "cannot be combined with a tool call (tool_choice makes the answer "
+             "a call)");
     }
     try {
       r.sampling.grammar = grammar_from_json_schema(tool_call_schema(r.tools));
@@ -504,8 +508,9 @@ std::string tools_prompt(std::span<const ToolFunction> tools) {
     text += '\n';
     text += entry.dump();
   }
-  text += "\nAnswer with the call alone, as one JSON object: {\"name\": \"<the tool's name>\", "
-          "\"arguments\": {...}}.";
+  text +=
+      "\nAnswer with the call alone, as one JSON object: {\"name\": \"<the tool's name>\", "
+      "\"arguments\": {...}}.";
   return text;
 }
 
@@ -519,13 +524,15 @@ json tool_calls_of(const std::string& answer, const std::string& call_id) {
   }
   if (!call.is_object() || !call.contains("name") || !call["name"].is_string() ||
       !call.contains("arguments")) {
-    throw Error(ErrorCode::kInternal,
-                fmt::format("a tool call sampled under its grammar lacks its name or arguments ({})",
-                            shown(call)));
+    throw Error(
+        ErrorCode::kInternal,
+        fmt::format("a tool call sampled under its grammar lacks its name or arguments ({})",
+                    shown(call)));
   }
-  return json::array({{{"id", call_id},
-                       {"type", "function"},
-                       {"function", {{"name", call["name"]}, {"arguments", call["arguments"].dump()}}}}});
+  return json::array(
+      {{{"id", call_id},
+        {"type", "function"},
+        {"function", {{"name", call["name"]}, {"arguments", call["arguments"].dump()}}}}});
 }
 
 json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens) {

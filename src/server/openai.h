@@ -31,7 +31,8 @@ struct RequestLimits {
 struct ToolFunction {
   std::string name;
   std::string description;
-  nlohmann::ordered_json parameters;  // a JSON Schema of its arguments ({} when not given), as given
+  nlohmann::ordered_json
+      parameters;  // a JSON Schema of its arguments ({} when not given), as given
 };
 
 struct ChatRequest {

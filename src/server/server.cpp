@@ -640,15 +640,15 @@ class Server::Impl::ChatStream {
   json roles() const {
     json choices = json::array();
     for (int32_t i = 0; i < n_; ++i) {
-      choices.push_back({{"index", i},
-                         {"delta", {{"role", "assistant"}, {"content", calls_tool_ ? json() : json("")}}},
-                         {"logprobs", nullptr},
-                         {"finish_reason", nullptr}});
+      choices.push_back(
+          {{"index", i},
+           {"delta", {{"role", "assistant"}, {"content", calls_tool_ ? json() : json("")}}},
+           {"logprobs", nullptr},
+           {"finish_reason", nullptr}});
     }
     return server_.chunk_json(id_, created_, choices);
   }
-  json choice_chunk(int32_t choice, json delta, json finish_reason,
-                    json logprobs = nullptr) const {
+  json choice_chunk(int32_t choice, json delta, json finish_reason, json logprobs = nullptr) const {
     return server_.chunk_json(id_, created_,
                               json::array({{{"index", choice},
                                             {"delta", std::move(delta)},
@@ -668,10 +668,10 @@ class Server::Impl::ChatStream {
       case Event::Kind::kChoiceDone:
         if (calls_tool_ && !send_call(sink, e)) return false;
         // A choice's log probabilities go out with its last chunk.
-        return send(sink, choice_chunk(e.choice, json::object(),
-                                       finish_reason(e.stop_reason, calls_tool_),
-                                       logprobs_ ? server::logprobs_json(*server_.model, e.logprobs)
-                                                 : json()));
+        return send(
+            sink,
+            choice_chunk(e.choice, json::object(), finish_reason(e.stop_reason, calls_tool_),
+                         logprobs_ ? server::logprobs_json(*server_.model, e.logprobs) : json()));
       case Event::Kind::kFinished: {
         bool ok = true;
         if (include_usage_) {

@@ -23,8 +23,7 @@ constexpr SamplingFlag kSamplingFlags[] = {
     {"temperature", "--temp", "sampling temperature; 0 = greedy", 100.0f},
     {"top_p", "--top-p", "nucleus sampling mass (1 = off)"},
     {"top_k", "--top-k", "keep the k most likely tokens (0 = off)"},
-    {"min_p", "--min-p",
-     "drop tokens less likely than this x the likeliest token (0 = off)", 1.0f},
+    {"min_p", "--min-p", "drop tokens less likely than this x the likeliest token (0 = off)", 1.0f},
     {"seed", "--seed", "RNG seed for sampled generation"},
     {"repeat_penalty", "--repeat-penalty",
      "divide the logit of a token generated within the last --repeat-last-n by this (1 = off; "
