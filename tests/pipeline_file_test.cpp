@@ -80,10 +80,12 @@ name: t
 n_ctx: 2048
 fork: none
 document: {file: doc.txt}
-defaults: {max_tokens: 10, temperature: 0.5, stop: "END", repeat_penalty: 1.2, dry_multiplier: 0.5}
+defaults: {max_tokens: 10, temperature: 0.5, stop: "END", repeat_penalty: 1.2, dry_multiplier: 0.5,
+           logit_bias: {15: -100, 2: 2.5}}
 agents:
   - {name: a, prompt: first}
   - {name: b, prompt: second, max_tokens: 3, temperature: 0, top_p: 0.9, top_k: 5, seed: 7, stop: [x, y], depends_on: a,
+     min_p: 0.05, logit_bias: null,
      repeat_penalty: 1.05, repeat_last_n: 32, frequency_penalty: 0.1, presence_penalty: 0.2,
      dry_multiplier: 0.9, dry_base: 2, dry_allowed_length: 3, dry_penalty_last_n: 100}
 )");
@@ -100,7 +102,11 @@ agents:
   EXPECT_EQ(spec.agents[1].sampling.seed, 7u);
   EXPECT_EQ(spec.agents[0].sampling.repeat_penalty, 1.2f) << "from defaults";
   EXPECT_EQ(spec.agents[0].sampling.dry_multiplier, 0.5f);
+  EXPECT_EQ(spec.agents[0].sampling.logit_bias,
+            (std::vector<std::pair<Token, float>>{{2, 2.5f}, {15, -100.0f}}));
   const SamplingOptions& b = spec.agents[1].sampling;
+  EXPECT_EQ(b.min_p, 0.05f);
+  EXPECT_TRUE(b.logit_bias.empty()) << "null clears the default's";
   EXPECT_EQ(b.repeat_penalty, 1.05f);
   EXPECT_EQ(b.repeat_last_n, 32);
   EXPECT_EQ(b.frequency_penalty, 0.1f);
@@ -319,6 +325,17 @@ TEST_F(PipelineFileTest, MistakesAreNamed) {
       write("typo.yaml", "document: {text: x}\nagents: [{name: a, prompt: q, max_token: 5}]\n");
   EXPECT_NE(error_of(typo).find("unknown key 'max_token' in agents[0]"), std::string::npos)
       << error_of(typo);
+  const std::string bias = write(
+      "bias.yaml", "document: {text: x}\nagents: [{name: a, prompt: q, logit_bias: {7: 101}}]\n");
+  EXPECT_NE(error_of(bias).find("agents[0].logit_bias.7 must be in -100..100, got 101"),
+            std::string::npos)
+      << error_of(bias);
+  const std::string bias_id = write(
+      "biasid.yaml", "document: {text: x}\nagents: [{name: a, prompt: q, logit_bias: {x: 1}}]\n");
+  EXPECT_NE(
+      error_of(bias_id).find("agents[0].logit_bias.x: a key must be a token id (an integer >= 0)"),
+      std::string::npos)
+      << error_of(bias_id);
   const std::string no_doc = write("nodoc.yaml", "agents: [{name: a, prompt: q}]\n");
   EXPECT_NE(error_of(no_doc).find("missing 'document'"), std::string::npos);
   const std::string missing_doc =

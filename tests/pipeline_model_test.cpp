@@ -870,6 +870,17 @@ TEST_F(PipelineModelTest, AGrammarThatDoesNotParseIsRefusedBeforeTheRun) {
   }
   spec.agents[1].sampling.grammar = R"(root ::= "yes" | "no")";
   EXPECT_NO_THROW((void)prepare_pipeline(spec, *model_));
+  // So is a logit_bias id outside the vocabulary.
+  spec.agents[0].sampling.logit_bias = {{model_->n_vocab(), 1.0f}};
+  try {
+    (void)prepare_pipeline(spec, *model_);
+    ADD_FAILURE() << "a logit_bias id outside the vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(),
+              fmt::format("agent '{}': logit_bias: token {} is not in the model's "
+                          "vocabulary (ids 0 to {})",
+                          spec.agents[0].name, model_->n_vocab(), model_->n_vocab() - 1));
+  }
 }
 
 TEST_F(PipelineModelTest, TruncatedSnapshotIsASizeMismatchAndLeavesNothingBehind) {

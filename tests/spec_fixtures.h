@@ -32,8 +32,9 @@ inline PipelineSpec spec_with_every_field_set() {
   a.name = "a";
   a.prompt = "null";
   a.max_tokens = 7;
-  a.sampling = {0.1f,  0.9f, 40,   0.05f, 4294967295u, 1.1f, 32, 0.2f,
-                -0.3f, 0.8f, 1.5f, 3,     100,         "",   {}};
+  a.sampling = {0.1f, 0.9f, 40,   0.05f, 4294967295u,
+                1.1f, 32,   0.2f, -0.3f, 0.8f,
+                1.5f, 3,    100,  "",    {{5, -1.5f}, {40, 100.0f}}};
   a.stop = {"\n\n", "END"};
   a.priority = -5;
   a.needs.tokens = 60;

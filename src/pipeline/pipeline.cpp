@@ -721,13 +721,15 @@ void check_positions(const PipelineSpec& spec, const Model& model, const Prepare
   }
 }
 
-// Each distinct grammar parses for the model's vocabulary (a schema's was
-// made by the converter when the pipeline was read; a `grammar:` is text).
-void check_grammars(const PipelineSpec& spec, const Model& model) {
+// What needs the model: each distinct grammar parses for its vocabulary (a
+// schema's was made by the converter when the pipeline was read; a
+// `grammar:` is text), and each logit_bias id is in it.
+void check_against_model(const PipelineSpec& spec, const Model& model) {
   std::set<std::string_view> checked;
   for (const AgentSpec& a : spec.agents) {
-    if (a.sampling.grammar.empty() || !checked.insert(a.sampling.grammar).second) continue;
     try {
+      if (!a.sampling.logit_bias.empty()) validate_sampling(a.sampling, model.n_vocab());
+      if (a.sampling.grammar.empty() || !checked.insert(a.sampling.grammar).second) continue;
       check_grammar(model, a.sampling.grammar);
     } catch (const Error& e) {
       throw Error(e.code(), fmt::format("agent '{}': {}", a.name, e.message()));
@@ -760,7 +762,7 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& given, const Model& model)
   const std::vector<int32_t> new_cells = budget_branches(spec, model, index, own, out);
   check_tree_ids(spec);
   check_positions(spec, model, out);
-  check_grammars(spec, model);
+  check_against_model(spec, model);
   std::vector<int32_t> max_tokens;
   for (const AgentSpec& a : spec.agents) max_tokens.push_back(a.max_tokens);
   out.budget =

@@ -1,5 +1,6 @@
 // Pipeline files: YAML, or JSON read as JSON (nlohmann) and handed to the
 // same reader as a YAML tree, so that both follow one set of rules.
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <limits>
@@ -239,7 +240,8 @@ class AgentReader {
     AgentSpec defaults;
     if (!d) return defaults;
     if (!d.IsMap()) r_.bad(fmt::format("'defaults' must be a mapping{}", Reader::at(d)));
-    std::set<std::string> default_keys = {"max_tokens", "stop", "json_schema", "grammar"};
+    std::set<std::string> default_keys = {"max_tokens", "stop", "json_schema", "grammar",
+                                          "logit_bias"};
     default_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
     r_.check_keys(d, default_keys, "defaults");
     defaults.max_tokens = static_cast<int32_t>(
@@ -255,7 +257,7 @@ class AgentReader {
     if (!a.IsMap()) r_.bad(fmt::format("{} must be a mapping{}", where, Reader::at(a)));
     std::set<std::string> agent_keys = {"name",        "prompt",   "max_tokens", "stop",
                                         "depends_on",  "priority", "fork_from",  "needs",
-                                        "json_schema", "grammar"};
+                                        "json_schema", "grammar",  "logit_bias"};
     agent_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
     r_.check_keys(a, agent_keys, where);
     AgentSpec agent = defaults;
@@ -294,11 +296,45 @@ class AgentReader {
             static_cast<T>(r_.integer(n, key, value, least, std::numeric_limits<T>::max(), where));
       }
     });
+    logit_bias(n, s, where);
     try {
       validate_sampling(s);
     } catch (const Error& e) {
       r_.bad(fmt::format("{}{}: {}", where, Reader::at(n), e.message()));
     }
+  }
+
+  // `logit_bias: {TOKEN_ID: BIAS, ...}` (OpenAI's, bias in [-100, 100]);
+  // null clears a default's. The ids are checked against the model's
+  // vocabulary once it loads (prepare_pipeline).
+  void logit_bias(const YAML::Node& n, SamplingOptions& s, const std::string& where) const {
+    const YAML::Node m = n["logit_bias"];
+    if (!m) return;
+    s.logit_bias.clear();
+    if (m.IsNull()) return;
+    const std::string key = where + ".logit_bias";
+    if (!m.IsMap())
+      r_.bad(fmt::format("{} must be a mapping of token id: bias{}", key, Reader::at(m)));
+    for (const auto& kv : m) {
+      const std::string id = kv.first.Scalar();
+      int64_t token = -1;
+      try {
+        token = kv.first.as<int64_t>();
+      } catch (const YAML::Exception&) {
+      }
+      if (token < 0 || token > kMaxInt32) {
+        r_.bad(fmt::format("{}.{}: a key must be a token id (an integer >= 0){}", key, id,
+                           Reader::at(kv.first)));
+      }
+      const float bias = r_.real(m, id.c_str(), 0.0f, key);
+      if (!(bias >= -100.0f && bias <= 100.0f)) {
+        r_.bad(fmt::format("{}.{} must be in -100..100, got {}{}", key, id, bias,
+                           Reader::at(kv.second)));
+      }
+      s.logit_bias.emplace_back(static_cast<Token>(token), bias);
+    }
+    // By id: the spec's JSON (an object, keys in text order) reads back the same.
+    std::sort(s.logit_bias.begin(), s.logit_bias.end());
   }
 
   // `json_schema:` (the schema, or {file: PATH} of a JSON file) or
@@ -578,6 +614,11 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
       agent["json_schema"] = nlohmann::json::parse(a.json_schema);
     } else if (!a.sampling.grammar.empty()) {
       agent["grammar"] = a.sampling.grammar;
+    }
+    if (!a.sampling.logit_bias.empty()) {
+      nlohmann::json biases = nlohmann::json::object();
+      for (const auto& [token, bias] : a.sampling.logit_bias) biases[std::to_string(token)] = bias;
+      agent["logit_bias"] = std::move(biases);
     }
     if (!a.fork_from.empty()) agent["fork_from"] = a.fork_from;
     if (a.needs.any()) agent["needs"] = needs_json(a.needs);

@@ -190,9 +190,10 @@ RunCommand::RunCommand(CLI::App& app) {
       "threads_batch, flash_attn, kv_type, fork, exact, n_gpu_layers, max_live, system, document "
       "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
       "prompt, max_tokens, "
-      "temperature, top_p, top_k, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
-      "presence_penalty, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, stop, "
-      "depends_on, priority, fork_from, needs). See examples/pipelines/ and docs/pipelines.md.\n"
+      "temperature, top_p, top_k, min_p, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
+      "presence_penalty, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, "
+      "logit_bias, stop, json_schema, grammar, depends_on, priority, fork_from, needs). See "
+      "examples/pipelines/ and docs/pipelines.md.\n"
       "Exit status: 0 when every agent succeeded, 1 otherwise (the causes go to stderr), 2 when "
       "the file or the options are refused before the run.");
   add_run_options();
