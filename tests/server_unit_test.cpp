@@ -263,6 +263,10 @@ TEST(ChatRequestTest, AnAnswerUnderTheCallGrammarBecomesOpenAIsToolCalls) {
       tool_calls_of(R"({"name": "get_weather", "arguments": {"zeta": "Oslo"}})", "c7");
   EXPECT_EQ(calls, json::parse(R"([{"id": "c7", "type": "function", "function": {"name":
       "get_weather", "arguments": "{\"zeta\":\"Oslo\"}"}}])"));
+  // The arguments keep the order they were generated in (the schema's).
+  EXPECT_EQ(tool_calls_of(R"({"name": "f", "arguments": {"zeta": 1, "alpha": 2}})",
+                          "c8")[0]["function"]["arguments"],
+            R"({"zeta":1,"alpha":2})");
   EXPECT_THROW((void)tool_calls_of(R"({"name": "get_weather")", "c7"), Error);
   EXPECT_THROW((void)tool_calls_of(R"({"arguments": {}})", "c7"), Error);
 }

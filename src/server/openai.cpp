@@ -450,8 +450,11 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
   refuse_unknown_fields(body);
   refuse_unsupported(body);
   read_generation(body, limits, r);
-  // The schemas' properties are sampled in the order the client gave them.
-  const auto ordered = ordered_json::parse(body_text);
+  // The schemas' properties are sampled in the order the client gave them
+  // (read again, in order, only where there are schemas).
+  const auto ordered = body.contains("response_format") || body.contains("tools")
+                           ? ordered_json::parse(body_text)
+                           : ordered_json();
   r.sampling.grammar = grammar_of(body, ordered);
   r.tools = called_tools(body, tools_of(body, ordered));
   if (!r.tools.empty()) {
@@ -515,9 +518,9 @@ std::string tools_prompt(std::span<const ToolFunction> tools) {
 }
 
 json tool_calls_of(const std::string& answer, const std::string& call_id) {
-  json call;
+  ordered_json call;  // the arguments go back in the order they were generated
   try {
-    call = json::parse(answer);
+    call = ordered_json::parse(answer);
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInternal,
                 fmt::format("a tool call sampled under its grammar is not JSON ({})", e.what()));
@@ -527,12 +530,13 @@ json tool_calls_of(const std::string& answer, const std::string& call_id) {
     throw Error(
         ErrorCode::kInternal,
         fmt::format("a tool call sampled under its grammar lacks its name or arguments ({})",
-                    shown(call)));
+                    answer.substr(0, 40)));
   }
   return json::array(
       {{{"id", call_id},
         {"type", "function"},
-        {"function", {{"name", call["name"]}, {"arguments", call["arguments"].dump()}}}}});
+        {"function",
+         {{"name", call["name"].get<std::string>()}, {"arguments", call["arguments"].dump()}}}}});
 }
 
 json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens) {
