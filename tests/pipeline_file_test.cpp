@@ -1,7 +1,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -178,8 +181,48 @@ TEST_F(PipelineFileTest, JsonSurrogatePairsReachTheTextAsTheirCharacters) {
   const std::string bad =
       write("bad.json",
             R"({"document": "x", "agents": [{"name": "a", "prompt": "q", "top_k": "many"}]})");
-  EXPECT_EQ(error_of(bad),
-            "invalid_argument: " + bad + ": agents[0].top_k must be an integer, got 'many'");
+  EXPECT_EQ(error_of(bad), "invalid_argument: " + bad +
+                               ": agents[0].top_k must be an integer, got the string \"many\"");
+}
+
+// One type check for YAML and JSON: a whole number is an integer however
+// JSON writes it (1e1, 10.0), a quoted value is a string (never a number
+// or a boolean), and a boolean is true or false (YAML 1.1's yes/on are not).
+TEST_F(PipelineFileTest, TypesAreCheckedTheSameWayInYamlAndJson) {
+  const std::string json_ok = write("ok.json", R"({"document": "x", "exact": false,
+    "agents": [{"name": "a", "prompt": "q", "max_tokens": 1e1, "top_k": 20.0,
+                "temperature": 5e-1}]})");
+  const PipelineSpec from_json = load_pipeline_file(json_ok);
+  EXPECT_EQ(from_json.agents[0].max_tokens, 10);
+  EXPECT_EQ(from_json.agents[0].sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(from_json.agents[0].sampling.temperature, 0.5f);
+  EXPECT_FALSE(from_json.exact);
+  const PipelineSpec from_yaml = load_pipeline_file(
+      write("ok.yaml",
+            "document: x\nexact: False\nagents:\n  - {name: a, prompt: q, max_tokens: 1e1}\n"));
+  EXPECT_EQ(from_yaml.agents[0].max_tokens, 10);
+  EXPECT_FALSE(from_yaml.exact);
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"document": "x", "exact": "yes", "agents": [{"name": "a", "prompt": "q"}]})",
+       "exact must be true or false, got the string \"yes\""},
+      {R"({"document": "x", "exact": "true", "agents": [{"name": "a", "prompt": "q"}]})",
+       "exact must be true or false, got the string \"true\""},
+      {R"({"document": "x", "agents": [{"name": "a", "prompt": "q", "max_tokens": "10"}]})",
+       "agents[0].max_tokens must be an integer, got the string \"10\""},
+      {R"({"document": "x", "agents": [{"name": "a", "prompt": "q", "max_tokens": 10.5}]})",
+       "agents[0].max_tokens must be an integer, got '10.5'"},
+      {R"({"document": "x", "agents": [{"name": "a", "prompt": "q", "temperature": "0.5"}]})",
+       "agents[0].temperature must be a number, got the string \"0.5\""},
+  };
+  for (size_t i = 0; i < refused.size(); ++i) {
+    const std::string path = write(fmt::format("bad{}.json", i), refused[i].first);
+    EXPECT_NE(error_of(path).find(refused[i].second), std::string::npos) << error_of(path);
+  }
+  const std::string yes =
+      write("yes.yaml", "document: x\nexact: yes\nagents:\n  - {name: a, prompt: q}\n");
+  EXPECT_NE(error_of(yes).find("exact must be true or false, got 'yes'"), std::string::npos)
+      << error_of(yes);
 }
 
 TEST_F(PipelineFileTest, PlaceholdersPrioritiesAndMaxLiveAreRead) {

@@ -2,6 +2,7 @@
 // same reader as a YAML tree, so that both follow one set of rules.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -74,16 +75,26 @@ class Reader {
     return scalar(node[key], where + "." + key).Scalar();
   }
 
-  // An integer in [lo, hi], named with its line when it is not.
+  // An integer in [lo, hi], named with its line when it is not. A number
+  // written with a fraction or an exponent counts when its value is whole
+  // (JSON has one number type: 1e1 and 10.0 are 10); a quoted value is a
+  // string, in YAML as in JSON.
   int64_t integer(const YAML::Node& node, const char* key, int64_t fallback, int64_t lo, int64_t hi,
                   const std::string& where) const {
     if (!node[key]) return fallback;
     const YAML::Node v = scalar(node[key], where + "." + key);
+    const auto refuse = [&] {
+      bad(fmt::format("{}.{} must be an integer, got {}{}", where, key, shown(v), at(v)));
+    };
+    if (quoted(v)) refuse();
     int64_t out = 0;
     try {
       out = v.as<int64_t>();
     } catch (const YAML::Exception&) {
-      bad(fmt::format("{}.{} must be an integer, got '{}'{}", where, key, v.Scalar(), at(v)));
+      const std::optional<double> d = plain_number(v);
+      // 2^63 is the first double past int64's range.
+      if (!d || *d != std::trunc(*d) || std::abs(*d) >= 9.2233720368547758e18) refuse();
+      out = static_cast<int64_t>(*d);
     }
     if (out < lo || out > hi) {
       bad(fmt::format("{}.{} must be in {}..{}, got {}{}", where, key, lo, hi, out, at(v)));
@@ -91,26 +102,28 @@ class Reader {
     return out;
   }
 
+  // true or false (any case, as YAML 1.2 and JSON write them): YAML 1.1's
+  // yes/no/on/off are not booleans, nor is a quoted "true".
   bool boolean(const YAML::Node& node, const char* key, bool fallback,
                const std::string& where) const {
     if (!node[key]) return fallback;
     const YAML::Node v = scalar(node[key], where + "." + key);
-    try {
-      return v.as<bool>();
-    } catch (const YAML::Exception&) {
-      bad(fmt::format("{}.{} must be true or false, got '{}'{}", where, key, v.Scalar(), at(v)));
+    if (!quoted(v)) {
+      std::string t = v.Scalar();
+      if (t == "true" || t == "True" || t == "TRUE") return true;
+      if (t == "false" || t == "False" || t == "FALSE") return false;
     }
+    bad(fmt::format("{}.{} must be true or false, got {}{}", where, key, shown(v), at(v)));
   }
 
   float real(const YAML::Node& node, const char* key, float fallback,
              const std::string& where) const {
     if (!node[key]) return fallback;
     const YAML::Node v = scalar(node[key], where + "." + key);
-    try {
-      return v.as<float>();
-    } catch (const YAML::Exception&) {
-      bad(fmt::format("{}.{} must be a number, got '{}'{}", where, key, v.Scalar(), at(v)));
+    if (!quoted(v)) {
+      if (const std::optional<double> d = plain_number(v)) return static_cast<float>(*d);
     }
+    bad(fmt::format("{}.{} must be a number, got {}{}", where, key, shown(v), at(v)));
   }
 
   std::vector<std::string> list(const YAML::Node& node, const char* key,
@@ -128,6 +141,26 @@ class Reader {
   }
 
  private:
+  // A value written in quotes (YAML's '...' or "...", any JSON string).
+  static bool quoted(const YAML::Node& v) { return v.Tag() == "!"; }
+  static std::string shown(const YAML::Node& v) {
+    return quoted(v) ? fmt::format("the string \"{}\"", v.Scalar())
+                     : fmt::format("'{}'", v.Scalar());
+  }
+  // A plain scalar that reads whole as a number (as JSON writes one).
+  static std::optional<double> plain_number(const YAML::Node& v) {
+    const std::string& t = v.Scalar();
+    if (t.empty() || !(std::isdigit(static_cast<unsigned char>(t[0])) || t[0] == '-' ||
+                       t[0] == '+' || t[0] == '.')) {
+      return std::nullopt;
+    }
+    try {
+      return v.as<double>();
+    } catch (const YAML::Exception&) {
+      return std::nullopt;
+    }
+  }
+
   std::string origin_;
 };
 
