@@ -270,7 +270,8 @@ void write_atomically(const std::string& path, std::span<const std::span<const u
   const std::string tmp =
       (dir / fmt::format(".tmp-{}-{}-{:08x}", target.filename().string(), ::getpid(), rd()))
           .string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // Owner only: a document's KV state is as private as its text.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw Error(ErrorCode::kIo, fmt::format("cannot create '{}' to write snapshot '{}': {}", tmp,
                                             path, std::strerror(errno)));
