@@ -28,7 +28,16 @@ double seconds_since(Clock::time_point start) {
 // A plain TCP client: what a slow or hostile one sends, byte by byte.
 class RawClient {
  public:
-  explicit RawClient(int port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+  // `from`: the loopback address to connect from (all of 127/8 is this
+  // machine's), so that one test can be several clients.
+  explicit RawClient(int port, const char* from = nullptr)
+      : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    if (from != nullptr) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from, &local.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) return;
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -78,8 +87,17 @@ class HttpServerTest : public ::testing::Test {
     http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("{\"status\":\"ok\"}", "application/json");
     });
+    int listen_fd = -1;
+    http_.set_socket_options([&listen_fd](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_fd = sock;
+    });
     port_ = http_.bind_to_any_port("127.0.0.1");
     ASSERT_GT(port_, 0);
+    // As the Server does: httplib's backlog of 5 makes hundreds of connects
+    // wait for SYN retries.
+    ::listen(listen_fd, SOMAXCONN);
     listener_ = std::thread([this] { http_.listen_after_bind(); });
   }
   void TearDown() override {
@@ -163,6 +181,8 @@ TEST_F(HttpServerTest, ABodyThatDoesNotArriveInTimeEndsTheConnection) {
   EXPECT_EQ(got.find("HTTP/1.1 200"), std::string::npos) << got;
 }
 
+// An idle connection over the cap waits at most a second (for a /health
+// request, answered even then) before its 503.
 TEST_F(HttpServerTest, ConnectionsOverTheCapAreAnswered503AtOnce) {
   start({.max_connections = 3, .header_timeout_s = 20, .request_timeout_s = 60});
   std::vector<std::unique_ptr<RawClient>> idle;
@@ -185,6 +205,71 @@ TEST_F(HttpServerTest, ConnectionsOverTheCapAreAnswered503AtOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_GE(time_health(), 0);
+}
+
+// One address may hold only its share of the cap: 300 idle sockets from
+// 127.0.0.1 (the probe's attack: 12 of 14 /health got 503) take 64 of 256,
+// and every other client is answered at once.
+TEST_F(HttpServerTest, OneClientHoldsOnlyItsShareOfTheConnections) {
+  start({.max_connections = 256,
+         .max_connections_per_client = 64,
+         .header_timeout_s = 60,
+         .request_timeout_s = 60});
+  std::vector<std::unique_ptr<RawClient>> hog;
+  for (int i = 0; i < 300; ++i) {
+    hog.push_back(std::make_unique<RawClient>(port_, "127.0.0.1"));
+    ASSERT_TRUE(hog.back()->connected());
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (http_.refused_per_client() < 236 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(http_.refused_per_client(), 236u);
+  EXPECT_EQ(http_.refused_over_limit(), 0u);
+  EXPECT_EQ(http_.open_connections(), 64);
+  // The refused ones were told why.
+  const std::string got = hog.back()->read_until_closed(5);
+  EXPECT_EQ(got.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("too many connections from 127.0.0.1: 65 open, one client may hold 64 "
+                     "(serve --max-connections-per-client)"),
+            std::string::npos)
+      << got;
+  // Others are answered at once, while the hog's 64 stay open.
+  for (int i = 0; i < 10; ++i) {
+    RawClient other(port_, "127.0.0.2");
+    ASSERT_TRUE(other.connected());
+    const auto start = Clock::now();
+    ASSERT_TRUE(other.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    const std::string health = other.read_until_closed(10);
+    EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+    EXPECT_LT(seconds_since(start), 1.0);
+  }
+  EXPECT_EQ(http_.open_connections(), 64);
+}
+
+// At the cap a GET /health is still answered (a load balancer tells a full
+// server from a dead one); any other request is answered 503 at once.
+TEST_F(HttpServerTest, HealthIsAnsweredEvenAtTheCap) {
+  start({.max_connections = 3, .header_timeout_s = 20, .request_timeout_s = 60});
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<RawClient>(port_));
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (http_.open_connections() < 3 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(http_.open_connections(), 3);
+  RawClient probe(port_);
+  ASSERT_TRUE(probe.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string health = probe.read_until_closed(5);
+  EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+  EXPECT_TRUE(probe.closed());
+  RawClient other(port_);
+  const auto start = Clock::now();
+  ASSERT_TRUE(other.send("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string got = other.read_until_closed(5);
+  EXPECT_LT(seconds_since(start), 0.5);
+  EXPECT_EQ(got.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0), 0u) << got;
+  EXPECT_EQ(http_.refused_over_limit(), 1u);
 }
 
 TEST_F(HttpServerTest, KeptAliveAndPipelinedRequestsAreAllAnswered) {

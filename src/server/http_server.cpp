@@ -88,6 +88,36 @@ class ConnectionThreads final : public httplib::TaskQueue {
   uint64_t next_id_ = 0;
 };
 
+// The address and port of one end of a connected socket ("" and 0 when
+// it cannot be had).
+void address_of(int (*get)(int, sockaddr*, socklen_t*), socket_t sock, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ip.clear();
+  port = 0;
+  if (get(sock, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+    port = ntohs(a->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
+    port = ntohs(a->sin6_port);
+  }
+  ip = text;
+}
+
+// The connection whose request this thread is answering (client_gone).
+thread_local socket_t current_connection = INVALID_SOCKET;
+
+// Connections over max_connections that may wait at once for their head,
+// to see whether it is a GET /health (answered even at the cap), and how
+// long one may wait; the rest are answered 503 at once.
+constexpr int32_t kMaxHealthChecksOverCap = 16;
+constexpr double kHealthCheckHeadS = 1.0;
+
 // httplib's Stream over one connection, reading through a buffer that
 // await_head fills with the request's head under its deadline.
 class ConnectionStream final : public httplib::Stream {
@@ -154,6 +184,11 @@ class ConnectionStream final : public httplib::Stream {
     const ssize_t n = wait(POLLIN, read_deadline()) > 0 ? receive(ptr, size) : -1;
     if (n <= 0) broken_ = true;
     return n;
+  }
+
+  // Whether the buffered request starts with `prefix`.
+  bool starts_with(std::string_view prefix) const {
+    return std::string_view(buf_).substr(pos_).starts_with(prefix);
   }
 
   // A read failed (timed out, the client closed): what is left of the
@@ -223,22 +258,7 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   void address(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    ip.clear();
-    port = 0;
-    if (get(sock_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (addr.ss_family == AF_INET) {
-      const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
-      ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
-      port = ntohs(a->sin_port);
-    } else if (addr.ss_family == AF_INET6) {
-      const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
-      ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
-      port = ntohs(a->sin6_port);
-    }
-    ip = text;
+    address_of(get, sock_, ip, port);
   }
 
   socket_t sock_;
@@ -281,41 +301,112 @@ void HttpServer::refuse(socket_t sock, int status, const std::string& message) c
   (void)::send(sock, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+bool HttpServer::client_gone() {
+  const socket_t sock = current_connection;
+  if (sock == INVALID_SOCKET) return false;
+  pollfd p{.fd = sock, .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0) return true;
+  char byte;
+  return ::recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+bool HttpServer::take_client_slot(const std::string& client, int32_t& open_from_it) {
+  std::lock_guard lock(clients_mutex_);
+  int32_t& n = clients_[client];
+  open_from_it = n + 1;
+  if (n >= limits_.max_connections_per_client) {
+    if (n == 0) clients_.erase(client);
+    return false;
+  }
+  ++n;
+  return true;
+}
+
+void HttpServer::release_client_slot(const std::string& client) {
+  std::lock_guard lock(clients_mutex_);
+  const auto it = clients_.find(client);
+  if (it != clients_.end() && --it->second <= 0) clients_.erase(it);
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   const auto accepted = Clock::now();
   const int32_t open = open_.fetch_add(1) + 1;
-  if (open > limits_.max_connections) {
-    over_limit_.fetch_add(1);
+  // A share smaller than the cap is kept per address; otherwise the cap
+  // alone bounds every client.
+  const bool shared = limits_.max_connections_per_client > 0 &&
+                      limits_.max_connections_per_client < limits_.max_connections;
+  std::string client;
+  int port = 0;
+  if (shared) address_of(::getpeername, sock, client, port);
+  int32_t from_client = 0;
+  const bool counted = shared && take_client_slot(client, from_client);
+  if (shared && !counted) {
+    per_client_refused_.fetch_add(1);
     refuse(sock, 503,
-           fmt::format("too many connections: {} open, the server takes {} "
-                       "(serve --max-connections)",
-                       open, limits_.max_connections));
+           fmt::format("too many connections from {}: {} open, one client may hold {} "
+                       "(serve --max-connections-per-client)",
+                       client, from_client, limits_.max_connections_per_client));
+  } else if (open > limits_.max_connections) {
+    serve_health_only(sock, accepted, open);
   } else {
-    ConnectionStream strm(sock, limits_, svr_sock_);
-    for (int32_t served = 0; served < limits_.max_requests; ++served) {
-      using Head = ConnectionStream::Head;
-      const Head head =
-          served == 0
-              ? strm.await_head(accepted + seconds(limits_.header_timeout_s),
-                                accepted + seconds(limits_.header_timeout_s))
-              : strm.await_head(Clock::now() + seconds(limits_.idle_timeout_s), std::nullopt);
-      if (head == Head::kTimedOut) {
-        timed_out_.fetch_add(1);
-        refuse(sock, 408,
-               fmt::format("the request's line and headers did not arrive within {} s "
-                           "(serve --header-timeout)",
-                           limits_.header_timeout_s));
-      }
-      if (head != Head::kReady) break;
-      const bool last = served + 1 == limits_.max_requests || svr_sock_ == INVALID_SOCKET;
-      bool closed = false;
-      if (!process_request(strm, last, closed, nullptr) || closed || strm.broken()) break;
-    }
+    serve(sock, accepted);
   }
+  if (counted) release_client_slot(client);
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
   open_.fetch_sub(1);
   return true;
+}
+
+void HttpServer::serve(socket_t sock, Clock::time_point accepted) {
+  ConnectionStream strm(sock, limits_, svr_sock_);
+  for (int32_t served = 0; served < limits_.max_requests; ++served) {
+    using Head = ConnectionStream::Head;
+    const Head head =
+        served == 0 ? strm.await_head(accepted + seconds(limits_.header_timeout_s),
+                                      accepted + seconds(limits_.header_timeout_s))
+                    : strm.await_head(Clock::now() + seconds(limits_.idle_timeout_s), std::nullopt);
+    if (head == Head::kTimedOut) {
+      timed_out_.fetch_add(1);
+      refuse(sock, 408,
+             fmt::format("the request's line and headers did not arrive within {} s "
+                         "(serve --header-timeout)",
+                         limits_.header_timeout_s));
+    }
+    if (head != Head::kReady) break;
+    const bool last = served + 1 == limits_.max_requests || svr_sock_ == INVALID_SOCKET;
+    bool closed = false;
+    current_connection = sock;
+    const bool ok = process_request(strm, last, closed, nullptr);
+    current_connection = INVALID_SOCKET;
+    if (!ok || closed || strm.broken()) break;
+  }
+}
+
+// Over the cap: a GET /health whose head arrives promptly is answered (a
+// load balancer's probe tells a full server from a dead one); anything
+// else, or nothing, gets 503.
+void HttpServer::serve_health_only(socket_t sock, Clock::time_point accepted, int32_t open) {
+  if (health_checks_over_cap_.fetch_add(1) < kMaxHealthChecksOverCap) {
+    ConnectionStream strm(sock, limits_, svr_sock_);
+    const auto by = accepted + seconds(std::min(limits_.header_timeout_s, kHealthCheckHeadS));
+    if (strm.await_head(by, by) == ConnectionStream::Head::kReady &&
+        (strm.starts_with("GET /health ") || strm.starts_with("GET /health?"))) {
+      bool closed = false;
+      current_connection = sock;
+      process_request(strm, /*close_connection=*/true, closed, nullptr);
+      current_connection = INVALID_SOCKET;
+      health_checks_over_cap_.fetch_sub(1);
+      return;
+    }
+  }
+  health_checks_over_cap_.fetch_sub(1);
+  over_limit_.fetch_add(1);
+  refuse(sock, 503,
+         fmt::format("too many connections: {} open, the server takes {} "
+                     "(serve --max-connections)",
+                     open, limits_.max_connections));
 }
 
 }  // namespace swarmkv::server
