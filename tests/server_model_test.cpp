@@ -1662,9 +1662,11 @@ TEST_F(ServerTest, PostedRunsAreListedAndFollowedBehindTheKey) {
       std::string::npos);
 }
 
-// A posted pipeline uses the snapshot store as `swarmkv run` does: the first
+// A posted pipeline uses a snapshot store as `swarmkv run` does: the first
 // run prefills the document and publishes it, the second restores it and
-// answers the same; the result names no server path.
+// answers the same; the result names no server path. The store is posted
+// runs' own (<store>/posted), so that clients cannot evict the operator's
+// entries, and its files are the owner's only.
 TEST_F(ServerTest, APostedPipelineRestoresItsDocumentFromTheStoreTheSecondTime) {
   const TempStore dir("store");
   const ServerOptions options = store_options(SnapshotCacheMode::kOn, dir);
@@ -1689,35 +1691,61 @@ TEST_F(ServerTest, APostedPipelineRestoresItsDocumentFromTheStoreTheSecondTime) 
   EXPECT_EQ(warm["snapshot"]["prefilled_tokens"], 0);
   EXPECT_EQ(warm["snapshot"]["path"], "");
   EXPECT_EQ(warm["agents"][0]["answer"], cold["agents"][0]["answer"]);
-  int entries = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
-    entries += e.path().extension() == ".swkv" ? 1 : 0;
-  }
-  EXPECT_EQ(entries, 1);
+  // In posted runs' own store, not the operator's, readable by its owner
+  // only.
+  const auto entries = [](const std::filesystem::path& folder) {
+    std::vector<std::filesystem::path> out;
+    for (const auto& e : std::filesystem::directory_iterator(folder)) {
+      if (e.path().extension() == ".swkv") out.push_back(e.path());
+    }
+    return out;
+  };
+  EXPECT_TRUE(entries(dir.path).empty());
+  const auto posted = entries(dir.path / "posted");
+  ASSERT_EQ(posted.size(), 1u);
+  EXPECT_EQ(std::filesystem::status(posted[0]).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
 }
+
+// A streamed long answer held open (its client reading) until destroyed.
+class HeldStream {
+ public:
+  explicit HeldStream(const Running& server) : client_(server.client()) {
+    thread_ = std::thread([this] {
+      json body = long_answer_body(2000);
+      body["stream"] = true;
+      (void)post_receiving(*client_, body, [this](const char*, size_t) {
+        streaming_.store(true);
+        return !hang_up_.load();
+      });
+    });
+    for (int i = 0; i < 400 && !streaming_.load(); ++i) std::this_thread::sleep_for(50ms);
+  }
+  ~HeldStream() {
+    hang_up_.store(true);
+    thread_.join();
+  }
+  HeldStream(const HeldStream&) = delete;
+  HeldStream& operator=(const HeldStream&) = delete;
+  bool streaming() const { return streaming_.load(); }
+
+ private:
+  std::unique_ptr<httplib::Client> client_;
+  std::atomic<bool> streaming_{false};
+  std::atomic<bool> hang_up_{false};
+  std::thread thread_;
+};
 
 TEST_F(ServerTest, AFullServerAnswers429WithRetryAfter) {
   ServerOptions o = small_options();
   o.max_concurrent = 1;
   Running server(model_, o);
-  auto first = server.client();
-  std::atomic<bool> streaming{false};
-  std::atomic<bool> hang_up{false};
-  std::thread holder([&] {
-    json body = long_answer_body(2000);
-    body["stream"] = true;
-    (void)post_receiving(*first, body, [&](const char*, size_t) {
-      streaming.store(true);
-      return !hang_up.load();
-    });
-  });
-  for (int i = 0; i < 400 && !streaming.load(); ++i) std::this_thread::sleep_for(50ms);
-  ASSERT_TRUE(streaming.load());
   auto second = server.client();
-  const auto res =
-      second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json");
-  hang_up.store(true);
-  holder.join();
+  const auto res = [&] {
+    const HeldStream first(server);
+    EXPECT_TRUE(first.streaming());
+    return second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json");
+  }();
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 429);
   EXPECT_EQ(res->get_header_value("Retry-After"), "1");
@@ -1731,6 +1759,88 @@ TEST_F(ServerTest, AFullServerAnswers429WithRetryAfter) {
   EXPECT_EQ(second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json")
                 ->status,
             200);
+}
+
+// One client address has only its share of the requests in flight, so
+// that it cannot take them all (the connection layer shares the
+// connections the same way: http_server_test).
+TEST_F(ServerTest, OneClientHasOnlyItsShareOfTheRequestsInFlight) {
+  ServerOptions o = small_options();
+  o.max_concurrent = 8;
+  o.max_concurrent_per_client = 1;
+  Running server(model_, o);
+  auto second = server.client();
+  const auto res = [&] {
+    const HeldStream first(server);
+    EXPECT_TRUE(first.streaming());
+    return second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json");
+  }();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["message"],
+            "1 requests from 127.0.0.1 are in flight, the most one client may have "
+            "(--max-concurrent-per-client); retry later");
+  EXPECT_TRUE(await_metric(*second, "swarmkv_requests_in_flight", 0));
+  EXPECT_EQ(second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json")
+                ->status,
+            200);
+}
+
+// A client that hangs up before a whole (not streamed) answer is written
+// cancels its work, as a streaming one does: a chat completion frees its
+// sequence, a ?stream=false pipeline its slot (it held the only one).
+TEST_F(ServerTest, AClientThatHangsUpOnAWholeAnswerCancelsIt) {
+  Running server(model_, small_options());
+  auto m = server.client();
+  {
+    auto c = server.client();
+    c->set_read_timeout(1, 0);  // then httplib closes the connection
+    EXPECT_FALSE(
+        c->Post("/v1/chat/completions", long_answer_body(2000).dump(), "application/json"));
+  }
+  EXPECT_TRUE(await_metric(*m, "swarmkv_cancelled_total", 1));
+  EXPECT_TRUE(await_metric(*m, "swarmkv_live_sequences", 0));
+  EXPECT_LT(metric(*m, "swarmkv_completion_tokens_total"), 2000);
+  {
+    auto c = server.client();
+    c->set_read_timeout(2, 0);
+    EXPECT_FALSE(c->Post("/v1/pipelines?stream=false",
+                         one_agent_pipeline(2000, "Write a long story about a cat.").dump(),
+                         "application/json"));
+  }
+  EXPECT_TRUE(await_metric(*m, "swarmkv_pipelines_running", 0));
+  EXPECT_EQ(metric(*m, "swarmkv_pipelines_cancelled_total"), 1);
+  EXPECT_EQ(metric(*m, "swarmkv_http_responses_total{route=\"/v1/pipelines\",status=\"499\"}"), 1);
+}
+
+// A pipeline stopped by a client that left during its prefill counts as
+// cancelled (it counted only runs in which a cancel failed an agent).
+TEST_F(ServerTest, APipelineCancelledInItsPrefillIsCounted) {
+  Running server(model_, small_options());
+  auto c = server.client();
+  json pipeline = one_agent_pipeline(8);
+  pipeline["document"]["text"] = document(20000);
+  post_pipeline(*c, pipeline, [](const PipelineEvent& e) { return e.name != "prefill"; });
+  EXPECT_TRUE(await_metric(*c, "swarmkv_pipelines_running", 0));
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_cancelled_total"), 1);
+}
+
+// Finished sequences kept for reuse stay within --max-cached even when few
+// completions are live (the slots are max_live + max_cached).
+TEST_F(ServerTest, CachedSequencesStayWithinMaxCached) {
+  ServerOptions o = small_options();
+  o.max_cached = 2;
+  Running server(model_, o);
+  auto c = server.client();
+  for (int i = 0; i < 6; ++i) {
+    const auto res =
+        c->Post("/v1/chat/completions", chat_body("", fmt::format("Count to {}.", i + 2), 2).dump(),
+                "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+    EXPECT_LE(metric(*c, "swarmkv_cached_sequences"), 2) << "after request " << i;
+  }
+  EXPECT_EQ(metric(*c, "swarmkv_cached_sequences"), 2);
 }
 
 // stop() closes the listening socket at once; the request in flight still

@@ -51,6 +51,13 @@ struct ServerOptions {
   // are answered 503 and closed. A request's line and headers must arrive
   // within header_timeout_s (else 408), all of it within request_timeout_s.
   int32_t max_connections = 256;
+  // One client address's share, so that one client cannot take all of
+  // them: connections open at once (more from it get 503) and requests in
+  // flight (more get 429). 0: a quarter of max_connections and half of
+  // max_concurrent (at least 1). Behind a reverse proxy every request
+  // comes from the proxy's address: set them to the totals.
+  int32_t max_connections_per_client = 0;
+  int32_t max_concurrent_per_client = 0;
   double header_timeout_s = 10;
   double request_timeout_s = 60;
   int32_t max_messages = 256;
@@ -72,11 +79,14 @@ struct ServerOptions {
   int32_t keep_runs = 32;
   // The snapshot store (cache, cache_dir, cache_max_bytes; `file` must stay
   // empty). A posted pipeline's document prefix is looked up and published
-  // as `swarmkv run` does; a chat prompt restores the longest stored prefix
-  // it starts with (kOn or kReadOnly; never written, and not on models with
-  // sliding-window layers: src/server/completion_engine.h). Off by default
-  // here; the CLI turns it on.
+  // as `swarmkv run` does, in its own store (below); a chat prompt restores the longest stored
+  // prefix it starts with (kOn or kReadOnly; never written, and not on models with sliding-window
+  // layers: src/server/completion_engine.h). Off by default here; the CLI turns it on.
   SnapshotOptions snapshots;
+  // Posted pipelines keep their documents' snapshots in a store of their
+  // own, <store>/posted, capped at this many bytes (LRU), so that clients
+  // cannot evict (or probe) the operator's entries. 0: 1 GiB.
+  uint64_t posted_cache_max_bytes = 0;
   // Exact mode (docs/exact-mode.md): every completion's answer equals a
   // re-prefill of its prompt bit for bit, however many share its batches,
   // and posted pipelines are exact unless they say exact: false. Needs the

@@ -279,6 +279,13 @@ void CompletionEngine::Scheduler::finish(size_t index) {
   s.step.tracker.reset();
   s.state = Slot::State::kCached;
   s.last_used = ++clock_;
+  // The slots are max_live + max_cached: with few completions live, more
+  // than max_cached finished ones would otherwise stay.
+  while (count(Slot::State::kCached) > options_.max_cached) {
+    const int v = victim(static_cast<int>(index));
+    if (v < 0) break;
+    free_slot(static_cast<size_t>(v));
+  }
 }
 
 // The slot that shares the longest start with `prompt`, and how many tokens

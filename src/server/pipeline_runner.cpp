@@ -336,16 +336,21 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
     // Where the server keeps its files is not the client's business.
     if (result.snapshot) result.snapshot->path.clear();
     result.model = std::filesystem::path(result.model).filename().string();
+    // Cancelled, and not every agent finished: the cancel failed an agent,
+    // or the document's prefill (its agents then fail as its dependents).
     if (job.cancelled_.load() &&
-        std::any_of(result.agents.begin(), result.agents.end(), [](const AgentResult& a) {
-          return a.error && a.error->code == ErrorCode::kAborted;
-        })) {
+        std::any_of(result.agents.begin(), result.agents.end(),
+                    [](const AgentResult& a) { return a.status != NodeStatus::kOk; })) {
       std::lock_guard lock(mutex_);
       ++cancelled_;
     }
     return {PipelineEvent::Kind::kResult, result_json(result), std::nullopt};
   } catch (...) {
     const ErrorValue error = current_error_value();
+    if (job.cancelled_.load() && error.code == ErrorCode::kAborted) {  // during the prefill
+      std::lock_guard lock(mutex_);
+      ++cancelled_;
+    }
     log_warn("serve: pipeline '{}' could not run ({})", spec.name, error.to_string());
     return {PipelineEvent::Kind::kError, error_body(error, http_error(error.code)), error};
   }

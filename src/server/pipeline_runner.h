@@ -100,7 +100,7 @@ class PipelineJob {
 
 struct PipelineStats {
   uint64_t runs = 0;       // accepted
-  uint64_t cancelled = 0;  // runs in which a cancel failed an agent
+  uint64_t cancelled = 0;  // runs a cancel stopped: in the prefill, or failing an agent
   int32_t running = 0;     // accepted, not ended
 };
 

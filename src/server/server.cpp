@@ -14,6 +14,7 @@
 #include <random>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -161,16 +162,48 @@ class Histogram {
   double sum_ = 0;                                 // guarded by mutex_
 };
 
-// Counts a request in flight for as long as it lives.
+// Requests in flight per client address.
+class ClientCounts {
+ public:
+  // The client's count with this request.
+  int32_t add(const std::string& client) {
+    std::lock_guard lock(mutex_);
+    return ++counts_[client];
+  }
+  void remove(const std::string& client) {
+    std::lock_guard lock(mutex_);
+    const auto it = counts_.find(client);
+    if (it != counts_.end() && --it->second <= 0) counts_.erase(it);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, int32_t> counts_;
+};
+
+// Counts a request in flight, in all and for its client, for as long as it
+// lives.
 class InFlight {
  public:
-  explicit InFlight(std::atomic<int32_t>& n) : n_(&n) { ++*n_; }
-  ~InFlight() { --*n_; }
+  InFlight(std::atomic<int32_t>& n, ClientCounts& per_client, std::string client)
+      : n_(&n), per_client_(&per_client), client_(std::move(client)) {
+    ++*n_;
+    from_client_ = per_client_->add(client_);
+  }
+  ~InFlight() {
+    --*n_;
+    per_client_->remove(client_);
+  }
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
 
+  int32_t from_client() const { return from_client_; }
+
  private:
   std::atomic<int32_t>* n_;
+  ClientCounts* per_client_;
+  std::string client_;
+  int32_t from_client_ = 0;
 };
 
 }  // namespace
@@ -193,6 +226,8 @@ struct Server::Impl {
   int port = 0;
   int listen_fd = -1;  // the listening socket, as set_socket_options saw it
   std::atomic<int32_t> in_flight{0};
+  ClientCounts in_flight_per_client;
+  int32_t per_client_concurrent = 1;  // options' max_concurrent_per_client, resolved
   std::atomic<bool> draining{false};
   std::atomic<uint64_t> next_id{1};
   std::mutex stop_mutex;
@@ -281,6 +316,10 @@ struct Server::Impl {
     metric("swarmkv_http_connections_refused_total", "counter",
            "HTTP connections answered 503 and closed: over --max-connections.",
            static_cast<double>(http.refused_over_limit()));
+    metric("swarmkv_http_connections_refused_per_client_total", "counter",
+           "HTTP connections answered 503 and closed: over their address's share "
+           "(--max-connections-per-client).",
+           static_cast<double>(http.refused_per_client()));
     metric("swarmkv_http_head_timeouts_total", "counter",
            "HTTP requests whose line and headers took longer than --header-timeout (408).",
            static_cast<double>(http.timed_out_heads()));
@@ -407,7 +446,7 @@ struct Server::Impl {
 
   // Answers 503 while draining and 429 over max_concurrent; otherwise
   // returns the request's place in flight.
-  std::shared_ptr<InFlight> admit(httplib::Response& res);
+  std::shared_ptr<InFlight> admit(const httplib::Request& req, httplib::Response& res);
   void chat(const httplib::Request& req, const std::string& body, httplib::Response& res);
   // Parses a chat request into `chat` and submits it to the engine; nullptr
   // after answering the error.
@@ -483,13 +522,13 @@ bool Server::Impl::refused_by_guard(const httplib::Request& req, httplib::Respon
   return true;
 }
 
-std::shared_ptr<InFlight> Server::Impl::admit(httplib::Response& res) {
+std::shared_ptr<InFlight> Server::Impl::admit(const httplib::Request& req, httplib::Response& res) {
   if (draining.load()) {
     send_error(res, {ErrorCode::kAborted, "the server is shutting down"},
                {{503, "server_error", ""}});
     return nullptr;
   }
-  auto guard = std::make_shared<InFlight>(in_flight);
+  auto guard = std::make_shared<InFlight>(in_flight, in_flight_per_client, req.remote_addr);
   if (in_flight.load() > options.max_concurrent) {
     res.set_header("Retry-After", "1");
     send_error(res,
@@ -497,6 +536,16 @@ std::shared_ptr<InFlight> Server::Impl::admit(httplib::Response& res) {
                 fmt::format("{} requests are in flight, the most this server takes (--max-"
                             "concurrent); retry later",
                             options.max_concurrent)},
+               {{429, "rate_limit_error", "rate_limit_exceeded"}});
+    return nullptr;
+  }
+  if (guard->from_client() > per_client_concurrent) {
+    res.set_header("Retry-After", "1");
+    send_error(res,
+               {ErrorCode::kBudget,
+                fmt::format("{} requests from {} are in flight, the most one client may have "
+                            "(--max-concurrent-per-client); retry later",
+                            per_client_concurrent, req.remote_addr)},
                {{429, "rate_limit_error", "rate_limit_exceeded"}});
     return nullptr;
   }
@@ -508,6 +557,25 @@ namespace {
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// The status a request whose client hung up is counted under in the
+// metrics (nginx's; nobody reads the response).
+constexpr int kClientClosedRequest = 499;
+
+// Whether the client of the request this thread answers has hung up,
+// looked at no more often than every 200 ms (a poll of its socket).
+class ClientWatch {
+ public:
+  bool gone() {
+    const auto now = Clock::now();
+    if (now - last_ < std::chrono::milliseconds(200)) return false;
+    last_ = now;
+    return server::HttpServer::client_gone();
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+};
 
 }  // namespace
 
@@ -559,8 +627,16 @@ void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& cha
   std::vector<StopReason> reasons(static_cast<size_t>(n), StopReason::kMaxTokens);
   std::vector<json> logprobs(static_cast<size_t>(n));
   bool first = true;
+  // Nothing is written before the answer is whole: a client that hangs up
+  // meanwhile is seen on its socket, and its job cancelled.
+  ClientWatch watch;
   for (;;) {
-    const std::optional<Event> e = job.next(std::chrono::milliseconds(500));
+    const std::optional<Event> e = job.next(std::chrono::milliseconds(200));
+    if (watch.gone()) {
+      job.cancel();
+      res.status = kClientClosedRequest;
+      return;
+    }
     if (!e) continue;
     if (e->kind == Event::Kind::kDelta) {
       if (first) ttft.observe(seconds_since(t0));
@@ -730,9 +806,10 @@ class Server::Impl::ChatStream {
   bool finished_ = false;
 };
 
-void Server::Impl::chat(const httplib::Request&, const std::string& body, httplib::Response& res) {
+void Server::Impl::chat(const httplib::Request& req, const std::string& body,
+                        httplib::Response& res) {
   const Clock::time_point t0 = Clock::now();
-  auto guard = admit(res);
+  auto guard = admit(req, res);
   if (!guard) return;
   server::ChatRequest chat;
   std::shared_ptr<server::Job> job = submit_chat(body, chat, res);
@@ -748,7 +825,7 @@ void Server::Impl::chat(const httplib::Request&, const std::string& body, httpli
 
 void Server::Impl::pipeline(const httplib::Request& req, const std::string& body,
                             httplib::Response& res) {
-  auto guard = admit(res);
+  auto guard = admit(req, res);
   if (!guard) return;
   std::shared_ptr<server::PipelineJob> job;
   try {
@@ -772,8 +849,15 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
   log_info("serve: pipeline run {} accepted: its page is /runs/{}", job->id(), job->id());
 
   if (req.get_param_value("stream") == "false") {
+    // As a whole chat answer: a client that hangs up cancels its run.
+    ClientWatch watch;
     for (;;) {
-      const std::optional<server::PipelineEvent> e = job->next(std::chrono::milliseconds(500));
+      const std::optional<server::PipelineEvent> e = job->next(std::chrono::milliseconds(200));
+      if (watch.gone()) {
+        job->cancel("the client went away");
+        res.status = kClientClosedRequest;
+        return;
+      }
       if (!e) continue;
       if (e->kind == server::PipelineEvent::Kind::kResult) {
         res.set_content(dump(e->data), "application/json");
@@ -822,6 +906,24 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
 
 namespace {
 
+// Posted pipelines' store: a folder of the operator's store, with a cap of
+// its own.
+constexpr uint64_t kDefaultPostedCacheMax = uint64_t{1} << 30;
+SnapshotOptions posted_store(const ServerOptions& o) {
+  SnapshotOptions posted = o.snapshots;
+  posted.cache_dir =
+      (std::filesystem::path(snapshot_store_dir(o.snapshots.cache_dir)) / "posted").string();
+  posted.cache_max_bytes =
+      o.posted_cache_max_bytes > 0 ? o.posted_cache_max_bytes : kDefaultPostedCacheMax;
+  return posted;
+}
+
+// One client's share of `total`: `given`, or total / `divisor` when 0
+// (at least 1, at most total).
+int32_t per_client_share(int32_t given, int32_t total, int32_t divisor) {
+  return std::clamp(given > 0 ? given : total / divisor, 1, total);
+}
+
 // Throws Error(kInvalidArgument) naming the options out of range.
 void check_options(const ServerOptions& o) {
   if (o.max_concurrent < 1 || o.max_messages < 1 || o.max_tokens < 1 || o.default_max_tokens < 1 ||
@@ -838,6 +940,12 @@ void check_options(const ServerOptions& o) {
                 fmt::format("need max_connections >= 1, header_timeout_s and request_timeout_s "
                             "> 0 (got {}, {}, {})",
                             o.max_connections, o.header_timeout_s, o.request_timeout_s));
+  }
+  if (o.max_connections_per_client < 0 || o.max_concurrent_per_client < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need max_connections_per_client and max_concurrent_per_client >= 0 "
+                            "(0: a share of the total; got {}, {})",
+                            o.max_connections_per_client, o.max_concurrent_per_client));
   }
   if (o.max_pipelines < 0 || o.max_pipeline_agents < 1 || o.max_pipeline_ctx < 1 ||
       o.keep_runs < 1) {
@@ -874,14 +982,17 @@ void Server::Impl::start_engines() {
   // Posted pipelines run on the threads the shared context runs with.
   pipeline_limits.n_threads = engine->options().context.n_threads;
   pipeline_limits.n_threads_batch = engine->options().context.n_threads_batch;
-  pipelines =
-      std::make_unique<server::PipelineRunner>(model, o.max_pipelines, o.snapshots, o.keep_runs);
+  pipelines = std::make_unique<server::PipelineRunner>(model, o.max_pipelines, posted_store(o),
+                                                       o.keep_runs);
 }
 
 void Server::Impl::set_http_handlers() {
   const ServerOptions& o = options;
   // Each connection holds a thread of its own, up to max_connections.
+  per_client_concurrent = per_client_share(o.max_concurrent_per_client, o.max_concurrent, 2);
   http.set_connection_limits({.max_connections = o.max_connections,
+                              .max_connections_per_client = per_client_share(
+                                  o.max_connections_per_client, o.max_connections, 4),
                               .header_timeout_s = o.header_timeout_s,
                               .request_timeout_s = o.request_timeout_s},
                              [](int status, const std::string& message) {

@@ -122,6 +122,17 @@ void ServeCommand::add_limit_options() {
                    "answered 503 and closed")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
+  sub_->add_option("--max-connections-per-client", options_.max_connections_per_client,
+                   "connections one client address may hold open; more from it are answered "
+                   "503 and closed (0: a quarter of --max-connections; behind a reverse proxy, "
+                   "where every request comes from one address, give --max-connections)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65536));
+  sub_->add_option("--max-concurrent-per-client", options_.max_concurrent_per_client,
+                   "requests one client address may have in flight; more get 429 (0: half of "
+                   "--max-concurrent; behind a reverse proxy give --max-concurrent)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   sub_->add_option("--header-timeout", options_.header_timeout_s,
                    "seconds a request's line and headers may take to arrive (from the "
                    "connection, or from a kept-alive connection's next byte); then 408 and the "
@@ -172,6 +183,12 @@ void ServeCommand::add_pipeline_options() {
       ->capture_default_str();
   sub_->add_option("--cache-dir", options_.snapshots.cache_dir,
                    "snapshot store (default <cache>/snapshots)");
+  sub_->add_option_function<std::string>(
+      "--posted-cache-max",
+      [this](const std::string& size) { options_.posted_cache_max_bytes = parse_byte_size(size); },
+      "bytes posted pipelines' snapshots may take, in a store of their own (<store>/posted, "
+      "least recently used evicted), so that clients cannot evict the operator's entries; "
+      "bytes or a number with K, M, G, T (default 1G)");
   sub_->add_option("--drain", options_.drain_s, "seconds requests in flight may take after SIGTERM")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
