@@ -1,9 +1,14 @@
-"""Slow clients against `swarmkv serve`: do they hold the server? (issue 40)
+"""Slow clients against `swarmkv serve`: do they hold the server? (issues 40 and 60)
 
 Arms, each against a fresh `swarmkv serve` on loopback (SmolLM2, 2 threads):
 
-  c48    48 slow clients, --max-concurrent 8
-  c100   100 slow clients, the default --max-concurrent
+  c48     48 slow clients, --max-concurrent 8
+  c100    100 slow clients, the default --max-concurrent
+  hog300  300 slow clients from one address (127.0.0.1), more than the
+          256-connection cap, each reconnecting a second after the server
+          closes it; the prober is another client (127.0.0.2)
+  flood300  the same, reconnecting at once: a connection flood (thousands
+          a second) from a load generator on the same two cores
 
 A slow client connects and sends a request head one byte per second, never
 finishing it; when the server closes the connection (408 or otherwise) it
@@ -38,16 +43,19 @@ import time
 sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
 from swarmbench import MODEL, report, servers  # noqa: E402
 
-ARMS = {"c48": (48, ["--max-concurrent", "8"]), "c100": (100, [])}
+# arm: (slow clients, serve flags, the prober's source address or None, seconds a slow
+# client waits before it reconnects)
+ARMS = {"c48": (48, ["--max-concurrent", "8"], None, 0), "c100": (100, [], None, 0),
+        "hog300": (300, [], "127.0.0.2", 1.0), "flood300": (300, [], "127.0.0.2", 0)}
 HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4000
 
 
 class SlowClient(threading.Thread):
     """One header byte a second; reconnects whenever the server closes."""
 
-    def __init__(self, port, stop):
+    def __init__(self, port, stop, pause=0):
         super().__init__(daemon=True)
-        self.port, self.stop = port, stop
+        self.port, self.stop, self.pause = port, stop, pause
         self.connects = self.closed_by_server = self.answered_408 = 0
 
     def run(self):
@@ -76,11 +84,15 @@ class SlowClient(threading.Thread):
                 self.closed_by_server += 1
             finally:
                 s.close()
+            if self.pause:
+                self.stop.wait(self.pause)
 
 
-def probe(port, kind, timeout):
-    """Seconds one request took (fresh connection), or None when it failed or timed out."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def probe(port, kind, timeout, source=None):
+    """Seconds one request took (fresh connection, from `source` when given), or None when it
+    failed or timed out."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout,
+                                   source_address=(source, 0) if source else None)
     start = time.perf_counter()
     try:
         if kind == "health":
@@ -99,14 +111,14 @@ def probe(port, kind, timeout):
     return time.perf_counter() - start if ok else None
 
 
-def probes(port, n, spread_s, timeout):
+def probes(port, n, spread_s, timeout, source=None):
     """n probes of each kind, started spread_s / n apart."""
     out = {"health": [], "completion": []}
     gap = spread_s / n
     for i in range(n):
         t0 = time.perf_counter()
         for kind in out:
-            out[kind].append(probe(port, kind, timeout))
+            out[kind].append(probe(port, kind, timeout, source))
         left = gap - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
@@ -114,25 +126,25 @@ def probes(port, n, spread_s, timeout):
 
 
 def run_arm(binary, arm, args):
-    clients, extra = ARMS[arm]
+    clients, extra, source, pause = ARMS[arm]
     p = servers.serve(binary, None, ["-t", "2", *extra])
     port = p.port
     try:
-        probe(port, "completion", 60)  # warm: the first decode allocates
-        idle = probes(port, args.probes, 2.0, args.probe_timeout)
+        probe(port, "completion", 60, source)  # warm: the first decode allocates
+        idle = probes(port, args.probes, 2.0, args.probe_timeout, source)
         stop = threading.Event()
-        slow = [SlowClient(port, stop) for _ in range(clients)]
+        slow = [SlowClient(port, stop, pause) for _ in range(clients)]
         for c in slow:
             c.start()
         time.sleep(3)  # all connected and trickling
         start = time.perf_counter()
-        loaded = probes(port, args.probes, args.seconds - 3, args.probe_timeout)
+        loaded = probes(port, args.probes, args.seconds - 3, args.probe_timeout, source)
         window = time.perf_counter() - start + 3
         stop.set()
         for c in slow:
             c.join(timeout=10)
         return {
-            "binary": binary, "slow_clients": clients, "serve_flags": extra,
+            "binary": binary, "slow_clients": clients, "serve_flags": extra, "prober": source,
             "idle": idle, "loaded": loaded, "window_s": round(window, 1),
             "connects": sum(c.connects for c in slow),
             "closed_by_server": sum(c.closed_by_server for c in slow),
@@ -166,7 +178,9 @@ def summarize(out, res, args):
                  f"fresh connection; a probe that got no answer within {args.probe_timeout:g} s "
                  f"counts at {args.probe_timeout:g} s and as failed. Load window: "
                  f"{args.seconds:g} s of slow clients (one header byte a second, reconnecting "
-                 f"when closed). Goal (issue 40): loaded median < 2x idle median.\n")
+                 f"when closed). Goal (issues 40 and 60): loaded median < 2x idle median. "
+                 f"hog300: the slow clients all come from 127.0.0.1, the prober from "
+                 f"127.0.0.2.\n")
     if res.get("note"):
         lines.append(res["note"] + "\n")
     lines.append("| binary | arm | slow clients | kind | idle median ms | loaded median ms | "
@@ -201,7 +215,7 @@ def summarize(out, res, args):
             return [1000 * (v if v is not None else args.probe_timeout) for v in r[ph][kind]] if r else [0]
 
         bars = ps.grouped(ax, groups, arms, lambda g, a: med(vals(g, a)), trials=vals,
-                          labels=[f"{ARMS[g][0]} slow clients ({g})" for g in groups], suffix=" ms")
+                          labels=[f"{g}: {ARMS[g][0]} slow" for g in groups], suffix=" ms")
         ps.panel_title(ax, f"{'GET /health' if kind == 'health' else '1-token completion'} (ms)")
     ps.arm_legend(axes[0][-1], [f"{n} {ph}" for n in names for ph in ("idle", "loaded")],
                   dots="one probe", points=not bars)

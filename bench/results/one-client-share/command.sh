@@ -1,0 +1,3 @@
+#!/bin/sh
+# what produced this directory
+/usr/bin/python3 bench/slow_clients.py --binary old=/tmp/w/old/build/release/swarmkv --binary new=build/release/swarmkv --arms hog300,flood300 --out bench/results/one-client-share --note 'old: commit 847cbb2 (one cap of 256 connections for all clients), built in a worktree (git worktree add /tmp/w/old 847cbb2; cmake --preset release; cmake --build build/release --target swarmkv). new: the commit that adds this directory (a quarter of the cap per client address, /health answered over the cap). SmolLM2-135M F16, 2 threads, the 2-core AMD EPYC (AVX2), one run, arms back to back, nothing else running.'
