@@ -625,20 +625,37 @@ def serve_refuses_other_sites_and_bodies_that_are_not_json(ctx):
         p.communicate(timeout=60)
 
 
+def get_with_connection(port, path):
+    """GET path: its status and its Connection header."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        return r.status, r.getheader("Connection")
+    finally:
+        c.close()
+
+
 # A stream in flight at SIGTERM runs to its end within --drain, while the
 # listener answers /health with 503 "draining" and new work with 503; one
 # still running at the deadline ends with an error event and [DONE]. (Both
-# streams were cut at once, and /health refused connections.)
+# streams were cut at once, and /health refused connections.) The GET
+# routes keep answering, each answer closing its connection (they answered
+# as if nothing happened).
 @case
 def serve_drains_streams_and_says_so(ctx):
-    rc, (status, lines), (health, refused) = sigterm_during(
+    rc, (status, lines), (health, refused, models) = sigterm_during(
         ctx, 60, lambda port: stream_chat(port, STORY),
         lambda port: (http_status(port, "/health"),
-                      http_status(port, "/v1/chat/completions", STORY)))
+                      http_status(port, "/v1/chat/completions", STORY),
+                      get_with_connection(port, "/v1/models")))
     assert rc == 0, f"exit {rc}"
     assert health[0] == 503 and json.loads(health[1]) == {"status": "draining"}, health
     assert refused[0] == 503, refused
     assert json.loads(refused[1])["error"]["message"] == "the server is shutting down", refused
+    assert models == (200, "close"), models
     assert status == 200 and lines[-1] == "[DONE]", lines[-3:]
     chunks = [json.loads(x) for x in lines[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop"), chunks[-1]

@@ -375,7 +375,8 @@ void HttpServer::serve(socket_t sock, Clock::time_point accepted) {
                          limits_.header_timeout_s));
     }
     if (head != Head::kReady) break;
-    const bool last = served + 1 == limits_.max_requests || svr_sock_ == INVALID_SOCKET;
+    const bool last =
+        served + 1 == limits_.max_requests || svr_sock_ == INVALID_SOCKET || closing_.load();
     bool closed = false;
     current_connection = sock;
     const bool ok = process_request(strm, last, closed, nullptr);

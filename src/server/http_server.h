@@ -53,6 +53,10 @@ class HttpServer : public httplib::Server {
   uint64_t refused_per_client() const noexcept { return per_client_refused_.load(); }
   uint64_t timed_out_heads() const noexcept { return timed_out_.load(); }
 
+  // Every answer from now on closes its connection (Connection: close): the
+  // server is draining, and a client should not keep a connection to it.
+  void close_after_each_request() noexcept { closing_.store(true); }
+
   // From a route handler: whether the client of the request this thread is
   // answering has closed its connection (a handler that waits for work
   // before it writes anything cancels that work when it has). False
@@ -72,6 +76,7 @@ class HttpServer : public httplib::Server {
   ConnectionLimits limits_;
   ErrorBody error_body_;
   std::atomic<int32_t> open_{0};
+  std::atomic<bool> closing_{false};
   std::atomic<int32_t> health_checks_over_cap_{0};
   std::atomic<uint64_t> over_limit_{0};
   std::atomic<uint64_t> per_client_refused_{0};

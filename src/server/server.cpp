@@ -1154,6 +1154,9 @@ void Server::stop() {
   Impl& s = *impl_;
   std::lock_guard lock(s.stop_mutex);
   if (s.draining.exchange(true)) return;
+  // The GET routes keep answering (a run that ends during the drain can
+  // still be read), each answer closing its connection.
+  s.http.close_after_each_request();
   // The listener stays up while requests in flight finish: /health answers
   // 503 "draining" and new work 503 (admit). Only then does httplib stop,
   // since it ends every chunked stream as soon as its listener closes.
