@@ -15,7 +15,10 @@ Checks, against one server (exact mode, its default):
   - logprobs with top_logprobs: one entry per answer token, read by the
     client's types;
   - min_p is applied; a field the server does not take is a
-    BadRequestError naming it.
+    BadRequestError naming it;
+  - completions.create (the legacy endpoint): the prompt continued, its
+    logprobs (tokens, text_offset from the prompt's start, top_logprobs),
+    streamed the same; echo a BadRequestError naming it.
 """
 
 import json
@@ -159,6 +162,29 @@ def seeds_and_fields(client):
     print(f"seed {seed} repeats {first!r}")
 
 
+def text_completions(client):
+    """OpenAI's legacy completions endpoint: the prompt continued as written,
+    streamed the same, its logprobs in that endpoint's shape."""
+    prompt = "The capital of France is"
+    whole = client.completions.create(model="swarmkv", prompt=prompt, max_tokens=6,
+                                      temperature=0, logprobs=2)
+    choice = whole.choices[0]
+    expect(whole.object == "text_completion" and choice.text, f"completion: {whole}")
+    expect("".join(choice.logprobs.tokens) == choice.text
+           and choice.logprobs.text_offset[0] == len(prompt)
+           and all(len(top) <= 2 for top in choice.logprobs.top_logprobs),
+           f"completion logprobs: {choice.logprobs}")
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="swarmkv", prompt=prompt, max_tokens=6, temperature=0, stream=True) if c.choices)
+    expect(streamed == choice.text, f"streamed {streamed!r} vs {choice.text!r}")
+    try:
+        client.completions.create(model="swarmkv", prompt=prompt, max_tokens=6, echo=True)
+        raise AssertionError("echo was accepted")
+    except openai.BadRequestError as e:
+        expect(e.body.get("param") == "echo", f"echo: {e.body}")
+    print(f"completion {prompt!r} -> {choice.text!r}")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(f"usage: {sys.argv[0]} SWARMKV MODEL")
@@ -170,6 +196,7 @@ def main():
         structured_output(client)
         tool_calls(client)
         seeds_and_fields(client)
+        text_completions(client)
 
 
 if __name__ == "__main__":

@@ -132,8 +132,9 @@ json chat_body(const std::string& system, const std::string& user, int max_token
 }
 
 // A non-streamed answer's JSON; fails the test on another status.
-json post_chat(httplib::Client& c, const json& body) {
-  const auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+json post_chat(httplib::Client& c, const json& body,
+               const std::string& path = "/v1/chat/completions") {
+  const auto res = c.Post(path, body.dump(), "application/json");
   EXPECT_TRUE(res) << "no response";
   if (!res) return {};
   EXPECT_EQ(res->status, 200) << res->body;
@@ -172,7 +173,11 @@ struct Streamed {
   json usage;
   int status = 0;
 };
-Streamed post_stream(httplib::Client& c, json body, int n = 1) {
+// A streamed chat completion, or (path /v1/completions) text completion,
+// its chunks gathered per choice.
+Streamed post_stream(httplib::Client& c, json body, int n = 1,
+                     const std::string& path = "/v1/chat/completions") {
+  const bool text = path == "/v1/completions";
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   Streamed out;
@@ -182,42 +187,50 @@ Streamed post_stream(httplib::Client& c, json body, int n = 1) {
   out.logprobs.resize(static_cast<size_t>(n), json::array());
   std::string buffer;
   bool done = false;
-  const auto res = post_receiving(c, body, [&](const char* data, size_t len) {
-    buffer.append(data, len);
-    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
-      const std::string event = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
-      EXPECT_FALSE(done) << "an event after [DONE]";
-      const std::string payload = event.substr(6);
-      if (payload == "[DONE]") {
-        done = true;
-        continue;
-      }
-      const json chunk = json::parse(payload);
-      EXPECT_EQ(chunk["object"], "chat.completion.chunk") << payload;
-      if (chunk.contains("usage")) {
-        EXPECT_TRUE(chunk["choices"].empty());
-        out.usage = chunk["usage"];
-        continue;
-      }
-      for (const json& choice : chunk["choices"]) {
-        const auto i = choice["index"].get<size_t>();
-        const json& delta = choice["delta"];
-        if (delta.contains("content") && !delta["content"].is_null()) {
-          out.texts[i] += delta["content"].get<std::string>();
+  const auto res = post_receiving(
+      c, body,
+      [&](const char* data, size_t len) {
+        buffer.append(data, len);
+        for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+          const std::string event = buffer.substr(0, end);
+          buffer.erase(0, end + 2);
+          EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+          EXPECT_FALSE(done) << "an event after [DONE]";
+          const std::string payload = event.substr(6);
+          if (payload == "[DONE]") {
+            done = true;
+            continue;
+          }
+          const json chunk = json::parse(payload);
+          EXPECT_EQ(chunk["object"], text ? "text_completion" : "chat.completion.chunk") << payload;
+          if (chunk.contains("usage")) {
+            EXPECT_TRUE(chunk["choices"].empty());
+            out.usage = chunk["usage"];
+            continue;
+          }
+          for (const json& choice : chunk["choices"]) {
+            const auto i = choice["index"].get<size_t>();
+            // A text completion's chunk carries its text where chat's has a delta.
+            const json delta = text ? json{{"content", choice["text"]}} : choice["delta"];
+            if (delta.contains("content") && !delta["content"].is_null()) {
+              out.texts[i] += delta["content"].get<std::string>();
+            }
+            if (!choice["logprobs"].is_null()) {
+              if (text) {
+                out.logprobs[i] = choice["logprobs"];  // whole, with the choice's last chunk
+              } else {
+                for (const json& t : choice["logprobs"]["content"]) out.logprobs[i].push_back(t);
+              }
+            }
+            if (delta.contains("tool_calls")) {
+              for (const json& call : delta["tool_calls"]) out.tool_calls[i].push_back(call);
+            }
+            if (!choice["finish_reason"].is_null()) out.finish[i] = choice["finish_reason"];
+          }
         }
-        if (!choice["logprobs"].is_null()) {
-          for (const json& t : choice["logprobs"]["content"]) out.logprobs[i].push_back(t);
-        }
-        if (delta.contains("tool_calls")) {
-          for (const json& call : delta["tool_calls"]) out.tool_calls[i].push_back(call);
-        }
-        if (!choice["finish_reason"].is_null()) out.finish[i] = choice["finish_reason"];
-      }
-    }
-    return true;
-  });
+        return true;
+      },
+      path);
   EXPECT_TRUE(res);
   if (res) {
     out.status = res->status;
@@ -297,14 +310,16 @@ std::vector<Token> render(const Model& model, const std::string& system, const s
   return model.tokenize((system.empty() ? "" : system + "\n\n") + user + "\nAnswer:", true);
 }
 
-Reference reprefill(const std::shared_ptr<const Model>& model, const ServerOptions& options,
-                    const std::string& system, const std::string& user, int max_tokens) {
+// A fresh context's greedy answer to `prompt`, in the server's context
+// settings.
+Reference reprefill_tokens(const std::shared_ptr<const Model>& model, const ServerOptions& options,
+                           std::vector<Token> prompt, int max_tokens) {
   ContextOptions o = options.context;
   o.n_seq_max = static_cast<uint32_t>(options.max_live + options.max_cached);
   o.kv_unified = true;
   Context ctx(model, o);
   Reference ref;
-  ref.prompt = render(*model, system, user);
+  ref.prompt = std::move(prompt);
   ctx.decode_prompt(ref.prompt, 0, 0, true);
   GenerateOptions g;
   g.max_tokens = max_tokens;
@@ -312,6 +327,11 @@ Reference reprefill(const std::shared_ptr<const Model>& model, const ServerOptio
       test::greedy_continuation(ctx, static_cast<Pos>(ref.prompt.size()), g);
   for (Token t : ref.tokens) ref.pieces.push_back(model->token_to_piece(t));
   return ref;
+}
+
+Reference reprefill(const std::shared_ptr<const Model>& model, const ServerOptions& options,
+                    const std::string& system, const std::string& user, int max_tokens) {
+  return reprefill_tokens(model, options, render(*model, system, user), max_tokens);
 }
 
 // The server's answer equals the re-prefill's, or parts from it at a step
@@ -866,6 +886,86 @@ TEST_P(ServerExactTest, LogprobsAreTheSameAloneAndInABatch) {
   const Streamed st = post_stream(*c, body(0));
   EXPECT_EQ(st.texts[0], alone["message"]["content"]);
   EXPECT_EQ(st.logprobs[0], alone["logprobs"]["content"]);
+}
+
+// POST /v1/completions continues its prompt as written (no chat template):
+// four prompts over one document at once, two streamed, each answer its
+// re-prefill's token for token; logprobs in the endpoint's own shape;
+// n = 2 greedy gives two equal choices. OpenAI's default max_tokens is 16.
+TEST_P(ServerExactTest, TextCompletionsContinueTheirPromptAsAReprefill) {
+  const ServerOptions options = exact_options(4096);
+  const std::string doc = document(1200);
+  const int max_tokens = 12;
+  std::vector<std::string> prompts;
+  std::vector<Reference> refs;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(doc + "\n\nQuestion " + std::to_string(i) + ": who may use it?\nAnswer:");
+    refs.push_back(reprefill_tokens(model_, options, model_->tokenize(prompts.back(), true, true),
+                                    max_tokens));
+  }
+  Running server(model_, options);
+  std::vector<std::future<std::pair<std::string, std::string>>> answers;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      auto c = server.client();
+      const json body = {{"prompt", prompts[i]}, {"max_tokens", max_tokens}, {"temperature", 0}};
+      if (i % 2 == 1) {
+        const Streamed st = post_stream(*c, body, 1, "/v1/completions");
+        EXPECT_EQ(st.usage["completion_tokens"], refs[i].tokens.size());
+        return std::pair{st.texts[0], st.finish[0]};
+      }
+      const json j = post_chat(*c, body, "/v1/completions");
+      EXPECT_EQ(j["object"], "text_completion");
+      EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u) << j["id"];
+      EXPECT_EQ(j["usage"]["prompt_tokens"], refs[i].prompt.size());
+      EXPECT_EQ(j["usage"]["completion_tokens"], refs[i].tokens.size());
+      EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+      return std::pair{j["choices"][0]["text"].get<std::string>(),
+                       j["choices"][0]["finish_reason"].get<std::string>()};
+    }));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto [text, finish] = answers[i].get();
+    EXPECT_EQ(text, refs[i].text) << prompts[i].substr(doc.size());
+    EXPECT_EQ(finish, refs[i].tokens.size() == static_cast<size_t>(max_tokens) ? "length" : "stop");
+  }
+
+  auto c = server.client();
+  const json j = post_chat(*c,
+                           {{"prompt", json::array({prompts[0]})},
+                            {"max_tokens", max_tokens},
+                            {"temperature", 0},
+                            {"logprobs", 2},
+                            {"n", 2}},
+                           "/v1/completions");
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["text"], refs[0].text);
+  EXPECT_EQ(j["choices"][1]["text"], refs[0].text);
+  const json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), refs[0].tokens.size()) << lp;
+  std::string joined;
+  size_t offset = prompts[0].size();
+  for (size_t k = 0; k < lp["tokens"].size(); ++k) {
+    const std::string piece = lp["tokens"][k];
+    EXPECT_EQ(piece, refs[0].pieces[k]);
+    EXPECT_EQ(lp["text_offset"][k], offset) << k;
+    offset += piece.size();
+    joined += piece;
+    EXPECT_LE(lp["token_logprobs"][k].get<double>(), 0.0);
+    const json& top = lp["top_logprobs"][k];
+    EXPECT_LE(top.size(), 2u);
+    ASSERT_TRUE(top.contains(piece)) << "greedy's token is the likeliest: " << top;
+    EXPECT_EQ(top[piece], lp["token_logprobs"][k]);
+  }
+  EXPECT_EQ(joined, refs[0].text);
+  const Streamed st = post_stream(
+      *c, {{"prompt", prompts[0]}, {"max_tokens", max_tokens}, {"temperature", 0}, {"logprobs", 2}},
+      1, "/v1/completions");
+  EXPECT_EQ(st.logprobs[0], lp);
+  // Without max_tokens: OpenAI's 16.
+  const json dflt =
+      post_chat(*c, {{"prompt", "Once upon a time"}, {"temperature", 0}}, "/v1/completions");
+  EXPECT_LE(dflt["usage"]["completion_tokens"].get<int>(), 16);
 }
 
 TEST_P(ServerExactTest, TheCacheStartsOverWhenItsCellsRunOut) {

@@ -23,10 +23,11 @@ ChatRequest parse(const std::string& body) {
   return parse_chat_request(body, RequestLimits{});
 }
 
-// The message of the Error(kInvalidArgument) parsing `body` throws.
-std::string refusal(const std::string& body) {
+// The message of the Error(kInvalidArgument) parsing `body` throws (as a
+// /v1/completions body where `text`).
+std::string refusal(const std::string& body, bool text = false) {
   try {
-    (void)parse(body);
+    (void)(text ? parse_completion_request(body, RequestLimits{}) : parse(body));
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << body;
     return e.message();
@@ -89,6 +90,8 @@ TEST(ChatRequestTest, EachRefusalNamesItsField) {
   const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
   EXPECT_EQ(refusal(m + R"("max_tokens": 0})"), "max_tokens: must be in [1, 4096] (got 0)");
   EXPECT_EQ(refusal(m + R"("max_tokens": 1.5})"), "max_tokens: must be an integer (got 1.5)");
+  EXPECT_EQ(refusal(m + R"("max_tokens": 1e5})"), "max_tokens: must be in [1, 4096] (got 100000)");
+  EXPECT_EQ(parse(m + R"("max_tokens": 1e1, "n": 2.0})").max_tokens, 10);  // JSON's one number type
   EXPECT_EQ(refusal(m + R"("max_tokens": 3, "max_completion_tokens": 4})"),
             "max_completion_tokens: differs from max_tokens (4 vs 3); give one");
   EXPECT_EQ(refusal(m + R"("temperature": 3})"), "temperature: must be in [0, 2] (got 3)");
@@ -269,6 +272,55 @@ TEST(ChatRequestTest, AnAnswerUnderTheCallGrammarBecomesOpenAIsToolCalls) {
             R"({"zeta":1,"alpha":2})");
   EXPECT_THROW((void)tool_calls_of(R"({"name": "get_weather")", "c7"), Error);
   EXPECT_THROW((void)tool_calls_of(R"({"arguments": {}})", "c7"), Error);
+}
+
+// POST /v1/completions: a prompt continued as written, the sampling fields
+// read as chat's, OpenAI's legacy logprobs (an integer) and default of 16
+// tokens; what it cannot do (echo, suffix, ranking best_of, several
+// prompts) refused by name.
+TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
+  const ChatRequest r = parse_completion_request(
+      R"({"model": "m", "prompt": "Once", "temperature": 0.5, "seed": 7, "n": 2, "best_of": 2,
+          "logprobs": 3, "stop": "\n", "stream": true, "echo": false, "suffix": null,
+          "user": "u"})",
+      RequestLimits{});
+  EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
+  EXPECT_EQ(r.prompt, "Once");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.sampling.seed, 7u);
+  EXPECT_TRUE(r.seed_given);
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.top_logprobs, 3);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  EXPECT_TRUE(r.stream);
+  EXPECT_EQ(r.max_tokens, 16);  // OpenAI's default here
+  EXPECT_TRUE(r.messages.empty());
+  const ChatRequest one = parse_completion_request(R"({"prompt": ["Twice"]})", RequestLimits{});
+  EXPECT_EQ(one.prompt, "Twice");
+  EXPECT_EQ(one.top_logprobs, -1);
+  EXPECT_EQ(refusal(R"({})", true), "prompt: is missing (a string)");
+  EXPECT_EQ(refusal(R"({"prompt": ""})", true), "prompt: is empty");
+  EXPECT_EQ(refusal(R"({"prompt": [1, 2]})", true),
+            "prompt: has 2 prompts; send one per request (requests run at once, and their "
+            "shared beginnings are prefilled once)");
+  EXPECT_EQ(refusal(R"({"prompt": 5})", true),
+            "prompt: must be a string (got 5); token arrays are not taken");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "echo": true})", true),
+            "echo: is not supported: the answer does not repeat the prompt, and prompt "
+            "tokens' log probabilities are not computed");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "suffix": "b"})", true),
+            "suffix: is not supported (no fill-in-the-middle)");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "best_of": 3})", true),
+            "best_of: must equal n (1): answers are not ranked");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "logprobs": 6})", true),
+            "logprobs: must be in [0, 5] (got 6)");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "messages": []})", true),
+            "messages: is not supported by swarmkv serve (docs/serve.md lists the fields it "
+            "takes)");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "response_format": {"type": "json_object"}})", true),
+            "response_format: is not supported by swarmkv serve (docs/serve.md lists the "
+            "fields it takes)");
 }
 
 TEST(ChatRequestTest, NotJsonIsRefusedWithThePosition) {

@@ -35,9 +35,19 @@ float number(const json& body, std::string_view field, float lo, float hi, float
   return static_cast<float>(v);
 }
 
+// An integer field within [lo, hi]; a whole number written with a fraction
+// or an exponent (10.0, 1e1) counts, JSON having one number type.
 std::optional<int64_t> integer(const json& body, std::string_view field, int64_t lo, int64_t hi) {
   const auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_float()) {
+    const double v = it->get<double>();
+    // Whole and inside int64 (2^63 is the first double past it).
+    if (v == std::trunc(v) && std::abs(v) < 9.2233720368547758e18) {
+      json whole = static_cast<int64_t>(v);
+      return integer(json{{std::string(field), whole}}, field, lo, hi);
+    }
+  }
   if (!it->is_number_integer()) {
     refuse(field, fmt::format("must be an integer (got {})", shown(*it)));
   }
@@ -205,7 +215,16 @@ std::string grammar_of(const json& body, const ordered_json& ordered) {
 // Every field of the body is one read here or one of OpenAI's that carries
 // no meaning for us (accepted and ignored: docs/serve.md); anything else,
 // grammar and top_logprobs among them, is refused by name rather than ignored.
-void refuse_unknown_fields(const json& body) {
+void refuse_unknown_fields(const json& body, const std::set<std::string_view>& read,
+                           const std::set<std::string_view>& ignored) {
+  for (const auto& item : body.items()) {
+    if (read.contains(item.key()) || ignored.contains(item.key())) continue;
+    refuse(item.key(),
+           "is not supported by swarmkv serve (docs/serve.md lists the fields it takes)");
+  }
+}
+
+void refuse_unknown_chat_fields(const json& body) {
   static const std::set<std::string_view> kRead = {"model",
                                                    "messages",
                                                    "max_tokens",
@@ -232,11 +251,7 @@ void refuse_unknown_fields(const json& body) {
                                                    "top_logprobs"};
   static const std::set<std::string_view> kIgnored = {"user", "metadata", "store", "service_tier",
                                                       "parallel_tool_calls"};
-  for (const auto& item : body.items()) {
-    if (kRead.contains(item.key()) || kIgnored.contains(item.key())) continue;
-    refuse(item.key(),
-           "is not supported by swarmkv serve (docs/serve.md lists the fields it takes)");
-  }
+  refuse_unknown_fields(body, kRead, kIgnored);
 }
 
 // OpenAI's legacy "functions" are refused.
@@ -388,11 +403,15 @@ void read_generation(const json& body, const RequestLimits& limits, ChatRequest&
   // OpenAI counts penalties over the whole completion.
   if (r.sampling.penalties_on()) r.sampling.repeat_last_n = limits.max_tokens;
   r.n = static_cast<int32_t>(integer(body, "n", 1, limits.max_n).value_or(1));
-  const auto top = integer(body, "top_logprobs", 0, 20);
-  if (boolean(body, "logprobs")) {
-    r.top_logprobs = static_cast<int32_t>(top.value_or(0));
-  } else if (top) {
-    refuse("top_logprobs", "needs \"logprobs\": true");
+}
+
+// "stream" and "stream_options".
+void read_stream(const json& body, ChatRequest& r) {
+  r.stream = boolean(body, "stream");
+  if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) refuse("stream_options", "must be an object");
+    if (!r.stream) refuse("stream_options", "is only allowed with \"stream\": true");
+    r.include_usage = boolean(*it, "include_usage");
   }
 }
 
@@ -447,9 +466,15 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
     r.model = it->get<std::string>();
   }
   r.messages = messages_of(body, limits);
-  refuse_unknown_fields(body);
+  refuse_unknown_chat_fields(body);
   refuse_unsupported(body);
   read_generation(body, limits, r);
+  const auto top = integer(body, "top_logprobs", 0, 20);
+  if (boolean(body, "logprobs")) {
+    r.top_logprobs = static_cast<int32_t>(top.value_or(0));
+  } else if (top) {
+    refuse("top_logprobs", "needs \"logprobs\": true");
+  }
   // The schemas' properties are sampled in the order the client gave them
   // (read again, in order, only where there are schemas).
   const auto ordered = body.contains("response_format") || body.contains("tools")
@@ -476,12 +501,72 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
     }
   }
   r.stop = stops_of(body, limits);
-  r.stream = boolean(body, "stream");
-  if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) refuse("stream_options", "must be an object");
-    if (!r.stream) refuse("stream_options", "is only allowed with \"stream\": true");
-    r.include_usage = boolean(*it, "include_usage");
+  read_stream(body, r);
+  return r;
+}
+
+ChatRequest parse_completion_request(std::string_view body_text, const RequestLimits& limits) {
+  const json body = parse_body(body_text);
+  if (!body.is_object()) refuse("body", fmt::format("must be a JSON object (got {})", shown(body)));
+  static const std::set<std::string_view> kRead = {"model",
+                                                   "prompt",
+                                                   "max_tokens",
+                                                   "temperature",
+                                                   "top_p",
+                                                   "top_k",
+                                                   "min_p",
+                                                   "logit_bias",
+                                                   "frequency_penalty",
+                                                   "presence_penalty",
+                                                   "repeat_penalty",
+                                                   "seed",
+                                                   "n",
+                                                   "stop",
+                                                   "stream",
+                                                   "stream_options",
+                                                   "logprobs",
+                                                   "echo",
+                                                   "suffix",
+                                                   "best_of"};
+  refuse_unknown_fields(body, kRead, {"user"});
+  ChatRequest r;
+  r.endpoint = Endpoint::kCompletions;
+  if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) refuse("model", fmt::format("must be a string (got {})", shown(*it)));
+    r.model = it->get<std::string>();
   }
+  const auto prompt = body.find("prompt");
+  if (prompt == body.end() || prompt->is_null()) refuse("prompt", "is missing (a string)");
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    r.prompt = (*prompt)[0].get<std::string>();
+  } else if (prompt->is_string()) {
+    r.prompt = prompt->get<std::string>();
+  } else if (prompt->is_array() && prompt->size() > 1) {
+    refuse("prompt", fmt::format("has {} prompts; send one per request (requests run at once, "
+                                 "and their shared beginnings are prefilled once)",
+                                 prompt->size()));
+  } else {
+    refuse("prompt",
+           fmt::format("must be a string (got {}); token arrays are not taken", shown(*prompt)));
+  }
+  if (r.prompt.empty()) refuse("prompt", "is empty");
+  read_generation(body, limits, r);
+  // OpenAI's default for this endpoint.
+  if (r.max_tokens == 0) r.max_tokens = std::min(16, limits.max_tokens);
+  if (const auto top = integer(body, "logprobs", 0, 5)) r.top_logprobs = static_cast<int32_t>(*top);
+  if (boolean(body, "echo")) {
+    refuse("echo",
+           "is not supported: the answer does not repeat the prompt, and prompt tokens' "
+           "log probabilities are not computed");
+  }
+  if (const auto it = body.find("suffix"); it != body.end() && !it->is_null() && *it != json("")) {
+    refuse("suffix", "is not supported (no fill-in-the-middle)");
+  }
+  if (const auto best = integer(body, "best_of", 1, limits.max_n); best && *best != r.n) {
+    refuse("best_of", fmt::format("must equal n ({}): answers are not ranked", r.n));
+  }
+  r.stop = stops_of(body, limits);
+  read_stream(body, r);
   return r;
 }
 
@@ -555,6 +640,33 @@ json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens) 
     content.push_back(std::move(e));
   }
   return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json completion_logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens,
+                              size_t prompt_chars, bool top) {
+  json pieces = json::array();
+  json logprobs = json::array();
+  json tops = json::array();
+  json offsets = json::array();
+  size_t offset = prompt_chars;
+  for (const SampledLogprobs& s : tokens) {
+    const std::string piece = model.token_to_piece(s.sampled.token);
+    pieces.push_back(piece);
+    logprobs.push_back(s.sampled.logprob);
+    offsets.push_back(offset);
+    offset += piece.size();
+    if (!top) continue;
+    json likeliest = json::object();  // two tokens of one text: the likelier one's
+    for (const TokenLogprob& t : s.top) {
+      const std::string text = model.token_to_piece(t.token);
+      if (!likeliest.contains(text)) likeliest[text] = t.logprob;
+    }
+    tops.push_back(std::move(likeliest));
+  }
+  return {{"tokens", std::move(pieces)},
+          {"token_logprobs", std::move(logprobs)},
+          {"top_logprobs", top ? std::move(tops) : json()},
+          {"text_offset", std::move(offsets)}};
 }
 
 std::string param_of(const std::string& message) {

@@ -35,7 +35,17 @@ struct ToolFunction {
       parameters;  // a JSON Schema of its arguments ({} when not given), as given
 };
 
+// Which OpenAI route a request came by: its body, and the answer's shape.
+enum class Endpoint {
+  kChat,         // /v1/chat/completions: messages in, a message out
+  kCompletions,  // /v1/completions (OpenAI's legacy one): a prompt in, its continuation out
+};
+
+// A chat completion, or (endpoint kCompletions) a text completion: `prompt`
+// instead of messages, continued as it is (no chat template).
 struct ChatRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string prompt;  // kCompletions: the text to continue
   std::string model;  // "" when not given; the server answers 404 model_not_found to a name it does
                       // not list
   std::vector<ChatMessage> messages;
@@ -46,7 +56,9 @@ struct ChatRequest {
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  int32_t top_logprobs = -1;   // "logprobs": true: "top_logprobs" (0 when not given); else -1
+  // Chat: "logprobs": true: "top_logprobs" (0 when not given); completions:
+  // "logprobs" (0 to 5); else -1.
+  int32_t top_logprobs = -1;
   // The functions the answer is a call of (tool_choice "required" or a named
   // one); empty: the answer is text. The grammar and the system prompt say so.
   std::vector<ToolFunction> tools;
@@ -63,6 +75,11 @@ nlohmann::json parse_body(std::string_view body);
 // path, e.g. "messages[1].role: must be system, user or assistant (got
 // \"tool\")" or "body: not JSON (...)"; param_of() recovers the path.
 ChatRequest parse_chat_request(std::string_view body, const RequestLimits& limits);
+// Parses and checks a /v1/completions body the same way: "prompt" (a string,
+// or an array of one), max_tokens (default 16, as OpenAI's), the sampling
+// fields, "logprobs" (an integer, 0 to 5), "stream"; "echo", "suffix" and a
+// "best_of" other than n are refused by name.
+ChatRequest parse_completion_request(std::string_view body, const RequestLimits& limits);
 
 // The field path an error message of parse_chat_request starts with ("" if
 // none): OpenAI's error "param".
@@ -78,6 +95,13 @@ nlohmann::json tool_calls_of(const std::string& answer, const std::string& call_
 // OpenAI's choice "logprobs": {"content": [{"token", "logprob", "bytes",
 // "top_logprobs": [...]}], "refusal": null}.
 nlohmann::json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens);
+
+// The completions endpoint's "logprobs": {"tokens", "token_logprobs",
+// "top_logprobs" (a {piece: logprob} object per token, null without `top`),
+// "text_offset"}, each token's offset counted from the prompt's start
+// (`prompt_chars` before the first), as OpenAI's are.
+nlohmann::json completion_logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens,
+                                        size_t prompt_chars, bool top);
 
 std::string param_of(const std::string& message);
 

@@ -59,8 +59,9 @@ constexpr std::string_view kStreamDone = "data: [DONE]\n\n";
 
 // The routes a metric names: a request's own path would make one series
 // per path a client invents (and carry its bytes into the exposition).
-constexpr std::array<std::string_view, 6> kRoutes = {
-    "/health", "/v1/models", "/metrics", "/v1/chat/completions", "/v1/pipelines", "/"};
+constexpr std::array<std::string_view, 7> kRoutes = {
+    "/health",         "/v1/models",    "/metrics", "/v1/chat/completions",
+    "/v1/completions", "/v1/pipelines", "/"};
 std::string_view route_of(const std::string& path) {
   for (const std::string_view r : kRoutes) {
     if (path == r) return r;
@@ -396,19 +397,26 @@ struct Server::Impl {
                                                           : server::finish_reason(reason);
   }
 
-  json response_json(const std::string& id, const std::vector<std::string>& texts,
-                     const std::vector<StopReason>& reasons, const std::vector<json>& logprobs,
-                     const server::Usage& usage, bool calls_tool) const {
+  json response_json(const std::string& id, const server::ChatRequest& request,
+                     const std::vector<std::string>& texts, const std::vector<StopReason>& reasons,
+                     const std::vector<json>& logprobs, const server::Usage& usage) const {
+    const bool text = request.endpoint == server::Endpoint::kCompletions;
+    const bool calls_tool = !request.tools.empty();
     json choices = json::array();
     for (size_t i = 0; i < texts.size(); ++i) {
       const auto choice = static_cast<int32_t>(i);
-      choices.push_back({{"index", i},
-                         {"message", message_json(id, choice, texts[i], reasons[i], calls_tool)},
-                         {"logprobs", logprobs[i]},
-                         {"finish_reason", finish_reason(reasons[i], calls_tool)}});
+      json c = {{"index", i}};
+      if (text) {
+        c["text"] = texts[i];
+      } else {
+        c["message"] = message_json(id, choice, texts[i], reasons[i], calls_tool);
+      }
+      c["logprobs"] = logprobs[i];
+      c["finish_reason"] = finish_reason(reasons[i], calls_tool);
+      choices.push_back(std::move(c));
     }
     return {{"id", id},
-            {"object", "chat.completion"},
+            {"object", text ? "text_completion" : "chat.completion"},
             {"created", static_cast<int64_t>(std::time(nullptr))},
             {"model", model_id},
             {"system_fingerprint", engine_id()},
@@ -423,10 +431,25 @@ struct Server::Impl {
             {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
   }
 
-  json chunk_json(const std::string& id, int64_t created, json choices) const {
-    return {
-        {"id", id},          {"object", "chat.completion.chunk"}, {"created", created},
-        {"model", model_id}, {"system_fingerprint", engine_id()}, {"choices", std::move(choices)}};
+  json chunk_json(const std::string& id, int64_t created, json choices,
+                  server::Endpoint endpoint = server::Endpoint::kChat) const {
+    return {{"id", id},
+            {"object", endpoint == server::Endpoint::kCompletions ? "text_completion"
+                                                                  : "chat.completion.chunk"},
+            {"created", created},
+            {"model", model_id},
+            {"system_fingerprint", engine_id()},
+            {"choices", std::move(choices)}};
+  }
+
+  // A choice's log probabilities as its endpoint shows them: chat's
+  // "content" list, or the completions endpoint's tokens, token_logprobs,
+  // top_logprobs and text_offset (counted from the prompt's start).
+  json choice_logprobs(const server::ChatRequest& request,
+                       std::span<const SampledLogprobs> tokens) const {
+    if (request.endpoint == server::Endpoint::kChat) return server::logprobs_json(*model, tokens);
+    return server::completion_logprobs_json(*model, tokens, request.prompt.size(),
+                                            request.top_logprobs > 0);
   }
 
   // The run with this id, or nullptr after answering 404.
@@ -447,11 +470,21 @@ struct Server::Impl {
   // Answers 503 while draining and 429 over max_concurrent; otherwise
   // returns the request's place in flight.
   std::shared_ptr<InFlight> admit(const httplib::Request& req, httplib::Response& res);
-  void chat(const httplib::Request& req, const std::string& body, httplib::Response& res);
-  // Parses a chat request into `chat` and submits it to the engine; nullptr
-  // after answering the error.
-  std::shared_ptr<server::Job> submit_chat(const std::string& body, server::ChatRequest& chat,
-                                           httplib::Response& res);
+  // POST /v1/chat/completions and /v1/completions: one path, the request's
+  // and the answer's shapes chosen by the endpoint.
+  void chat(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    complete(req, body, res, server::Endpoint::kChat);
+  }
+  void text_completion(const httplib::Request& req, const std::string& body,
+                       httplib::Response& res) {
+    complete(req, body, res, server::Endpoint::kCompletions);
+  }
+  void complete(const httplib::Request& req, const std::string& body, httplib::Response& res,
+                server::Endpoint endpoint);
+  // Parses a request of `endpoint` into `chat` and submits it to the
+  // engine; nullptr after answering the error.
+  std::shared_ptr<server::Job> submit_chat(const std::string& body, server::Endpoint endpoint,
+                                           server::ChatRequest& chat, httplib::Response& res);
   // Answers a chat completion as one JSON body once it is complete.
   void answer_whole(server::Job& job, const server::ChatRequest& chat, const std::string& id,
                     Clock::time_point t0, httplib::Response& res);
@@ -580,10 +613,12 @@ class ClientWatch {
 }  // namespace
 
 std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
+                                                       server::Endpoint endpoint,
                                                        server::ChatRequest& chat,
                                                        httplib::Response& res) {
   try {
-    chat = server::parse_chat_request(body, limits);
+    chat = endpoint == server::Endpoint::kChat ? server::parse_chat_request(body, limits)
+                                               : server::parse_completion_request(body, limits);
     if (!serves(chat.model)) {
       send_error(res,
                  {ErrorCode::kNotFound,
@@ -598,7 +633,12 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
     // answer can be had again.
     if (!chat.seed_given) chat.sampling.seed = std::random_device{}();
     server::CompletionRequest c;
-    c.prompt = chat_tokens(*model, chat.messages);
+    // A text completion continues its prompt as written: control-token
+    // texts in it are those tokens (a client may write a template's markup
+    // itself), as llama-server reads them.
+    c.prompt = endpoint == server::Endpoint::kChat
+                   ? chat_tokens(*model, chat.messages)
+                   : model->tokenize(chat.prompt, /*add_special=*/true, /*parse_special=*/true);
     c.sampling = chat.sampling;
     c.stop = chat.stop;
     c.n = chat.n;
@@ -645,13 +685,12 @@ void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& cha
     } else if (e->kind == Event::Kind::kChoiceDone) {
       reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
       if (chat.top_logprobs >= 0) {
-        logprobs[static_cast<size_t>(e->choice)] = server::logprobs_json(*model, e->logprobs);
+        logprobs[static_cast<size_t>(e->choice)] = choice_logprobs(chat, e->logprobs);
       }
     } else if (e->kind == Event::Kind::kFinished) {
       try {
-        res.set_content(
-            dump(response_json(id, texts, reasons, logprobs, e->usage, !chat.tools.empty())),
-            "application/json");
+        res.set_content(dump(response_json(id, chat, texts, reasons, logprobs, e->usage)),
+                        "application/json");
       } catch (const Error& error) {
         send_error(res, error.value());
         return;
@@ -677,6 +716,7 @@ class Server::Impl::ChatStream {
       : server_(server),
         job_(std::move(job)),
         guard_(std::move(guard)),
+        request_(chat),
         id_(std::move(id)),
         n_(chat.n),
         include_usage_(chat.include_usage),
@@ -689,7 +729,7 @@ class Server::Impl::ChatStream {
   bool step(httplib::DataSink& sink) {
     if (!started_) {
       started_ = true;
-      if (!send(sink, roles())) return cancel();
+      if (!text_ && !send(sink, roles())) return cancel();
     }
     const std::optional<Event> e = job_->next(std::chrono::milliseconds(200));
     if (!e) return sink.is_writable() || cancel();
@@ -724,12 +764,18 @@ class Server::Impl::ChatStream {
     }
     return server_.chunk_json(id_, created_, choices);
   }
+  // A choice's chunk: chat's delta, or a text completion's "text" (the
+  // delta's content).
   json choice_chunk(int32_t choice, json delta, json finish_reason, json logprobs = nullptr) const {
-    return server_.chunk_json(id_, created_,
-                              json::array({{{"index", choice},
-                                            {"delta", std::move(delta)},
-                                            {"logprobs", std::move(logprobs)},
-                                            {"finish_reason", std::move(finish_reason)}}}));
+    json c = {{"index", choice}};
+    if (text_) {
+      c["text"] = delta.value("content", "");
+    } else {
+      c["delta"] = std::move(delta);
+    }
+    c["logprobs"] = std::move(logprobs);
+    c["finish_reason"] = std::move(finish_reason);
+    return server_.chunk_json(id_, created_, json::array({std::move(c)}), request_.endpoint);
   }
   bool send_event(httplib::DataSink& sink, const Event& e) {
     switch (e.kind) {
@@ -745,13 +791,12 @@ class Server::Impl::ChatStream {
         if (calls_tool_ && !send_call(sink, e)) return false;
         // A choice's log probabilities go out with its last chunk.
         return send(
-            sink,
-            choice_chunk(e.choice, json::object(), finish_reason(e.stop_reason, calls_tool_),
-                         logprobs_ ? server::logprobs_json(*server_.model, e.logprobs) : json()));
+            sink, choice_chunk(e.choice, json::object(), finish_reason(e.stop_reason, calls_tool_),
+                               logprobs_ ? server_.choice_logprobs(request_, e.logprobs) : json()));
       case Event::Kind::kFinished: {
         bool ok = true;
         if (include_usage_) {
-          json last = server_.chunk_json(id_, created_, json::array());
+          json last = server_.chunk_json(id_, created_, json::array(), request_.endpoint);
           last["usage"] = usage_json(e.usage);
           ok = send(sink, last);
         }
@@ -793,6 +838,8 @@ class Server::Impl::ChatStream {
   Impl& server_;
   std::shared_ptr<server::Job> job_;
   std::shared_ptr<InFlight> guard_;  // the request counts in flight while it streams
+  const server::ChatRequest request_;
+  const bool text_ = request_.endpoint == server::Endpoint::kCompletions;
   const std::string id_;
   const int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   const int32_t n_;
@@ -806,15 +853,17 @@ class Server::Impl::ChatStream {
   bool finished_ = false;
 };
 
-void Server::Impl::chat(const httplib::Request& req, const std::string& body,
-                        httplib::Response& res) {
+void Server::Impl::complete(const httplib::Request& req, const std::string& body,
+                            httplib::Response& res, server::Endpoint endpoint) {
   const Clock::time_point t0 = Clock::now();
   auto guard = admit(req, res);
   if (!guard) return;
   server::ChatRequest chat;
-  std::shared_ptr<server::Job> job = submit_chat(body, chat, res);
+  std::shared_ptr<server::Job> job = submit_chat(body, endpoint, chat, res);
   if (!job) return;
-  const std::string id = fmt::format("chatcmpl-swarmkv-{}", next_id.fetch_add(1));
+  const std::string id =
+      fmt::format("{}-swarmkv-{}", endpoint == server::Endpoint::kChat ? "chatcmpl" : "cmpl",
+                  next_id.fetch_add(1));
   if (!chat.stream) return answer_whole(*job, chat, id, t0, res);
   auto st = std::make_shared<ChatStream>(*this, std::move(job), std::move(guard), chat, id, t0);
   res.set_header("Cache-Control", "no-cache");
@@ -1064,6 +1113,7 @@ void Server::Impl::add_routes() {
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
   post_json("/v1/chat/completions", &Impl::chat);
+  post_json("/v1/completions", &Impl::text_completion);
   if (o.max_pipelines > 0) {
     post_json("/v1/pipelines", &Impl::pipeline);
     http.Get("/", [this](const httplib::Request&, httplib::Response& res) {

@@ -21,7 +21,8 @@ namespace swarmkv::cli {
 ServeCommand::ServeCommand(CLI::App& app) {
   sub_ = app.add_subcommand(
       "serve",
-      "Serve an OpenAI-compatible API (POST /v1/chat/completions, streaming too; GET /v1/models, "
+      "Serve an OpenAI-compatible API (POST /v1/chat/completions and /v1/completions, streaming "
+      "too; GET /v1/models, "
       "/health, /metrics) on one model. Concurrent requests share one KV cache: each forks the "
       "longest token prefix already decoded (a document every agent sends is prefilled once) "
       "and all are decoded in the same batches. POST /v1/pipelines runs a pipeline sent as the "
