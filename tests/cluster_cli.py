@@ -757,15 +757,19 @@ def fork_from_on_workers_equal_local(c):
 
 @case
 def placeholders_on_workers_equal_local(c):
-    """Agents that use other agents' answers ({{name}}): the coordinator renders
-    their prompts and the workers run them; every answer equals a local run's,
-    token for token, under both fork strategies."""
+    """Agents that use other agents' answers ({{name}}, and a field of a
+    structured one, {{f.licence}}): the coordinator renders their prompts and
+    the workers run them, a schema agent under its grammar; every answer
+    equals a local run's, token for token, under both fork strategies."""
     c.use_pipeline("chain", "defaults: {max_tokens: 24}\nagents:\n"
                 "  - {name: a, prompt: \"What is this text about?\"}\n"
                 "  - {name: b, prompt: \"Who is the Licensor?\"}\n"
                 "  - {name: c, depends_on: [a], prompt: \"An analyst said: {{a}} Is that right?\"}\n"
                 "  - {name: d, depends_on: [a, b], prompt: \"{{a}} / {{b}} Combine both.\"}\n"
-                "  - {name: e, depends_on: [c], prompt: \"Check this: {{c}}\"}\n")
+                "  - {name: e, depends_on: [c], prompt: \"Check this: {{c}}\"}\n"
+                "  - {name: f, prompt: \"Is this a licence?\", json_schema: {type: object, "
+                "properties: {licence: {type: boolean}}, required: [licence]}}\n"
+                "  - {name: g, depends_on: [f], prompt: \"Someone answered {{f.licence}}. Why?\"}\n")
     c.start_redis()
     c.start_worker("w1")
     c.start_worker("w2")
@@ -777,6 +781,9 @@ def placeholders_on_workers_equal_local(c):
         by = agents_by_name(remote)
         assert by["c"]["prompt_rendered"] == "An analyst said: " + by["a"]["answer"] + " Is that right?"
         assert by["e"]["prompt_rendered"] == "Check this: " + by["c"]["answer"]
+        assert isinstance(by["f"]["answer_json"]["licence"], bool), by["f"]
+        assert by["g"]["prompt_rendered"] == \
+            f"Someone answered {json.dumps(by['f']['answer_json']['licence'])}. Why?", by["g"]
         assert all(a["worker"] in ("w1", "w2") for a in remote["agents"]), out
 
 

@@ -1004,12 +1004,22 @@ TEST_P(ServerExactTest, TheCacheStartsOverWhenItsCellsRunOut) {
 // process.
 // A pipeline that does not say is exact (the default) on an exact server,
 // and answers as the same pipeline run in process by default.
+// A structured answer travels too: a schema agent's answer_json, and a
+// field of it in a downstream agent's prompt.
 TEST_P(ServerExactTest, APostedPipelineIsExactByDefaultAndAnswersAsTheSameRunInProcess) {
+  const json schema = {{"type", "object"},
+                       {"properties", {{"licence", {{"type", "boolean"}}}}},
+                       {"required", {"licence"}}};
   const json pipeline = {
       {"document", {{"text", document(800)}}},
       {"defaults", {{"max_tokens", 16}}},
-      {"agents", json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}},
-                              {{"name", "what"}, {"prompt", "What is a Contribution?"}}})}};
+      {"agents",
+       json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}},
+                    {{"name", "what"}, {"prompt", "What is a Contribution?"}},
+                    {{"name", "is"}, {"prompt", "Is this a licence?"}, {"json_schema", schema}},
+                    {{"name", "why"},
+                     {"depends_on", {"is"}},
+                     {"prompt", "Someone answered {{is.licence}}. Why?"}}})}};
   const PipelineResult local = run_pipeline(parse_pipeline(pipeline.dump(), "test", ""), model_);
   ASSERT_TRUE(local.ok());
   EXPECT_TRUE(local.exact);
@@ -1024,6 +1034,11 @@ TEST_P(ServerExactTest, APostedPipelineIsExactByDefaultAndAnswersAsTheSameRunInP
   for (size_t i = 0; i < local.agents.size(); ++i) {
     EXPECT_EQ(result["agents"][i]["tokens"], json(local.agents[i].tokens)) << local.agents[i].name;
   }
+  const json& is = result["agents"][2];
+  ASSERT_TRUE(is.contains("answer_json")) << is;
+  EXPECT_TRUE(is["answer_json"]["licence"].is_boolean()) << is;
+  EXPECT_EQ(result["agents"][3]["prompt_rendered"],
+            "Someone answered " + is["answer_json"]["licence"].dump() + ". Why?");
 }
 
 // A document prefix an exact prefill stored is restored whole (no cut to
