@@ -297,6 +297,38 @@ TEST_F(PipelineFileTest, ASpecSurvivesItsPipelineJson) {
   EXPECT_EQ(parse_pipeline(pipeline_json(spec).dump(), "json", "/elsewhere"), spec);
 }
 
+// A schema's properties are generated in the order they are written
+// (reasoning before a verdict, say): that order survives a YAML file, a
+// posted JSON body and the spec's JSON form that workers and posted runs
+// get (it sorted the keys: a worker then generated in another order than
+// the local run).
+TEST_F(PipelineFileTest, ASchemaKeepsItsPropertiesOrderThroughEveryForm) {
+  const std::string ordered =
+      R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"boolean"}},)"
+      R"("required":["zeta","alpha"]})";
+  const PipelineSpec from_yaml = parse_pipeline(
+      "document: x\nagents:\n  - name: a\n    prompt: q\n    json_schema:\n"
+      "      type: object\n      properties: {zeta: {type: string}, alpha: {type: boolean}}\n"
+      "      required: [zeta, alpha]\n",
+      "yaml", "");
+  EXPECT_EQ(from_yaml.agents[0].json_schema, ordered);
+  const std::string body = R"({"document": "x", "agents": [{"name": "a", "prompt": "q",
+      "json_schema": )" + ordered +
+                           "}]}";
+  const PipelineSpec from_json = parse_pipeline_json(read_pipeline_json(body, "body"), "body", "");
+  EXPECT_EQ(from_json.agents[0].json_schema, ordered);
+  // The spec's JSON, as a job message or a posted run carries it.
+  const std::string wire = pipeline_json(from_yaml).dump();
+  EXPECT_EQ(parse_pipeline_json(nlohmann::json::parse(wire), "job", "").agents[0].json_schema,
+            ordered);
+  EXPECT_EQ(parse_pipeline_json(read_pipeline_json(wire, "job"), "job", "").agents[0].json_schema,
+            ordered);
+  EXPECT_NE(error_of(write("s.json", R"({"document": "x", "agents": [{"name": "a", "prompt": "q",
+      "json_schema": "[1]"}]})"))
+                .find("agents[0].json_schema: a string must be a schema's JSON text, an object"),
+            std::string::npos);
+}
+
 TEST_F(PipelineFileTest, StructuredAnswersAreReadAsSchemasAndGrammars) {
   write("level.json", R"({"type": "object", "properties": {"level": {"enum": ["low", "high"]}}})");
   write("yes.gbnf", "root ::= \"yes\" | \"no\"\n");
@@ -312,12 +344,13 @@ agents:
 "]}
 )"));
   const auto& a = spec.agents;
+  // Keys in the order written: a schema's properties are generated in it.
   const std::string n =
-      R"({"properties":{"n":{"minimum":0,"type":"integer"}},"required":["n"],"type":"object"})";
+      R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}},"required":["n"]})";
   EXPECT_EQ(a[0].json_schema, n);
   EXPECT_EQ(a[0].sampling.grammar, grammar_from_json_schema(n));
   EXPECT_EQ(a[1].json_schema,
-            R"({"properties":{"level":{"enum":["low","high"]}},"type":"object"})");
+            R"({"type":"object","properties":{"level":{"enum":["low","high"]}}})");
   EXPECT_EQ(a[1].sampling.grammar, grammar_from_json_schema(a[1].json_schema));
   EXPECT_EQ(a[2].json_schema, "");
   EXPECT_EQ(a[2].sampling.grammar, "root ::= \"yes\" | \"no\"\n");

@@ -129,6 +129,27 @@ TEST(RunPageTest, TextFromTheRunIsEscaped) {
   EXPECT_NE(page.find("<title>&lt;i&gt; — 50 agents</title>"), std::string::npos);
 }
 
+// A structured answer (answer_json) is shown as its fields, in the order
+// they were generated, then as JSON; keys and values escaped.
+TEST(RunPageTest, AStructuredAnswerIsShownAsItsFields) {
+  json r = fifty();
+  r["agents"][2]["answer"] = R"({"risk_level": "high", "clauses": [3, 7], "<k>": "<v>"})";
+  r["agents"][2]["answer_json"] = json::parse(r["agents"][2]["answer"].get<std::string>());
+  r["agents"][3]["answer"] = R"(["a", {"b": 1}])";
+  r["agents"][3]["answer_json"] = json::parse(r["agents"][3]["answer"].get<std::string>());
+  const std::string page = run_page_html(r);
+  EXPECT_NE(page.find("<dl class=\"fields\"><dt>risk_level</dt><dd>high</dd>"
+                      "<dt>clauses</dt><dd>[3,7]</dd><dt>&lt;k&gt;</dt><dd>&lt;v&gt;</dd></dl>"),
+            std::string::npos)
+      << page.substr(page.find("id=\"agent-2\""), 900);
+  EXPECT_NE(page.find("<dl class=\"fields\"><dt>[0]</dt><dd>a</dd><dt>[1]</dt><dd>{&quot;b&quot;:1}"
+                      "</dd></dl>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<summary>As JSON</summary><pre class=\"answer\">{&quot;risk_level&quot;"),
+            std::string::npos);
+  EXPECT_EQ(count(page, "<dl class=\"fields\">"), 2u);  // free-text answers stay text
+}
+
 TEST(RunPageTest, AResultThatIsNotOneIsRefusedByName) {
   const auto message = [](const json& j) {
     try {

@@ -188,19 +188,23 @@ PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
 
 // JSON text as a pipeline's tree for parse_pipeline_json: JSON's own rules
 // (surrogate pair escapes are one character), and besides them a key given
-// twice in one object and nesting deeper than 16 levels are refused. Throws
+// twice in one object and nesting deeper than 16 levels are refused. Keys
+// keep their order (a json_schema's properties are generated in it). Throws
 // Error(kInvalidArgument) "<origin>: not JSON (<why>)".
-nlohmann::json read_pipeline_json(std::string_view text, const std::string& origin);
+nlohmann::ordered_json read_pipeline_json(std::string_view text, const std::string& origin);
 
 // parse_pipeline from JSON already parsed (read_pipeline_json, a request
 // body, a job message): the same keys, checks and messages, except that
 // JSON keeps no line numbers, so messages name the key alone.
 PipelineSpec parse_pipeline_json(const nlohmann::json& pipeline, const std::string& origin,
                                  const std::string& base_dir);
+PipelineSpec parse_pipeline_json(const nlohmann::ordered_json& pipeline, const std::string& origin,
+                                 const std::string& base_dir);
 
 // `spec` as the JSON of a pipeline file, every setting written out and the
-// document as {"text": ...}: parse_pipeline_json of it gives back `spec`
-// except document_source (which becomes "text"). `model` is left out when
+// document as {"text": ...}, an agent's json_schema as its JSON text (an
+// object here would sort its keys): parse_pipeline_json of it gives back
+// `spec` except document_source (which becomes "text"). `model` is left out when
 // empty. The cluster's job messages and POST /v1/pipelines carry this form.
 nlohmann::json pipeline_json(const PipelineSpec& spec);
 // An agent's `needs` as the pipeline file writes it: {"tokens": N} or

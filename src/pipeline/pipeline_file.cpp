@@ -233,18 +233,19 @@ void read_document(const Reader& r, const YAML::Node& root, const std::filesyste
   }
 }
 
-// A YAML value as JSON (a JSON Schema written in YAML): a quoted scalar is
-// a string; a plain one null, a boolean or a number where it reads as one,
+// A YAML value as JSON (a JSON Schema written in YAML), keys in their
+// order (a schema's properties are generated in it): a quoted scalar is a
+// string; a plain one null, a boolean or a number where it reads as one,
 // else a string. JSON's strings arrive quoted (yaml_tree tags them so).
-nlohmann::json json_value(const YAML::Node& n) {
+nlohmann::ordered_json json_value(const YAML::Node& n) {
   if (n.IsNull()) return nullptr;
   if (n.IsSequence()) {
-    nlohmann::json out = nlohmann::json::array();
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const YAML::Node& v : n) out.push_back(json_value(v));
     return out;
   }
   if (n.IsMap()) {
-    nlohmann::json out = nlohmann::json::object();
+    nlohmann::ordered_json out = nlohmann::ordered_json::object();
     for (const auto& kv : n) out[kv.first.Scalar()] = json_value(kv.second);
     return out;
   }
@@ -253,7 +254,8 @@ nlohmann::json json_value(const YAML::Node& n) {
   if (text == "null" || text == "~") return nullptr;
   if (text == "true" || text == "false") return text == "true";
   if (!text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-')) {
-    nlohmann::json number = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    nlohmann::ordered_json number =
+        nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (number.is_number()) return number;
   }
   return text;
@@ -370,10 +372,12 @@ class AgentReader {
     std::sort(s.logit_bias.begin(), s.logit_bias.end());
   }
 
-  // `json_schema:` (the schema, or {file: PATH} of a JSON file) or
-  // `grammar:` (GBNF text, or {file: PATH}); null for free text (over a
-  // default). The schema becomes its grammar here, so that one the converter
-  // cannot handle is refused with the file, before any model loads.
+  // `json_schema:` (the schema, its JSON text as a string, or {file: PATH}
+  // of a JSON file) or `grammar:` (GBNF text, or {file: PATH}); null for
+  // free text (over a default). The schema keeps its keys' order (its
+  // properties are generated in it) and becomes its grammar here, so that
+  // one the converter cannot handle is refused with the file, before any
+  // model loads.
   void structure(const YAML::Node& n, AgentSpec& agent, const std::string& where) const {
     const YAML::Node schema = n["json_schema"];
     const YAML::Node grammar = n["grammar"];
@@ -386,11 +390,19 @@ class AgentReader {
     agent.sampling.grammar.clear();
     if (schema && !schema.IsNull()) {
       const std::string key = where + ".json_schema";
-      nlohmann::json value;
+      nlohmann::ordered_json value;
       if (const std::optional<std::string> file = file_form(schema, key)) {
-        value = nlohmann::json::parse(*file, nullptr, /*allow_exceptions=*/false);
+        value = nlohmann::ordered_json::parse(*file, nullptr, /*allow_exceptions=*/false);
         if (value.is_discarded())
           r_.bad(fmt::format("{}: the file is not JSON{}", key, Reader::at(schema)));
+      } else if (schema.IsScalar() && schema.Tag() == "!") {
+        // Its JSON text (pipeline_json writes it so, keeping the order).
+        value = nlohmann::ordered_json::parse(schema.Scalar(), nullptr,
+                                              /*allow_exceptions=*/false);
+        if (!value.is_object()) {
+          r_.bad(fmt::format("{}: a string must be a schema's JSON text, an object{}", key,
+                             Reader::at(schema)));
+        }
       } else {
         value = json_value(schema);
       }
@@ -489,20 +501,21 @@ constexpr int kMaxJsonDepth = 32;
 // A JSON value as the YAML tree the reader takes: scalars as their text
 // (a number as JSON writes it, so that nothing is rounded on the way), keys
 // in their order. No positions: the reader's messages name keys alone.
-YAML::Node yaml_tree(const nlohmann::json& j, const Reader& r, int depth = 0) {
+template <class Json>
+YAML::Node yaml_tree(const Json& j, const Reader& r, int depth = 0) {
   if (depth > kMaxJsonDepth) r.bad(fmt::format("nested deeper than {} levels", kMaxJsonDepth));
   switch (j.type()) {
     case nlohmann::json::value_t::null:
     case nlohmann::json::value_t::discarded:
       return YAML::Node(YAML::NodeType::Null);
     case nlohmann::json::value_t::string: {
-      YAML::Node out(j.get_ref<const std::string&>());
+      YAML::Node out(j.template get_ref<const std::string&>());
       out.SetTag("!");  // a string, as a quoted YAML scalar is (json_value reads it so)
       return out;
     }
     case nlohmann::json::value_t::array: {
       YAML::Node out(YAML::NodeType::Sequence);
-      for (const nlohmann::json& v : j) out.push_back(yaml_tree(v, r, depth + 1));
+      for (const Json& v : j) out.push_back(yaml_tree(v, r, depth + 1));
       return out;
     }
     case nlohmann::json::value_t::object: {
@@ -536,7 +549,8 @@ PipelineSpec parse_text(const std::string& text, const std::string& origin,
   }
 }
 
-PipelineSpec parse_json(const nlohmann::json& pipeline, const std::string& origin,
+template <class Json>
+PipelineSpec parse_json(const Json& pipeline, const std::string& origin,
                         const std::string& base_dir, const std::string& default_name) {
   return parse(yaml_tree(pipeline, Reader(origin)), origin, base_dir, default_name);
 }
@@ -609,20 +623,25 @@ PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
   return parse_text(yaml, origin, base_dir, "pipeline");
 }
 
-nlohmann::json read_pipeline_json(std::string_view text, const std::string& origin) {
+nlohmann::ordered_json read_pipeline_json(std::string_view text, const std::string& origin) {
   // A first pass that builds nothing (nlohmann's parser callback would do
   // it in one, but rescans an array at each of its objects' ends), then the
   // tree; syntax errors are the second pass's.
   JsonShapeCheck shape(origin);
   nlohmann::json::sax_parse(text, &shape);
   try {
-    return nlohmann::json::parse(text);
+    return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: not JSON ({})", origin, e.what()));
   }
 }
 
 PipelineSpec parse_pipeline_json(const nlohmann::json& pipeline, const std::string& origin,
+                                 const std::string& base_dir) {
+  return parse_json(pipeline, origin, base_dir, "pipeline");
+}
+
+PipelineSpec parse_pipeline_json(const nlohmann::ordered_json& pipeline, const std::string& origin,
                                  const std::string& base_dir) {
   return parse_json(pipeline, origin, base_dir, "pipeline");
 }
@@ -644,7 +663,9 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
     for_each_sampling_field(
         a.sampling, [&](const char* key, const auto& value, int64_t) { agent[key] = value; });
     if (!a.json_schema.empty()) {
-      agent["json_schema"] = nlohmann::json::parse(a.json_schema);
+      // As text: a JSON object here would sort the schema's keys, and its
+      // properties are generated in their order.
+      agent["json_schema"] = a.json_schema;
     } else if (!a.sampling.grammar.empty()) {
       agent["grammar"] = a.sampling.grammar;
     }

@@ -77,6 +77,9 @@ Look look_of(const AgentResult& a, AgentPhase phase) {
 // The result's parts the page shows, in its words.
 struct Agent {
   std::string name, answer, prompt, error, fork_from, needs, worker;
+  // A structured answer's fields (an object's keys in generation order, an
+  // array's [i]), each value as text: a string as it is, the rest as JSON.
+  std::vector<std::pair<std::string, std::string>> fields;
   Look look = Look::kOk;
   std::vector<std::string> depends_on;
   double wait = 0, started = 0, first_token = 0, done = 0;
@@ -84,6 +87,21 @@ struct Agent {
   size_t n_tokens = 0;
   int depth = 1;
 };
+
+std::vector<std::pair<std::string, std::string>> fields_of(const std::string& answer) {
+  const auto value = nlohmann::ordered_json::parse(answer, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto text = [](const nlohmann::ordered_json& v) {
+    return v.is_string() ? v.get<std::string>() : v.dump();
+  };
+  if (value.is_object()) {
+    for (const auto& [key, v] : value.items()) out.emplace_back(key, text(v));
+  } else if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i)
+      out.emplace_back(fmt::format("[{}]", i), text(value[i]));
+  }
+  return out;
+}
 
 std::vector<Agent> page_agents(const ResultRead& read) {
   const std::vector<AgentResult>& results = read.result.agents;
@@ -95,6 +113,7 @@ std::vector<Agent> page_agents(const ResultRead& read) {
     x.name = r.name;
     x.look = look_of(r, read.live ? read.live->agents.at(i) : AgentPhase::kDone);
     x.answer = r.answer;
+    if (r.answer_is_json) x.fields = fields_of(r.answer);
     x.prompt = r.prompt_rendered;
     if (r.error) x.error = fmt::format("{}: {}", to_string(r.error->code), r.error->message);
     x.fork_from = r.fork_from;
@@ -508,10 +527,21 @@ std::string agents_html(const std::vector<Agent>& agents) {
         i, status_class(a), esc(a.name), esc(status_text(a)), esc(links), esc(ms_text(a.started)),
         esc(ms_text(a.first_token)), esc(ms_text(a.done)), a.n_tokens);
     if (!a.error.empty()) out += fmt::format("<p class=\"error\">{}</p>\n", esc(a.error));
+    out +=
+        fmt::format("<details><summary>Prompt, as rendered</summary><pre>{}</pre></details>\n",
+                    esc(a.prompt.empty() ? "(not rendered: the agent never started)" : a.prompt));
+    if (a.fields.empty()) {
+      out += fmt::format("<pre class=\"answer\">{}</pre>\n</article>\n", esc(a.answer));
+      continue;
+    }
+    // A structured answer: its fields, then the JSON as it came.
+    out += "<dl class=\"fields\">";
+    for (const auto& [key, value] : a.fields) {
+      out += fmt::format("<dt>{}</dt><dd>{}</dd>", esc(key), esc(value));
+    }
     out += fmt::format(
-        "<details><summary>Prompt, as rendered</summary><pre>{}</pre></details>\n"
-        "<pre class=\"answer\">{}</pre>\n</article>\n",
-        esc(a.prompt.empty() ? "(not rendered: the agent never started)" : a.prompt),
+        "</dl>\n<details><summary>As JSON</summary><pre class=\"answer\">{}</pre></details>\n"
+        "</article>\n",
         esc(a.answer));
   }
   return out;
@@ -522,6 +552,8 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#111;max-width:1200px}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
 dl.facts{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}
 dl.facts dt{font-weight:600}dl.facts dd{margin:0}
+dl.fields{display:grid;grid-template-columns:max-content auto;gap:.2em 1em;background:#f6f6f6;padding:.5em}
+dl.fields dt{font-weight:600;font-family:monospace}dl.fields dd{margin:0;white-space:pre-wrap}
 .scroll{overflow-x:auto;border:1px solid #ccc;padding:4px}
 svg text{font-size:12px;fill:#111}svg .sub{font-size:11px;fill:#333}
 .node rect{fill:#fff;stroke:#222;stroke-width:1.5}

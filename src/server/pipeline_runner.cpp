@@ -41,7 +41,7 @@ void apply_server_threads(const PipelineLimits& limits, PipelineSpec& spec) {
 }  // namespace
 
 PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
-  const json body = read_pipeline_json(body_text, "body");
+  const auto body = read_pipeline_json(body_text, "body");
   if (!body.is_object()) {
     refuse("body", fmt::format("must be a JSON object, a pipeline (got a {})", body.type_name()));
   }
