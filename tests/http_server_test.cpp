@@ -105,6 +105,17 @@ class HttpServerTest : public ::testing::Test {
     if (listener_.joinable()) listener_.join();
   }
 
+  // `n` idle connections, once the server holds them all.
+  std::vector<std::unique_ptr<RawClient>> fill_the_cap(int n) {
+    std::vector<std::unique_ptr<RawClient>> idle;
+    for (int i = 0; i < n; ++i) idle.push_back(std::make_unique<RawClient>(port_));
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (http_.open_connections() < n && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return idle;
+  }
+
   // Seconds a GET /health took, or a negative number when it failed.
   double time_health() {
     httplib::Client client("127.0.0.1", port_);
@@ -185,12 +196,7 @@ TEST_F(HttpServerTest, ABodyThatDoesNotArriveInTimeEndsTheConnection) {
 // request, answered even then) before its 503.
 TEST_F(HttpServerTest, ConnectionsOverTheCapAreAnswered503AtOnce) {
   start({.max_connections = 3, .header_timeout_s = 20, .request_timeout_s = 60});
-  std::vector<std::unique_ptr<RawClient>> idle;
-  for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<RawClient>(port_));
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (http_.open_connections() < 3 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  auto idle = fill_the_cap(3);
   ASSERT_EQ(http_.open_connections(), 3);
   RawClient extra(port_);
   const auto start = Clock::now();
@@ -259,12 +265,7 @@ TEST_F(HttpServerTest, OneClientHoldsOnlyItsShareOfTheConnections) {
 // server from a dead one); any other request is answered 503 at once.
 TEST_F(HttpServerTest, HealthIsAnsweredEvenAtTheCap) {
   start({.max_connections = 3, .header_timeout_s = 20, .request_timeout_s = 60});
-  std::vector<std::unique_ptr<RawClient>> idle;
-  for (int i = 0; i < 3; ++i) idle.push_back(std::make_unique<RawClient>(port_));
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (http_.open_connections() < 3 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  auto idle = fill_the_cap(3);
   ASSERT_EQ(http_.open_connections(), 3);
   RawClient probe(port_);
   ASSERT_TRUE(probe.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));

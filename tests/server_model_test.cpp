@@ -1851,6 +1851,22 @@ class HeldStream {
   std::thread thread_;
 };
 
+// A 429 with Retry-After and `message`; once the request in flight is gone,
+// the server takes requests again.
+void expect_429_then_room(const httplib::Result& res, httplib::Client& c,
+                          const std::string& message) {
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429) << res->body;
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "rate_limit_exceeded");
+  EXPECT_EQ(e["message"], message);
+  EXPECT_TRUE(await_metric(c, "swarmkv_requests_in_flight", 0));
+  EXPECT_EQ(
+      c.Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json")->status,
+      200);
+}
+
 TEST_F(ServerTest, AFullServerAnswers429WithRetryAfter) {
   ServerOptions o = small_options();
   o.max_concurrent = 1;
@@ -1861,19 +1877,9 @@ TEST_F(ServerTest, AFullServerAnswers429WithRetryAfter) {
     EXPECT_TRUE(first.streaming());
     return second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json");
   }();
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 429);
-  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
-  const json e = json::parse(res->body)["error"];
-  EXPECT_EQ(e["code"], "rate_limit_exceeded");
-  EXPECT_EQ(e["message"],
-            "1 requests are in flight, the most this server takes (--max-concurrent); retry "
-            "later");
-  // Once the first is gone, the server takes requests again.
-  EXPECT_TRUE(await_metric(*second, "swarmkv_requests_in_flight", 0));
-  EXPECT_EQ(second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json")
-                ->status,
-            200);
+  expect_429_then_room(
+      res, *second,
+      "1 requests are in flight, the most this server takes (--max-concurrent); retry later");
 }
 
 // One client address has only its share of the requests in flight, so
@@ -1890,15 +1896,9 @@ TEST_F(ServerTest, OneClientHasOnlyItsShareOfTheRequestsInFlight) {
     EXPECT_TRUE(first.streaming());
     return second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json");
   }();
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 429) << res->body;
-  EXPECT_EQ(json::parse(res->body)["error"]["message"],
-            "1 requests from 127.0.0.1 are in flight, the most one client may have "
-            "(--max-concurrent-per-client); retry later");
-  EXPECT_TRUE(await_metric(*second, "swarmkv_requests_in_flight", 0));
-  EXPECT_EQ(second->Post("/v1/chat/completions", chat_body("", "Hi", 2).dump(), "application/json")
-                ->status,
-            200);
+  expect_429_then_room(res, *second,
+                       "1 requests from 127.0.0.1 are in flight, the most one client may have "
+                       "(--max-concurrent-per-client); retry later");
 }
 
 // A client that hangs up before a whole (not streamed) answer is written

@@ -215,43 +215,44 @@ std::string grammar_of(const json& body, const ordered_json& ordered) {
 // Every field of the body is one read here or one of OpenAI's that carries
 // no meaning for us (accepted and ignored: docs/serve.md); anything else,
 // grammar and top_logprobs among them, is refused by name rather than ignored.
-void refuse_unknown_fields(const json& body, const std::set<std::string_view>& read,
+// A field that neither both completion routes read (read_generation,
+// read_stream, the model, logprobs in each route's form), nor the route's
+// `own`, nor `ignored` is refused by name.
+void refuse_unknown_fields(const json& body, const std::set<std::string_view>& own,
                            const std::set<std::string_view>& ignored) {
+  static const std::set<std::string_view> kGeneration = {"model",
+                                                         "max_tokens",
+                                                         "temperature",
+                                                         "top_p",
+                                                         "top_k",
+                                                         "min_p",
+                                                         "logit_bias",
+                                                         "frequency_penalty",
+                                                         "presence_penalty",
+                                                         "repeat_penalty",
+                                                         "seed",
+                                                         "n",
+                                                         "stop",
+                                                         "stream",
+                                                         "stream_options",
+                                                         "logprobs"};
   for (const auto& item : body.items()) {
-    if (read.contains(item.key()) || ignored.contains(item.key())) continue;
+    if (kGeneration.contains(item.key()) || own.contains(item.key()) ||
+        ignored.contains(item.key())) {
+      continue;
+    }
     refuse(item.key(),
            "is not supported by swarmkv serve (docs/serve.md lists the fields it takes)");
   }
 }
 
 void refuse_unknown_chat_fields(const json& body) {
-  static const std::set<std::string_view> kRead = {"model",
-                                                   "messages",
-                                                   "max_tokens",
-                                                   "max_completion_tokens",
-                                                   "temperature",
-                                                   "top_p",
-                                                   "top_k",
-                                                   "min_p",
-                                                   "logit_bias",
-                                                   "frequency_penalty",
-                                                   "presence_penalty",
-                                                   "repeat_penalty",
-                                                   "seed",
-                                                   "n",
-                                                   "stop",
-                                                   "stream",
-                                                   "stream_options",
-                                                   "response_format",
-                                                   "tools",
-                                                   "functions",
-                                                   "tool_choice",
-                                                   "function_call",
-                                                   "logprobs",
-                                                   "top_logprobs"};
+  static const std::set<std::string_view> kOwn = {
+      "messages",  "max_completion_tokens", "response_format", "tools",
+      "functions", "tool_choice",           "function_call",   "top_logprobs"};
   static const std::set<std::string_view> kIgnored = {"user", "metadata", "store", "service_tier",
                                                       "parallel_tool_calls"};
-  refuse_unknown_fields(body, kRead, kIgnored);
+  refuse_unknown_fields(body, kOwn, kIgnored);
 }
 
 // OpenAI's legacy "functions" are refused.
@@ -508,27 +509,9 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
 ChatRequest parse_completion_request(std::string_view body_text, const RequestLimits& limits) {
   const json body = parse_body(body_text);
   if (!body.is_object()) refuse("body", fmt::format("must be a JSON object (got {})", shown(body)));
-  static const std::set<std::string_view> kRead = {"model",
-                                                   "prompt",
-                                                   "max_tokens",
-                                                   "temperature",
-                                                   "top_p",
-                                                   "top_k",
-                                                   "min_p",
-                                                   "logit_bias",
-                                                   "frequency_penalty",
-                                                   "presence_penalty",
-                                                   "repeat_penalty",
-                                                   "seed",
-                                                   "n",
-                                                   "stop",
-                                                   "stream",
-                                                   "stream_options",
-                                                   "logprobs",
-                                                   "echo",
-                                                   "suffix",
-                                                   "best_of"};
-  refuse_unknown_fields(body, kRead, {"user"});
+  static const std::set<std::string_view> kOwn = {"prompt", "echo", "suffix", "best_of"};
+  static const std::set<std::string_view> kIgnored = {"user"};
+  refuse_unknown_fields(body, kOwn, kIgnored);
   ChatRequest r;
   r.endpoint = Endpoint::kCompletions;
   if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
