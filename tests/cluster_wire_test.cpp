@@ -21,16 +21,6 @@ using cluster::PrefillOutcome;
 using cluster::ResultEntry;
 using cluster::StreamEntry;
 
-template <class F>
-ErrorValue error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.value();
-  }
-  return {ErrorCode::kInternal, "<no error>"};
-}
-
 // The entry XREAD gives back for fields XADD wrote.
 StreamEntry entry_of(const EntryFields& fields, std::string id = "1-0") {
   StreamEntry e{.id = std::move(id), .fields = {}};
@@ -93,7 +83,8 @@ TEST(JobMessageTest, APrefillJobSurvivesTheTripInBothModes) {
 
 TEST(JobMessageTest, AMalformedJobGetsTheErrorTheWorkerReports) {
   const auto message = [](std::map<std::string, std::string> fields) {
-    const ErrorValue e = error_of([&] { cluster::job_from_entry(entry_with(std::move(fields))); });
+    const ErrorValue e =
+        fixtures::error_of([&] { cluster::job_from_entry(entry_with(std::move(fields))); });
     EXPECT_EQ(e.code, ErrorCode::kCorruption) << e.message;
     return e.message;
   };
@@ -129,7 +120,7 @@ TEST(JobMessageTest, AMalformedJobGetsTheErrorTheWorkerReports) {
   // An agent job may lack its snapshot until a fork mode needs it.
   const JobMessage no_snapshot = cluster::job_from_entry(entry_with({{"run", "r"}, {"agents", a}}));
   EXPECT_EQ(no_snapshot.snapshot, std::nullopt);
-  EXPECT_EQ(error_of([&] { no_snapshot.snapshot_key(); }).message,
+  EXPECT_EQ(fixtures::error_of([&] { no_snapshot.snapshot_key(); }).message,
             "job 1-0 has no 'snapshot' field");
   EXPECT_EQ(cluster::job_run_shown(entry_with({{"run", std::string(150, 'r')}})),
             std::string(100, 'r'));

@@ -27,16 +27,6 @@ namespace {
 using swarmkv::testing::RedisServer;
 namespace fs = std::filesystem;
 
-template <class F>
-ErrorValue error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.value();
-  }
-  return {ErrorCode::kInternal, "<no error>"};
-}
-
 std::vector<uint8_t> random_bytes(size_t n, uint32_t seed = 1) {
   std::vector<uint8_t> out(n);
   std::mt19937 rng(seed);
@@ -48,7 +38,7 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed = 1) {
 
 // The message parse_url refuses `url` with.
 std::string url_error(const char* url) {
-  return error_of([&] { redis::parse_url(url); }).message;
+  return fixtures::error_of([&] { redis::parse_url(url); }).message;
 }
 
 TEST(RedisUrlTest, PartsAreParsed) {
@@ -70,19 +60,19 @@ TEST(RedisUrlTest, PartsAreParsed) {
 }
 
 TEST(RedisUrlTest, MalformedUrlsAreNamedWithoutThePassword) {
-  EXPECT_EQ(error_of([] { redis::parse_url("http://h:1"); }).message,
+  EXPECT_EQ(fixtures::error_of([] { redis::parse_url("http://h:1"); }).message,
             "redis URL 'http://h:1' must start with redis:// or, for TLS, rediss:// "
             "(redis[s]://[user[:password]@]host[:port][/db])");
-  EXPECT_EQ(error_of([] { redis::parse_url("redis://u:topsecret@h:99999"); }).message,
+  EXPECT_EQ(fixtures::error_of([] { redis::parse_url("redis://u:topsecret@h:99999"); }).message,
             "redis URL 'redis://u:***@h:99999': port 99999 is outside 1-65535");
-  EXPECT_EQ(error_of([] { redis::parse_url("redis://h:port"); }).message,
+  EXPECT_EQ(fixtures::error_of([] { redis::parse_url("redis://h:port"); }).message,
             "redis URL 'redis://h:port': the port 'port' is not a number");
-  EXPECT_EQ(error_of([] { redis::parse_url("redis://:6379"); }).message,
+  EXPECT_EQ(fixtures::error_of([] { redis::parse_url("redis://:6379"); }).message,
             "redis URL 'redis://:6379' has no host");
-  EXPECT_EQ(error_of([] { redis::parse_url("redis://bob@h:1"); }).message,
+  EXPECT_EQ(fixtures::error_of([] { redis::parse_url("redis://bob@h:1"); }).message,
             "redis URL 'redis://bob@h:1' names user 'bob' without a password "
             "(redis://user:password@host:port)");
-  EXPECT_EQ(error_of([] { redis::parse_url("redis://h:1"); }).code, ErrorCode::kInternal);
+  EXPECT_EQ(fixtures::error_of([] { redis::parse_url("redis://h:1"); }).code, ErrorCode::kInternal);
 }
 
 TEST(RedisUrlTest, TlsUrlsNameTheirFiles) {
@@ -171,14 +161,16 @@ TEST(RedisUrlTest, WhatRfc3986RefusesIsNamedWithoutThePassword) {
 
 TEST(RedisUrlTest, TheEnvironmentIsTheFallback) {
   ::unsetenv("SWARMKV_REDIS");
-  EXPECT_EQ(error_of([] { redis::resolve_url(""); }).message,
+  EXPECT_EQ(fixtures::error_of([] { redis::resolve_url(""); }).message,
             "no Redis server given: pass --redis redis://[user:password@]host:port or set "
             "$SWARMKV_REDIS");
   ::setenv("SWARMKV_REDIS", "redis://envhost:1234", 1);
   EXPECT_EQ(redis::resolve_url("").host, "envhost");
   EXPECT_EQ(redis::resolve_url("redis://given:1").host, "given");
   ::setenv("SWARMKV_REDIS", "nonsense", 1);
-  EXPECT_EQ(error_of([] { redis::resolve_url(""); }).message.rfind("$SWARMKV_REDIS: redis URL", 0),
+  EXPECT_EQ(fixtures::error_of([] {
+              redis::resolve_url("");
+            }).message.rfind("$SWARMKV_REDIS: redis URL", 0),
             0u);
   ::unsetenv("SWARMKV_REDIS");
 }
@@ -188,7 +180,7 @@ TEST(RedisUrlTest, TheEnvironmentIsTheFallback) {
 TEST(RedisClientTest, ServerDownFailsAtOnceNamingTheAddress) {
   const int port = swarmkv::testing::free_loopback_port();
   const auto t0 = std::chrono::steady_clock::now();
-  const ErrorValue e = error_of(
+  const ErrorValue e = fixtures::error_of(
       [&] { redis::Client c(redis::parse_url(fmt::format("redis://127.0.0.1:{}", port))); });
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_EQ(e.code, ErrorCode::kIo);
@@ -204,7 +196,7 @@ TEST(RedisClientTest, CommandsAndErrorRepliesAreTyped) {
   EXPECT_TRUE(c.command({"GET", "missing"}).is_nil());
   EXPECT_EQ(c.command({"INCR", "n"}).integer, 1);
   EXPECT_TRUE(c.try_command({"INCR", "k"}).is_error());
-  const ErrorValue e = error_of([&] { c.command({"INCR", "k"}); });
+  const ErrorValue e = fixtures::error_of([&] { c.command({"INCR", "k"}); });
   EXPECT_EQ(e.code, ErrorCode::kIo);
   EXPECT_EQ(e.message, server.url() + ": INCR: ERR value is not an integer or out of range");
 }
@@ -213,12 +205,13 @@ TEST(RedisClientTest, PasswordsAndAclUsers) {
   RedisServer server({"--requirepass", "right"});
   EXPECT_EQ(redis::Client(redis::parse_url(server.url(":right"))).command({"PING"}).str, "PONG");
   const ErrorValue wrong =
-      error_of([&] { redis::Client c(redis::parse_url(server.url(":wrong"))); });
+      fixtures::error_of([&] { redis::Client c(redis::parse_url(server.url(":wrong"))); });
   EXPECT_EQ(wrong.code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(wrong.message,
             server.url() +
                 ": AUTH refused: WRONGPASS invalid username-password pair or user is disabled.");
-  const ErrorValue none = error_of([&] { redis::Client c(redis::parse_url(server.url())); });
+  const ErrorValue none =
+      fixtures::error_of([&] { redis::Client c(redis::parse_url(server.url())); });
   EXPECT_EQ(none.code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(none.message,
             server.url() +
@@ -229,7 +222,7 @@ TEST(RedisClientTest, PasswordsAndAclUsers) {
   admin.command({"ACL", "SETUSER", "worker", "on", ">wpw", "~swarmkv:*", "+@all"});
   redis::Client user(redis::parse_url(server.url("worker:wpw")));
   EXPECT_EQ(user.command({"SET", "swarmkv:x", "1"}).str, "OK");
-  const ErrorValue denied = error_of([&] { user.command({"SET", "other", "1"}); });
+  const ErrorValue denied = fixtures::error_of([&] { user.command({"SET", "other", "1"}); });
   EXPECT_EQ(denied.code, ErrorCode::kIo);
   EXPECT_NE(denied.message.find("NOPERM"), std::string::npos) << denied.message;
 }
@@ -251,7 +244,7 @@ TEST(RedisClientTest, AServerGoneForGoodFailsWithinTheBackoff) {
   redis::Client c(redis::parse_url(server.url()), o);
   server.stop();
   const auto t0 = std::chrono::steady_clock::now();
-  const ErrorValue e = error_of([&] { c.command({"GET", "k"}); });
+  const ErrorValue e = fixtures::error_of([&] { c.command({"GET", "k"}); });
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GE(took, std::chrono::milliseconds(1000));
   EXPECT_LT(took, std::chrono::seconds(3));
@@ -289,7 +282,7 @@ TEST(RedisClientTest, AnUnboundedClientRidesOutAnOutageAndStopsWhenTold) {
     stop = true;
   });
   const auto t0 = std::chrono::steady_clock::now();
-  const ErrorValue e = error_of([&] { c.command({"GET", "k"}); });
+  const ErrorValue e = fixtures::error_of([&] { c.command({"GET", "k"}); });
   stopper.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
   EXPECT_EQ(e.code, ErrorCode::kIo);
@@ -345,7 +338,8 @@ TEST_F(RedisTlsTest, AServerWithACertificateOfTheGivenCaAnswers) {
 TEST_F(RedisTlsTest, ACertificateThatDoesNotVerifyIsRefusedAsUnauthenticated) {
   RedisServer s = server();
   // Not signed by the system's CAs.
-  const ErrorValue system = error_of([&] { redis::Client c(redis::parse_url(s.url()), quick()); });
+  const ErrorValue system =
+      fixtures::error_of([&] { redis::Client c(redis::parse_url(s.url()), quick()); });
   EXPECT_EQ(system.code, ErrorCode::kUnauthenticated) << system.message;
   EXPECT_EQ(system.message,
             s.url() +
@@ -353,7 +347,8 @@ TEST_F(RedisTlsTest, ACertificateThatDoesNotVerifyIsRefusedAsUnauthenticated) {
                 "certificate chain (checked against the system's CAs; cacert=FILE names others)");
   // Signed by the CA, but for 127.0.0.1, not "localhost".
   const std::string by_name = fmt::format("rediss://localhost:{}?cacert={}", s.port(), certs().ca);
-  const ErrorValue name = error_of([&] { redis::Client c(redis::parse_url(by_name), quick()); });
+  const ErrorValue name =
+      fixtures::error_of([&] { redis::Client c(redis::parse_url(by_name), quick()); });
   EXPECT_EQ(name.code, ErrorCode::kUnauthenticated) << name.message;
   EXPECT_EQ(name.message, fmt::format("rediss://localhost:{}: the server's certificate does not "
                                       "verify: hostname mismatch (CAs: {})",
@@ -361,7 +356,7 @@ TEST_F(RedisTlsTest, ACertificateThatDoesNotVerifyIsRefusedAsUnauthenticated) {
   // The right address, a certificate from another CA.
   RedisServer stranger =
       RedisServer::tls_only(certs().stranger_cert, certs().stranger_key, certs().ca, "no");
-  const ErrorValue other = error_of([&] {
+  const ErrorValue other = fixtures::error_of([&] {
     redis::Client c(redis::parse_url(stranger.url() + "?cacert=" + certs().ca), quick());
   });
   EXPECT_EQ(other.code, ErrorCode::kUnauthenticated) << other.message;
@@ -376,7 +371,8 @@ TEST_F(RedisTlsTest, PlainAndTlsDoNotMixAndSayWhy) {
   RedisServer tls = server();
   const std::string plain_to_tls = fmt::format("redis://127.0.0.1:{}", tls.port());
   const auto t0 = std::chrono::steady_clock::now();
-  const ErrorValue a = error_of([&] { redis::Client c(redis::parse_url(plain_to_tls), quick()); });
+  const ErrorValue a =
+      fixtures::error_of([&] { redis::Client c(redis::parse_url(plain_to_tls), quick()); });
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_EQ(a.code, ErrorCode::kIo) << a.message;
   EXPECT_EQ(a.message.rfind(plain_to_tls + ": cannot connect: PING: ", 0), 0u) << a.message;
@@ -387,7 +383,8 @@ TEST_F(RedisTlsTest, PlainAndTlsDoNotMixAndSayWhy) {
   const std::string tls_to_plain =
       fmt::format("rediss://127.0.0.1:{}?cacert={}", plain.port(), certs().ca);
   const auto t1 = std::chrono::steady_clock::now();
-  const ErrorValue b = error_of([&] { redis::Client c(redis::parse_url(tls_to_plain), quick()); });
+  const ErrorValue b =
+      fixtures::error_of([&] { redis::Client c(redis::parse_url(tls_to_plain), quick()); });
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(5));  // connect: 2 s
   EXPECT_EQ(b.code, ErrorCode::kIo) << b.message;
   EXPECT_EQ(b.message.rfind(fmt::format("rediss://127.0.0.1:{}: cannot connect: TLS handshake "
@@ -403,7 +400,7 @@ TEST_F(RedisTlsTest, AServerThatAsksForAClientCertificateGetsOne) {
   const std::string with_cert = fmt::format("{}?cacert={}&cert={}&key={}", s.url(), certs().ca,
                                             certs().client_cert, certs().client_key);
   EXPECT_EQ(redis::Client(redis::parse_url(with_cert)).command({"PING"}).str, "PONG");
-  const ErrorValue without = error_of(
+  const ErrorValue without = fixtures::error_of(
       [&] { redis::Client c(redis::parse_url(s.url() + "?cacert=" + certs().ca), quick()); });
   EXPECT_EQ(without.code, ErrorCode::kIo) << without.message;
   // The server drops it after the handshake (TLS 1.3: the client's part is
@@ -413,7 +410,7 @@ TEST_F(RedisTlsTest, AServerThatAsksForAClientCertificateGetsOne) {
       " (if the server asks for a client certificate, give cert=FILE&key=FILE)"))
       << without.message;
 
-  const ErrorValue no_file = error_of(
+  const ErrorValue no_file = fixtures::error_of(
       [&] { redis::Client c(redis::parse_url(s.url() + "?cacert=/nonexistent/ca.pem"), quick()); });
   EXPECT_EQ(no_file.code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(no_file.message.rfind(s.url() + ": cannot load the CA file '/nonexistent/ca.pem' "
@@ -424,7 +421,7 @@ TEST_F(RedisTlsTest, AServerThatAsksForAClientCertificateGetsOne) {
   const std::string wrong_key = fmt::format("{}?cacert={}&cert={}&key={}", s.url(), certs().ca,
                                             certs().client_cert, certs().server_key);
   const ErrorValue mismatch =
-      error_of([&] { redis::Client c(redis::parse_url(wrong_key), quick()); });
+      fixtures::error_of([&] { redis::Client c(redis::parse_url(wrong_key), quick()); });
   EXPECT_EQ(mismatch.code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(mismatch.message, s.url() + ": cannot load the private key '" + certs().server_key +
                                   "' (key=): error:05800074:x509 certificate routines::key "
@@ -513,33 +510,33 @@ TEST_F(SnapshotBusTest, ADamagedChunkIsNamed) {
   cluster::publish_snapshot(redis_, "k", random_bytes(2500), small_chunks());
   const cluster::Manifest m = *cluster::find_snapshot(redis_, "k", {});
   redis_.command({"SETRANGE", fmt::format("swarmkv:snap:k:{}:1", m.upload), "10", "X"});
-  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); });
+  const ErrorValue e = fixtures::error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); });
   EXPECT_EQ(e.code, ErrorCode::kCorruption);
   EXPECT_EQ(e.message, server_.url() +
                            ": snapshot k: chunk 1 of 3 fails its checksum twice (1000 bytes, "
                            "expected 1000)");
   redis_.command({"DEL", fmt::format("swarmkv:snap:k:{}:2", m.upload)});
   redis_.command({"SET", fmt::format("swarmkv:snap:k:{}:1", m.upload), "short"});
-  EXPECT_EQ(error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); }).message,
+  EXPECT_EQ(fixtures::error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); }).message,
             server_.url() +
                 ": snapshot k: chunk 1 of 3 fails its checksum twice (5 bytes, "
                 "expected 1000)");
 }
 
 TEST_F(SnapshotBusTest, MissingSnapshotsAndChunksAreNamed) {
-  const ErrorValue none = error_of([&] { cluster::fetch_snapshot(redis_, "nope", {}); });
+  const ErrorValue none = fixtures::error_of([&] { cluster::fetch_snapshot(redis_, "nope", {}); });
   EXPECT_EQ(none.code, ErrorCode::kNotFound);
   EXPECT_EQ(none.message, server_.url() + ": the snapshot bus has no snapshot nope");
   cluster::publish_snapshot(redis_, "k", random_bytes(2500), small_chunks());
   const cluster::Manifest m = *cluster::find_snapshot(redis_, "k", {});
   redis_.command({"DEL", fmt::format("swarmkv:snap:k:{}:2", m.upload)});
-  const ErrorValue e = error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); });
+  const ErrorValue e = fixtures::error_of([&] { cluster::fetch_snapshot(redis_, "k", {}); });
   EXPECT_EQ(e.code, ErrorCode::kCorruption);
   EXPECT_EQ(e.message, server_.url() +
                            ": snapshot k: chunk 2 of 3 is missing (expired or removed); the "
                            "coordinator publishes it again on its next run");
   redis_.command({"SET", "swarmkv:snap:bad", "{not json"});
-  EXPECT_EQ(error_of([&] { cluster::find_snapshot(redis_, "bad", {}); }).code,
+  EXPECT_EQ(fixtures::error_of([&] { cluster::find_snapshot(redis_, "bad", {}); }).code,
             ErrorCode::kCorruption);
 }
 
@@ -567,7 +564,8 @@ TEST_F(SnapshotBusTest, AFetchWaitsForASnapshotBeingPublishedAgain) {
     cluster::publish_snapshot(other, "late", file, small_chunks());
   });
   std::vector<uint8_t> got;
-  const ErrorValue e = error_of([&] { got = cluster::fetch_snapshot(redis_, "late", {}); });
+  const ErrorValue e =
+      fixtures::error_of([&] { got = cluster::fetch_snapshot(redis_, "late", {}); });
   publisher.join();
   EXPECT_EQ(e.code, ErrorCode::kInternal) << e.message;  // no error
   EXPECT_EQ(got, file);
@@ -589,7 +587,8 @@ const cluster::ClusterKey kKey(std::string(32, 'k'));
 const cluster::ClusterKey kOtherKey(std::string(32, 'o'));
 
 TEST(ClusterKeyTest, AKeyIsAtLeast16BytesAndAFileLosesItsNewline) {
-  const ErrorValue short_key = error_of([] { cluster::ClusterKey("fifteen bytes..").sign("m"); });
+  const ErrorValue short_key =
+      fixtures::error_of([] { cluster::ClusterKey("fifteen bytes..").sign("m"); });
   EXPECT_EQ(short_key.code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(short_key.message,
             "a cluster key needs at least 16 bytes (got 15); make one with: openssl rand -hex 32 "
@@ -598,7 +597,7 @@ TEST(ClusterKeyTest, AKeyIsAtLeast16BytesAndAFileLosesItsNewline) {
   std::ofstream(file) << std::string(32, 'k') << "\n";
   EXPECT_EQ(cluster::ClusterKey::from_file(file.string()).sign("m"), kKey.sign("m"));
   fs::remove(file);
-  EXPECT_EQ(error_of([&] { cluster::ClusterKey::from_file(file.string()); }).code,
+  EXPECT_EQ(fixtures::error_of([&] { cluster::ClusterKey::from_file(file.string()); }).code,
             ErrorCode::kNotFound);
   // HMAC-SHA256 as Python's hmac module computes it (the tests that sign
   // from Python rely on it): hmac.new(key, msg, hashlib.sha256).hexdigest().
@@ -669,13 +668,14 @@ TEST_F(SnapshotBusTest, UnderAKeyOnlyASignedManifestAndItsOwnChunksAreTaken) {
   cluster::publish_snapshot(redis_, "k", file, keyed);
   EXPECT_EQ(cluster::fetch_snapshot(redis_, "k", kKey), file);
   EXPECT_EQ(cluster::fetch_snapshot(redis_, "k", {}), file);  // an unkeyed reader looks at nothing
-  const ErrorValue other = error_of([&] { cluster::fetch_snapshot(redis_, "k", kOtherKey); });
+  const ErrorValue other =
+      fixtures::error_of([&] { cluster::fetch_snapshot(redis_, "k", kOtherKey); });
   EXPECT_EQ(other.code, ErrorCode::kUnauthenticated);
   EXPECT_EQ(other.message, server_.url() +
                                ": the manifest of snapshot k is refused: it is signed with "
                                "another cluster key");
   cluster::publish_snapshot(redis_, "plain", file, small_chunks());
-  EXPECT_EQ(error_of([&] { cluster::find_snapshot(redis_, "plain", kKey); }).message,
+  EXPECT_EQ(fixtures::error_of([&] { cluster::find_snapshot(redis_, "plain", kKey); }).message,
             server_.url() + ": the manifest of snapshot plain is refused: it is unsigned");
 
   // A manifest signed with the key whose SHA-256 list does not fit its
@@ -686,7 +686,7 @@ TEST_F(SnapshotBusTest, UnderAKeyOnlyASignedManifestAndItsOwnChunksAreTaken) {
   m.sig.clear();
   m.sig = kKey.sign("swarmkv manifest\n" + cluster::manifest_to_json(m));
   redis_.command({"SET", "swarmkv:snap:k", cluster::manifest_to_json(m)});
-  const ErrorValue sha = error_of([&] { cluster::fetch_snapshot(redis_, "k", kKey); });
+  const ErrorValue sha = fixtures::error_of([&] { cluster::fetch_snapshot(redis_, "k", kKey); });
   EXPECT_EQ(sha.code, ErrorCode::kUnauthenticated);
   EXPECT_EQ(sha.message, server_.url() +
                              ": snapshot k: chunk 1 of 3 is refused: its SHA-256 is not the one "
@@ -721,7 +721,7 @@ TEST(ClusterWireTest, ASpecSurvivesTheTrip) {
   nlohmann::json bad =
       cluster::spec_to_json(fixtures::spec_with_every_field_set(), GuardPolicy::kSerialized);
   bad["pipeline"]["agents"][0]["needs"] = "sixty";
-  const ErrorValue e = error_of([&] { cluster::spec_from_json(bad, nullptr); });
+  const ErrorValue e = fixtures::error_of([&] { cluster::spec_from_json(bad, nullptr); });
   EXPECT_EQ(e.code, ErrorCode::kCorruption);
   EXPECT_NE(e.message.find("a pipeline message does not parse: pipeline: agents[0].needs must be "
                            "a mapping"),
@@ -736,8 +736,8 @@ TEST(ClusterWireTest, AResultKeepsItsTypedErrorTokensAndTimings) {
   }
   nlohmann::json bad = agent_json(fixtures::results_with_every_field_set()[0]);
   bad["status"] = "weird";
-  EXPECT_EQ(error_of([&] { agent_from_json(bad); }).message, "unknown status 'weird'");
-  const ErrorValue missing = error_of([&] { agent_from_json(nlohmann::json::object()); });
+  EXPECT_EQ(fixtures::error_of([&] { agent_from_json(bad); }).message, "unknown status 'weird'");
+  const ErrorValue missing = fixtures::error_of([&] { agent_from_json(nlohmann::json::object()); });
   EXPECT_EQ(missing.code, ErrorCode::kCorruption);
   EXPECT_NE(missing.message.find("a result does not parse"), std::string::npos) << missing.message;
 }
@@ -780,14 +780,14 @@ TEST_F(AdoptTest, AValidFileBecomesAnEntry) {
 TEST_F(AdoptTest, BytesOfAnotherKeyOrGarbageAreRefusedAndRemoved) {
   const auto [bytes, key] = snapshot_file();
   SnapshotStore store((dir_ / "store").string());
-  const ErrorValue other = error_of([&, b = bytes] { store.adopt("0123", b); });
+  const ErrorValue other = fixtures::error_of([&, b = bytes] { store.adopt("0123", b); });
   EXPECT_EQ(other.code, ErrorCode::kCorruption);
   EXPECT_EQ(other.message,
             "snapshot 0123: the snapshot received for key 0123 is the snapshot of key " + key);
   EXPECT_FALSE(fs::exists(store.path_of("0123")));
   std::vector<uint8_t> damaged = bytes;
   damaged[damaged.size() - 10] ^= 0xff;
-  const ErrorValue bad = error_of([&] { store.adopt(key, damaged); });
+  const ErrorValue bad = fixtures::error_of([&] { store.adopt(key, damaged); });
   EXPECT_EQ(bad.code, ErrorCode::kCorruption);
   EXPECT_NE(bad.message.find("checksum"), std::string::npos) << bad.message;
   EXPECT_FALSE(fs::exists(store.path_of(key)));

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
 
 namespace swarmkv::fixtures {
@@ -11,6 +12,17 @@ namespace swarmkv::fixtures {
 // Every PipelineSpec, AgentSpec and SamplingOptions field set, text that
 // YAML would read otherwise if it were not quoted, and both kinds of
 // `needs`. Not exact: needs does not combine with it (exact_variant).
+// The error `f` throws ({kInternal, "<no error>"} when it throws none).
+template <class F>
+ErrorValue error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.value();
+  }
+  return {ErrorCode::kInternal, "<no error>"};
+}
+
 inline PipelineSpec spec_with_every_field_set() {
   PipelineSpec spec;
   spec.name = "every-field";
