@@ -795,6 +795,114 @@ def info_names_slow_weight_types(ctx):
     assert "hint:" not in err, err
 
 
+# ------------------------------------------------------------------ a corpus
+
+CORPUS_AGENTS = """defaults: {max_tokens: 12}
+agents:
+  - {name: sum, prompt: "What sum of money does the document mention? One line."}
+  - name: biggest
+    scope: corpus
+    prompt: "The sums:\n{{sum[*]}}\n\nWhich is the largest? One line."
+"""
+
+
+@case
+def corpus_bad_inputs_are_refused_before_any_work(ctx):
+    ctx.write("a.txt", "The rent is 900 EUR.\n")
+    ctx.write("b.txt", "The fee is 40 EUR.\n")
+    os.makedirs(ctx.path("more"))
+    ctx.write("more/a.txt", "The price is 3 EUR.\n")
+    ctx.write("bin.txt", b"PK\x03\x04\x00\x00binary")
+    os.symlink(ctx.path("gone.txt"), ctx.path("dangling.txt"))
+    p = ctx.write("c.yaml", "documents: [a.txt, b.txt]\n" + CORPUS_AGENTS)
+    bad = "/nonexistent.gguf"
+    cases = [
+        (["--document", "*.pdf"], "--document *.pdf: '*.pdf' matches no file"),
+        (["--document", "a.txt", "--document", "bin.txt"],
+         "is a binary file (a NUL byte at offset 4); documents are text"),
+        (["--document", "a.txt", "--document", "more/a.txt"], "two documents are named 'a.txt'"),
+        (["--document", "dangling.txt"], "dangling.txt' does not exist"),
+        (["--document", "a.txt", "--html", "x.html"], "--html draws one document's run"),
+        (["--redis", "redis://127.0.0.1:1"], "--redis spreads one document's agents"),
+    ]
+    for args, words in cases:
+        rc, out, err = ctx.run("run", p, "--model", bad, *args)
+        expect(rc, err, 2, words)
+    # The file's own list: a glob with no match names the item.
+    q = ctx.write("q.yaml", "documents: [a.txt, 'none/*.txt']\n" + CORPUS_AGENTS)
+    rc, out, err = ctx.run("run", q, "--model", bad)
+    expect(rc, err, 2, "q.yaml: documents[1]: 'none/*.txt' matches no file")
+    # A reduce agent that names a per-document agent without saying which documents.
+    r = ctx.write("r.yaml", "documents: [a.txt]\n" + CORPUS_AGENTS.replace("{{sum[*]}}", "{{sum}}"))
+    rc, out, err = ctx.run("run", r, "--model", bad)
+    expect(rc, err, 2, "{{sum}} names 'sum', an agent that runs once per document: take {{sum[*]}}")
+    r = ctx.write("r2.yaml", "documents: [a.txt]\n" + CORPUS_AGENTS.replace("{{sum[*]}}", "{{sum@c.txt}}"))
+    rc, out, err = ctx.run("run", r, "--model", bad)
+    expect(rc, err, 2, "{{sum@c.txt}}: no document is named 'c.txt'")
+    # scope: corpus in a pipeline of one document under serve's reader is refused; under run
+    # it is a corpus of one. --out needs a corpus.
+    one = ctx.write("one.yaml", "document: {text: The rent is 900 EUR.}\n" + GOOD_AGENTS)
+    rc, out, err = ctx.run("run", one, "--model", bad, "--out", "o")
+    expect(rc, err, 2, "--out keeps the result of each document of a corpus")
+    rc, out, err = ctx.run("run", p, "--check")
+    assert rc == 0 and "2 documents, 1 agents per document, 1 reduce agents" in out, (rc, out, err)
+
+
+def corpus_answers(result):
+    """Every answer of a corpus result, documents in order, then the reduce agents'."""
+    out = [(d["name"], a["name"], a["answer"]) for d in result["documents"]
+           for a in d["result"]["agents"]]
+    return out + [("*", a["name"], a["answer"]) for a in result["reduce"]["agents"]]
+
+
+@case
+def corpus_resumes_after_sigkill(ctx):
+    """SIGKILL after some documents, the same command again: the final result equals an
+    uninterrupted run's, and no finished document runs again."""
+    names = []
+    for i in range(8):
+        names.append(ctx.write(f"doc{i}.txt", f"Contract {i}. The buyer pays {100 * (i + 1)} EUR "
+                                              f"within {i + 2} weeks. " * 6 + "\n"))
+    p = ctx.write("c.yaml", "documents: ['doc*.txt']\n" + CORPUS_AGENTS)
+    base = ["run", p, "--model", ctx.model, "--json", "--snapshot-cache", "off"]
+    rc, out, err = ctx.run(*base, "--out", "whole")
+    assert rc == 0, err
+    whole = json.loads(out)
+    assert whole["documents_run"] == 8 and whole["documents_resumed"] == 0, whole
+    env = dict(os.environ, SWARMKV_CACHE=ctx.path("cache"))
+    env.pop("SWARMKV_LOG_LEVEL", None)
+    child = subprocess.Popen([ctx.cli, *base, "--out", "cut"], cwd=ctx.tmp, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done_dir = ctx.path("cut/documents")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if os.path.isdir(done_dir) and len([f for f in os.listdir(done_dir) if f.endswith(".json")]) >= 3:
+            break
+        time.sleep(0.02)
+    assert child.poll() is None, "the run ended before it could be killed: make the documents longer"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    kept = [f for f in os.listdir(done_dir) if f.endswith(".json")]
+    assert 3 <= len(kept) < 8, kept
+    rc, out, err = ctx.run(*base, "--out", "cut")
+    assert rc == 0, err
+    resumed = json.loads(out)
+    assert resumed["documents_resumed"] == len(kept), (resumed["documents_resumed"], kept)
+    assert resumed["documents_run"] == 8 - len(kept), resumed["documents_run"]
+    assert corpus_answers(resumed) == corpus_answers(whole)
+    print(f"killed after {len(kept)} of 8 documents; the second run ran {resumed['documents_run']}")
+    # Standard input is a document too.
+    with open(names[0]) as f:
+        text = f.read()
+    p2 = subprocess.run([ctx.cli, "run", p, "--model", ctx.model, "--json", "--document", "-"],
+                        input=text.encode(), cwd=ctx.tmp, env=env, capture_output=True, timeout=120)
+    assert p2.returncode == 0, p2.stderr
+    stdin_run = json.loads(p2.stdout)
+    assert stdin_run["documents"][0]["name"] == "stdin"
+    assert [a["answer"] for a in stdin_run["documents"][0]["result"]["agents"]] == \
+        [a["answer"] for a in whole["documents"][0]["result"]["agents"]]
+
+
 def main():
     name, cli, source = sys.argv[1:4]
     model = sys.argv[4] if len(sys.argv) > 4 else None

@@ -30,6 +30,7 @@ RANK = {
     "prefix": 3,
     "pipeline": 4,
     "run_page": 5,
+    "corpus": 5,
     "cluster": 6,
     "server": 6,
 }
@@ -46,6 +47,7 @@ PRIVATE = {
     "cluster": {"cluster"},
     "server": {"kv", "prefix", "server"},
     "run_page": set(),
+    "corpus": set(),
 }
 
 # Files outside src/engine/ that may include llama.cpp's headers: the kernel

@@ -38,6 +38,11 @@ std::string read_file(const std::string& path, std::string_view what = "file");
 // and the system's reason when it cannot be opened or written in full.
 void write_text_file(const std::string& path, std::string_view text);
 
+// The same, atomically: the text goes to a temporary file beside `path`,
+// flushed to disk, then renamed over it; a reader (or a run killed
+// meanwhile) sees the old file or the new one, never a part.
+void write_text_file_atomically(const std::string& path, std::string_view text);
+
 // Text SwarmKV hands to the tokenizer or the chat template must not hold a
 // NUL byte (C strings would cut it there). Throws Error(kInvalidArgument)
 // "<what> contains a NUL byte at offset N (a binary file?)".

@@ -129,6 +129,14 @@ struct PipelineSpec : EngineSettings {
   // (n_seq_max - 1). Fewer live branches make each step cheaper and the
   // first admitted agents finish sooner, at the cost of throughput.
   int32_t max_live = 0;
+  // No document (a corpus's reduce stage): each agent's chat is the system
+  // prompt and its own prompt; `document` stays empty and no agent has
+  // `needs`. Not carried by pipeline_json.
+  bool no_document = false;
+  // Placeholders whose text (trimmed, e.g. "risks[*]") is a key here take
+  // its value instead of an agent's answer, as is (a corpus's reduce stage
+  // gets the documents' answers so). Not carried by pipeline_json.
+  std::map<std::string, std::string> inputs;
 
   // The index in `agents` of the agent named `agent`, if there is one: a
   // scan of the agents (a loop over them all looks names up in a map).
@@ -163,6 +171,72 @@ std::string placeholder_value(const PlaceholderRef& ref, const std::string& answ
 std::map<std::string, std::string> placeholder_values(
     const PipelineSpec& spec, std::string_view prompt,
     const std::function<const std::string&(size_t agent)>& answer_of);
+
+// One document of a corpus (`documents:` in a pipeline file, `run
+// --document`): a file, read when its turn comes, or text.
+struct DocumentRef {
+  std::string name;  // unique in the corpus: the file's name, or a text item's `name`
+  std::string path;  // the file; empty for text
+  std::string text;  // a text item's content (standard input's, for "-")
+  // "file:<path>" or "text", as PipelineSpec::document_source.
+  std::string source() const { return path.empty() ? std::string("text") : "file:" + path; }
+  bool operator==(const DocumentRef&) const = default;
+};
+
+// The same agents over many documents. `pipeline` holds the settings and
+// the per-document agents (its document empty: each document's run fills
+// it); `reduce` the agents with `scope: corpus`, run once after the
+// per-document agents they name, on their own prompt (no document). In
+// their prompts `{{a[*]}}` is agent a's answer in every document, in order,
+// each after a "### <document name>" line; `{{a@name}}` its answer in the
+// document `name`; both take a field after them (`{{a[*].level}}`,
+// `{{a@lease.txt.level}}`); `{{r}}` names another reduce agent (in its
+// depends_on, as in a pipeline).
+struct CorpusSpec {
+  PipelineSpec pipeline;
+  std::vector<DocumentRef> documents;
+  std::vector<AgentSpec> reduce;
+  bool listed = false;  // the file lists its documents (`documents:`), not one `document:`
+  bool operator==(const CorpusSpec&) const = default;
+};
+
+// A pipeline file as a corpus: `documents:` (a list of files, globs and
+// folders, relative to the file, and {file: PATH} or {text: ..., name: N}
+// items), or `document:` as a corpus of one; agents with `scope: corpus`
+// go to `reduce`. Files are checked (they exist, are regular, readable,
+// with no NUL byte in their first 4 KiB) but not read. Throws what
+// load_pipeline_file throws, and Error(kInvalidArgument) for a glob or
+// folder that matches no file, a missing, unreadable or binary file, two
+// documents of one name, and what validate_corpus throws.
+CorpusSpec load_corpus_file(const std::string& path);
+// The documents that `run --document` names: a file, a glob (a folder
+// lists its files) or "-" for standard input (read here), relative to the
+// current directory; checked as load_corpus_file checks them. Names must
+// be unique across `args`.
+std::vector<DocumentRef> documents_from_args(const std::vector<std::string>& args);
+// A corpus's checks without a model: the per-document pipeline as
+// validate_pipeline checks it (but for `needs.until`, checked per
+// document), at least one document, unique document names, and the
+// reduce agents: names unique among all agents, each placeholder a reduce
+// agent among its depends_on or a per-document agent with [*] or @<a
+// document's name>. Throws Error(kInvalidArgument) or Error(kGraph).
+void validate_corpus(const CorpusSpec& corpus);
+
+// A reduce agent's placeholder that takes a per-document agent's answers:
+// `{{agent[*]field}}` (`document` empty: every document's) or
+// `{{agent@document field}}` (the document of that name; the longest name
+// that `text` continues with). `field` is a path as PlaceholderRef's.
+struct CorpusPlaceholder {
+  std::string agent;
+  std::string document;
+  std::string field;
+};
+// `{{text}}` in a reduce agent's prompt as a CorpusPlaceholder, nullopt
+// when it does not name a per-document agent. Throws Error(kGraph) for
+// `{{a}}` alone (which document's?), a document name that no document has,
+// a field path that does not parse.
+std::optional<CorpusPlaceholder> corpus_placeholder(const CorpusSpec& corpus,
+                                                    std::string_view text);
 
 // `spec` as it runs on `model` (EngineSettings::settle_exact): itself, or,
 // when exact is off there, a copy in `storage` with exact off. Throws what

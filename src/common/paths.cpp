@@ -1,5 +1,8 @@
 #include "swarmkv/paths.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -100,6 +103,34 @@ void write_text_file(const std::string& path, std::string_view text) {
     throw Error(ErrorCode::kIo, fmt::format("cannot write '{}': {}", path,
                                             errno != 0 ? std::strerror(errno) : "write failed"));
   }
+}
+
+void write_text_file_atomically(const std::string& path, std::string_view text) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const auto fail = [&](const char* step) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo, fmt::format("cannot write '{}' ({}): {}", path, step,
+                                            err != 0 ? std::strerror(err) : "failed"));
+  };
+  errno = 0;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open");
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      fail("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail("fsync");
+  }
+  if (::close(fd) != 0) fail("close");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename");
 }
 
 std::string read_file(const std::string& path, std::string_view what) {

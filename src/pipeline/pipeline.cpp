@@ -57,6 +57,12 @@ std::unordered_map<std::string_view, size_t> agent_indices(const PipelineSpec& s
 
 // The document is text with something in it; so is the system prompt.
 void validate_document(const PipelineSpec& spec) {
+  if (spec.no_document) {
+    if (!spec.document.empty())
+      throw Error(ErrorCode::kInvalidArgument, "a pipeline without a document has document text");
+    require_text(spec.system_prompt, "the system prompt");
+    return;
+  }
   const std::string what = spec.document_source.empty()
                                ? std::string("the document")
                                : fmt::format("the document ({})", spec.document_source);
@@ -96,7 +102,9 @@ TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
   const bool trees = spec.any_fork_from();
   std::vector<ChatMessage> chat;
   if (!spec.system_prompt.empty()) chat.push_back({"system", std::string(kSystemMarker)});
-  chat.push_back({"user", std::string(kDocumentMarker) + "\n\n" + std::string(kPromptMarker)});
+  chat.push_back({"user", spec.no_document ? std::string(kPromptMarker)
+                                           : std::string(kDocumentMarker) + "\n\n" +
+                                                 std::string(kPromptMarker)});
   const std::string rendered = render_chat(model, chat, /*add_assistant=*/true);
   std::string continued;
   if (trees) {
@@ -105,7 +113,7 @@ TemplateSplit split_template(const PipelineSpec& spec, const Model& model) {
     continued = render_chat(model, chat, /*add_assistant=*/true);
   }
   const size_t at = rendered.find(kPromptMarker);
-  if (at == std::string::npos || rendered.find(kDocumentMarker) > at) {
+  if (at == std::string::npos || (!spec.no_document && rendered.find(kDocumentMarker) > at)) {
     throw Error(ErrorCode::kChatTemplate,
                 "the chat template dropped the document or the agent prompt; cannot split the "
                 "prefix");
@@ -341,6 +349,12 @@ void validate_needs_and_forks(const PipelineSpec& spec, const IndexOf& index_of)
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent '{}': needs takes 'tokens' or 'until', not both", a.name));
     }
+    if (a.needs.any() && spec.no_document) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("agent '{}': needs reads part of the document, and this pipeline "
+                              "has none (a corpus's reduce agent)",
+                              a.name));
+    }
     if (!a.needs.until.empty() && spec.document.find(a.needs.until) == std::string::npos) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("agent '{}': needs.until: '{}' is not in the document", a.name,
@@ -450,6 +464,7 @@ void validate_placeholders(const PipelineSpec& spec, const IndexOf& index_of) {
   detail::Ancestry ancestry(deps);
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     for (const PromptPlaceholder& h : prompt_placeholders(spec.agents[i].prompt)) {
+      if (spec.inputs.contains(h.name)) continue;  // given by the caller
       std::optional<PlaceholderRef> ref;
       try {
         ref = resolve_placeholder(
@@ -549,6 +564,10 @@ std::map<std::string, std::string> placeholder_values(
     const std::function<const std::string&(size_t agent)>& answer_of) {
   std::map<std::string, std::string> values;
   for (const PromptPlaceholder& h : prompt_placeholders(prompt)) {
+    if (const auto input = spec.inputs.find(h.name); input != spec.inputs.end()) {
+      values[h.name] = input->second;
+      continue;
+    }
     const std::optional<PlaceholderRef> ref = resolve_placeholder(spec, h.name);
     if (!ref) {
       throw Error(ErrorCode::kGraph, fmt::format("placeholder {{{{{}}}}} names no agent", h.name));
@@ -640,6 +659,10 @@ std::vector<int64_t> own_prompt_tokens(const PipelineSpec& spec, const Model& mo
     std::map<std::string, std::string> empty;
     int64_t answers = 0;
     for (const PromptPlaceholder& h : prompt_placeholders(a.prompt)) {
+      if (const auto input = spec.inputs.find(h.name); input != spec.inputs.end()) {
+        empty[h.name] = input->second;  // known: counted in the prompt as it will be
+        continue;
+      }
       empty[h.name];
       // validated: an agent's answer or a field of it (no longer than the answer)
       const auto ref =

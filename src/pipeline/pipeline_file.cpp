@@ -15,6 +15,7 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include "pipeline/corpus_spec.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
 #include "swarmkv/pipeline.h"
@@ -206,6 +207,56 @@ void read_settings(const Reader& r, const YAML::Node& root, const std::filesyste
   }
 }
 
+// `documents`: a list of files, globs and folders (relative to the file),
+// {file: PATH} and {text: ..., name: N} items.
+std::vector<DocumentRef> read_documents(const Reader& r, const YAML::Node& list,
+                                        const std::filesystem::path& base,
+                                        const std::string& origin) {
+  if (!list.IsSequence() || list.size() == 0) {
+    r.bad(
+        fmt::format("'documents' must be a non-empty list of files, globs, folders, "
+                    "{{file: PATH}} or {{text: ..., name: N}}{}",
+                    Reader::at(list)));
+  }
+  std::vector<DocumentRef> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node item = list[i];
+    const std::string where = fmt::format("documents[{}]", i);
+    std::vector<DocumentRef> found;
+    try {
+      if (item.IsScalar()) {
+        found = detail::expand_documents(r.scalar(item, where).Scalar(), base);
+      } else if (item.IsMap()) {
+        r.check_keys(item, {"file", "text", "name"}, where);
+        if (item["file"] && item["text"]) r.bad(where + ": give either 'file' or 'text', not both");
+        if (item["file"]) {
+          if (item["name"]) r.bad(where + ": a file's name is its file name; 'name' is for text");
+          auto file = std::filesystem::path(r.text(item, "file", "", where));
+          if (file.is_relative()) file = base / file;
+          found.push_back(detail::checked_document_file(file));
+        } else if (item["text"]) {
+          DocumentRef doc;
+          doc.text = r.text(item, "text", "", where);
+          doc.name = r.text(item, "name", fmt::format("text-{}", i + 1), where);
+          found.push_back(std::move(doc));
+        } else {
+          r.bad(where + ": needs 'file' or 'text'");
+        }
+      } else {
+        r.bad(
+            fmt::format("{} must be a file, glob or folder, or a mapping with 'file' or "
+                        "'text'{}",
+                        where, Reader::at(item)));
+      }
+    } catch (const Error& e) {
+      if (e.message().starts_with(origin)) throw;
+      throw Error(e.code(), fmt::format("{}: {}: {}", origin, where, e.message()));
+    }
+    for (DocumentRef& d : found) out.push_back(std::move(d));
+  }
+  return out;
+}
+
 // `document`: text, or {file: PATH} (relative to the file) or {text: ...}.
 void read_document(const Reader& r, const YAML::Node& root, const std::filesystem::path& base,
                    const std::string& origin, PipelineSpec& spec) {
@@ -292,7 +343,7 @@ class AgentReader {
     if (!a.IsMap()) r_.bad(fmt::format("{} must be a mapping{}", where, Reader::at(a)));
     std::set<std::string> agent_keys = {"name",        "prompt",   "max_tokens", "stop",
                                         "depends_on",  "priority", "fork_from",  "needs",
-                                        "json_schema", "grammar",  "logit_bias"};
+                                        "json_schema", "grammar",  "logit_bias", "scope"};
     agent_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
     r_.check_keys(a, agent_keys, where);
     AgentSpec agent = defaults;
@@ -464,33 +515,85 @@ class AgentReader {
   std::set<std::string> sampling_keys_;
 };
 
-PipelineSpec parse(const YAML::Node& root, const std::string& origin, const std::string& base_dir,
-                   const std::string& default_name) {
+// A pipeline file's tree as a corpus (`corpus` true: `documents:` or
+// `document:`, agents of either scope) or as one document's pipeline
+// (CorpusSpec::pipeline; `documents:` and `scope: corpus` refused).
+CorpusSpec parse(const YAML::Node& root, const std::string& origin, const std::string& base_dir,
+                 const std::string& default_name, bool corpus) {
   const Reader r(origin);
   if (!root.IsMap()) r.bad("the top level must be a mapping");
-  r.check_keys(root,
-               {"name", "model", "n_ctx", "n_batch", "n_ubatch", "threads", "threads_batch",
-                "flash_attn", "kv_type", "fork", "exact", "n_gpu_layers", "max_live", "system",
-                "document", "defaults", "agents"},
-               "the pipeline");
-  PipelineSpec spec;
+  if (!corpus && root["documents"]) {
+    r.bad(
+        fmt::format("'documents' (a corpus){} runs under `swarmkv run` only; here give one "
+                    "'document'",
+                    Reader::at(root["documents"])));
+  }
+  std::set<std::string> keys = {"name",     "model",         "n_ctx",      "n_batch", "n_ubatch",
+                                "threads",  "threads_batch", "flash_attn", "kv_type", "fork",
+                                "exact",    "n_gpu_layers",  "max_live",   "system",  "document",
+                                "defaults", "agents"};
+  if (corpus) keys.insert("documents");
+  r.check_keys(root, keys, "the pipeline");
+  CorpusSpec out;
+  PipelineSpec& spec = out.pipeline;
   const std::filesystem::path base(base_dir);
   read_settings(r, root, base, default_name, spec);
-  read_document(r, root, base, origin, spec);
+  if (root["documents"]) {
+    if (root["document"]) r.bad("give either 'document' or 'documents', not both");
+    out.documents = read_documents(r, root["documents"], base, origin);
+    out.listed = true;
+  } else {
+    read_document(r, root, base, origin, spec);
+    if (corpus) {
+      DocumentRef doc;
+      if (spec.document_source.starts_with("file:")) {
+        doc.path = spec.document_source.substr(5);
+        doc.name = std::filesystem::path(doc.path).filename().string();
+      } else {
+        doc.text = std::move(spec.document);
+        doc.name = "document";
+      }
+      out.documents.push_back(std::move(doc));
+      spec.document.clear();
+      spec.document_source.clear();
+    }
+  }
   const AgentReader agents_reader(r, base, origin);
   const AgentSpec defaults = agents_reader.defaults(root["defaults"]);
   const YAML::Node agents = root["agents"];
   if (!agents || !agents.IsSequence() || agents.size() == 0)
     r.bad("'agents' must be a non-empty list");
-  for (size_t i = 0; i < agents.size(); ++i)
-    spec.agents.push_back(agents_reader.agent(agents[i], i, defaults));
+  for (size_t i = 0; i < agents.size(); ++i) {
+    AgentSpec agent = agents_reader.agent(agents[i], i, defaults);
+    const std::string where = fmt::format("agents[{}]", i);
+    const std::string scope =
+        agents[i].IsMap() ? r.text(agents[i], "scope", "document", where) : std::string("document");
+    if (scope != "document" && scope != "corpus") {
+      r.bad(
+          fmt::format("{}.scope must be 'document' (once per document, the default) or "
+                      "'corpus' (once over every document's answers), not '{}'{}",
+                      where, scope, Reader::at(agents[i]["scope"])));
+    }
+    if (scope == "corpus" && !corpus) {
+      r.bad(
+          fmt::format("{} ('{}'): scope: corpus runs once over the answers of every document "
+                      "of a corpus (`documents:` under `swarmkv run`); this pipeline has one "
+                      "document",
+                      where, agent.name));
+    }
+    (scope == "corpus" ? out.reduce : spec.agents).push_back(std::move(agent));
+  }
   // What needs no model: names, graph, text; the file named in each message.
   try {
-    validate_pipeline(spec);
+    if (corpus) {
+      validate_corpus(out);
+    } else {
+      validate_pipeline(spec);
+    }
   } catch (const Error& e) {
     throw Error(e.code(), fmt::format("{}: {}", origin, e.message()));
   }
-  return spec;
+  return out;
 }
 
 // The deepest a pipeline nests (the pipeline, agents, an agent, its stop
@@ -540,19 +643,20 @@ std::string yaml_error(const std::string& origin, const std::string& text,
                                  : "");
 }
 
-PipelineSpec parse_text(const std::string& text, const std::string& origin,
-                        const std::string& base_dir, const std::string& default_name) {
+CorpusSpec parse_text(const std::string& text, const std::string& origin,
+                      const std::string& base_dir, const std::string& default_name,
+                      bool corpus = false) {
   try {
-    return parse(YAML::Load(text), origin, base_dir, default_name);
+    return parse(YAML::Load(text), origin, base_dir, default_name, corpus);
   } catch (const YAML::Exception& e) {
     throw Error(ErrorCode::kInvalidArgument, yaml_error(origin, text, e));
   }
 }
 
 template <class Json>
-PipelineSpec parse_json(const Json& pipeline, const std::string& origin,
-                        const std::string& base_dir, const std::string& default_name) {
-  return parse(yaml_tree(pipeline, Reader(origin)), origin, base_dir, default_name);
+CorpusSpec parse_json(const Json& pipeline, const std::string& origin, const std::string& base_dir,
+                      const std::string& default_name, bool corpus = false) {
+  return parse(yaml_tree(pipeline, Reader(origin)), origin, base_dir, default_name, corpus);
 }
 
 // What JSON allows and a pipeline does not, found before a tree is built:
@@ -620,7 +724,7 @@ bool is_json_file(const std::string& path) {
 
 PipelineSpec parse_pipeline(const std::string& yaml, const std::string& origin,
                             const std::string& base_dir) {
-  return parse_text(yaml, origin, base_dir, "pipeline");
+  return parse_text(yaml, origin, base_dir, "pipeline").pipeline;
 }
 
 nlohmann::ordered_json read_pipeline_json(std::string_view text, const std::string& origin) {
@@ -638,12 +742,12 @@ nlohmann::ordered_json read_pipeline_json(std::string_view text, const std::stri
 
 PipelineSpec parse_pipeline_json(const nlohmann::json& pipeline, const std::string& origin,
                                  const std::string& base_dir) {
-  return parse_json(pipeline, origin, base_dir, "pipeline");
+  return parse_json(pipeline, origin, base_dir, "pipeline").pipeline;
 }
 
 PipelineSpec parse_pipeline_json(const nlohmann::ordered_json& pipeline, const std::string& origin,
                                  const std::string& base_dir) {
-  return parse_json(pipeline, origin, base_dir, "pipeline");
+  return parse_json(pipeline, origin, base_dir, "pipeline").pipeline;
 }
 
 nlohmann::json needs_json(const DocumentNeeds& needs) {
@@ -697,12 +801,25 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
   return j;
 }
 
-PipelineSpec load_pipeline_file(const std::string& path) {
+namespace {
+
+CorpusSpec load(const std::string& path, bool corpus) {
   const std::string text = read_file(path, "pipeline file");
   const std::string base_dir = std::filesystem::path(path).parent_path().string();
   const std::string name = std::filesystem::path(path).stem().string();
-  if (is_json_file(path)) return parse_json(read_pipeline_json(text, path), path, base_dir, name);
-  return parse_text(text, path, base_dir, name);
+  if (is_json_file(path))
+    return parse_json(read_pipeline_json(text, path), path, base_dir, name, corpus);
+  return parse_text(text, path, base_dir, name, corpus);
+}
+
+}  // namespace
+
+PipelineSpec load_pipeline_file(const std::string& path) {
+  return load(path, false).pipeline;
+}
+
+CorpusSpec load_corpus_file(const std::string& path) {
+  return load(path, true);
 }
 
 }  // namespace swarmkv

@@ -1,5 +1,8 @@
 #include "run_cmd.h"
 
+#include <unistd.h>
+
+#include <functional>
 #include <iostream>
 #include <string>
 
@@ -10,6 +13,7 @@
 #include "progress.h"
 #include "report_cmd.h"
 #include "swarmkv/cluster.h"
+#include "swarmkv/corpus.h"
 #include "swarmkv/error.h"
 #include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
@@ -138,17 +142,83 @@ void report_failures(const PipelineResult& result) {
   }
 }
 
-// The pipeline file with the command line's overrides, validated before
-// the model loads.
-PipelineSpec pipeline_spec(const RunArgs& args) {
-  PipelineSpec spec = load_pipeline_file(args.pipeline);
+// The command line's overrides of the file's settings.
+void apply_overrides(const RunArgs& args, PipelineSpec& spec) {
   if (!args.model.empty()) spec.model = args.model;
   if (!args.fork.empty()) spec.fork = parse_fork_mode(args.fork);
   if (args.n_ctx > 0) spec.n_ctx = args.n_ctx;
   if (args.threads) spec.n_threads = *args.threads;
   args.engine.apply(spec);
-  validate_pipeline(spec);  // the command line's values too, before the model loads
+}
+
+// The pipeline of a file with one document (a corpus of one, as
+// load_corpus_file read it) with the command line's overrides, validated
+// before the model loads.
+PipelineSpec pipeline_spec(const RunArgs& args, CorpusSpec corpus) {
+  PipelineSpec spec = std::move(corpus.pipeline);
+  DocumentRef& document = corpus.documents.front();
+  spec.document =
+      document.path.empty() ? std::move(document.text) : read_file(document.path, "document file");
+  spec.document_source = document.source();
+  apply_overrides(args, spec);
+  try {
+    validate_pipeline(spec);  // the command line's values too, before the model loads
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", args.pipeline, e.message()));
+  }
   return spec;
+}
+
+// Options that take one document's run: refused for a corpus by name.
+void refuse_for_a_corpus(const RunArgs& args) {
+  const auto refuse = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{} a corpus (documents:, --document or scope: corpus agents)", what));
+  };
+  if (args.redis) refuse("--redis spreads one document's agents; it does not run");
+  if (!args.snapshot_file.empty()) refuse("--snapshot restores one document's state, not");
+  if (!args.html.empty()) refuse("--html draws one document's run; use --json for");
+}
+
+// "corpus: 3/20 documents (1 resumed, 0 failed) | lease.txt | 41 s, about 2 min left"
+// redrawn on stderr when it is a terminal; nothing otherwise.
+std::function<void(const CorpusProgress&)> corpus_progress() {
+  if (::isatty(STDERR_FILENO) != 1) return {};
+  return [](const CorpusProgress& p) {
+    const size_t run = p.done - p.resumed;
+    const size_t left = p.total - p.done;
+    const double eta_s =
+        run > 0 ? p.elapsed_ms / 1000.0 / static_cast<double>(run) * static_cast<double>(left) : 0;
+    const TerminalText shown(stderr);
+    std::cerr << fmt::format(
+                     "\r\x1b[Kcorpus: {}/{} documents ({} resumed, {} failed) | {} | {:.0f} s{}",
+                     p.done, p.total, p.resumed, p.failed, shown(p.last), p.elapsed_ms / 1000.0,
+                     left > 0 && run > 0 ? fmt::format(", about {:.0f} s left", eta_s) : "")
+              << (left == 0 ? "\n" : "") << std::flush;
+  };
+}
+
+void print_corpus_text(const CorpusResult& r, double load_ms) {
+  const TerminalText shown(stdout);
+  std::cout << fmt::format("corpus {} | model {} | fork {} | {} documents\n", shown(r.pipeline),
+                           shown(r.model), to_string(r.fork), r.documents.size());
+  for (const DocumentOutcome& d : r.documents) {
+    std::cout << fmt::format("\n#### {} ({}{})\n", shown(d.name), d.ok() ? "ok" : "FAILED",
+                             d.resumed ? ", resumed" : "");
+    if (d.error) std::cout << shown(d.error->to_string()) << "\n";
+    if (d.result) print_answers(*d.result, shown);
+  }
+  if (r.reduce) {
+    std::cout << "\n#### over every document\n";
+    print_answers(*r.reduce, shown);
+  }
+  size_t failed = 0;
+  for (const DocumentOutcome& d : r.documents) failed += d.ok() ? 0 : 1;
+  std::cout << fmt::format(
+      "\nload {:.0f} ms | {} documents: {} run, {} resumed, {} failed | total {:.1f} ms (model "
+      "load "
+      "excluded)\n",
+      load_ms, r.documents.size(), r.documents_run, r.documents_resumed, failed, r.total_ms);
 }
 
 RunOptions run_options(const RunArgs& args, const PipelineSpec& spec) {
@@ -188,11 +258,13 @@ RunCommand::RunCommand(CLI::App& app) {
       "print each answer, a timing table and the KV memory used.\n"
       "Pipeline file (YAML or JSON): name, model, n_ctx, n_batch, n_ubatch, threads, "
       "threads_batch, flash_attn, kv_type, fork, exact, n_gpu_layers, max_live, system, document "
-      "(file: PATH relative to the pipeline file, or text: ...), defaults and agents (name, "
+      "(file: PATH relative to the pipeline file, or text: ...) or documents (a corpus: files, "
+      "folders, globs, text items; docs/corpus.md), defaults and agents (name, "
       "prompt, max_tokens, "
       "temperature, top_p, top_k, min_p, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
       "presence_penalty, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, "
-      "logit_bias, stop, json_schema, grammar, depends_on, priority, fork_from, needs). See "
+      "logit_bias, stop, json_schema, grammar, depends_on, priority, fork_from, needs, scope: "
+      "document or corpus). See "
       "examples/pipelines/ and docs/pipelines.md.\n"
       "Exit status: 0 when every agent succeeded, 1 otherwise (the causes go to stderr), 2 when "
       "the file or the options are refused before the run.");
@@ -232,6 +304,17 @@ void RunCommand::add_run_options() {
                    "CPU threads per context (0 = all cores, at most the hardware threads); "
                    "overrides the file");
   args_.engine.add_to(sub_);
+  sub_->add_option("--document", args_.documents,
+                   "run the pipeline's agents over these documents instead of the file's "
+                   "(a corpus): a file, a folder (its files), a quoted glob, or - for standard "
+                   "input; repeatable. Each document is prefilled once and its agents forked "
+                   "from it; scope: corpus agents then run once over every document's answers "
+                   "({{agent[*]}}, {{agent@NAME}}). docs/corpus.md")
+      ->allow_extra_args(false);
+  sub_->add_option("--out", args_.out_dir,
+                   "a corpus: write each document's result to DIR/documents/ as it finishes "
+                   "(atomically); the same command again skips the documents already there "
+                   "(same document text, pipeline, model and engine) and runs the rest");
   sub_->add_flag("--check", args_.check,
                  "check the pipeline file and the options, load no model, run nothing");
 }
@@ -293,12 +376,25 @@ void RunCommand::add_output_options() {
       "...}, started_at_ms, first_token_at_ms, done_at_ms (from the run's start, model load "
       "excluded); snapshot {source, key, reused_tokens, prefilled_tokens, "
       "bytes, load_ms, verify_ms, ...} or null under --fork none; under --redis each agent's "
-      "worker and transfer {bytes, publish_ms, fetch_ms, fetches}");
+      "worker and transfer {bytes, publish_ms, fetch_ms, fetches}. A corpus: schema_version 3, "
+      "kind corpus, documents_run, documents_resumed, documents_failed, documents [{name, "
+      "source, ok, resumed, error, result}], reduce (a result as above)");
 }
 
 int RunCommand::run() {
   const RunArgs& args = args_;
-  const PipelineSpec spec = pipeline_spec(args);
+  CorpusSpec corpus = load_corpus_file(args.pipeline);
+  if (!args.documents.empty()) {
+    corpus.documents = documents_from_args(args.documents);
+    corpus.listed = true;
+  }
+  if (corpus.listed || !corpus.reduce.empty()) return run_corpus(std::move(corpus));
+  if (!args.out_dir.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--out keeps the result of each document of a corpus; this pipeline has one "
+                "document (list them under documents: or give --document)");
+  }
+  const PipelineSpec spec = pipeline_spec(args, std::move(corpus));
   if (!args.html.empty()) check_page_path(args.html);
   if (args.check) {
     std::cout << fmt::format("{}: pipeline '{}' is valid: {} agents, fork {}, document {} bytes\n",
@@ -339,6 +435,57 @@ int RunCommand::run() {
     return kExitFailed;
   }
   return 0;
+}
+
+int RunCommand::run_corpus(CorpusSpec corpus) {
+  const RunArgs& args = args_;
+  refuse_for_a_corpus(args);
+  apply_overrides(args, corpus.pipeline);
+  try {
+    validate_corpus(corpus);  // the command line's values and documents too
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}", args.pipeline, e.message()));
+  }
+  if (args.check) {
+    std::cout << fmt::format(
+        "{}: corpus '{}' is valid: {} documents, {} agents per document, {} reduce agents, fork "
+        "{}\n",
+        args.pipeline, corpus.pipeline.name, corpus.documents.size(), corpus.pipeline.agents.size(),
+        corpus.reduce.size(), to_string(corpus.pipeline.fork));
+    return 0;
+  }
+  CorpusOptions options;
+  options.run = run_options(args, corpus.pipeline);
+  options.run.on_prefill_progress = nullptr;  // the corpus's own line instead
+  options.out_dir = args.out_dir;
+  options.on_progress = corpus_progress();
+  const Stopwatch load;
+  auto model =
+      Model::load(resolve_model_path(corpus.pipeline.model), corpus.pipeline.model_options());
+  const double load_ms = load.ms();
+  const CorpusResult result = swarmkv::run_corpus(corpus, model, options);
+  if (args.json) {
+    nlohmann::json out = corpus_json(result);
+    out["load_ms"] = load_ms;
+    std::cout << dump_json(out) << "\n";
+  } else {
+    print_corpus_text(result, load_ms);
+  }
+  if (result.ok()) return 0;
+  const TerminalText shown(stderr);
+  for (const DocumentOutcome& d : result.documents) {
+    if (d.error)
+      std::cerr << "swarmkv: error: document " << shown(d.name) << ": "
+                << shown(d.error->to_string()) << "\n";
+    if (!d.result) continue;
+    for (const AgentResult& a : d.result->agents) {
+      if (a.status != NodeStatus::kOk)
+        std::cerr << "swarmkv: error: document " << shown(d.name) << ": agent " << shown(a.name)
+                  << ": " << shown(a.error->to_string()) << "\n";
+    }
+  }
+  if (result.reduce) report_failures(*result.reduce);
+  return kExitFailed;
 }
 
 }  // namespace swarmkv::cli

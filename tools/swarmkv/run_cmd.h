@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "engine_flags.h"
+#include "swarmkv/pipeline.h"
 
 namespace swarmkv::cli {
 
@@ -30,6 +32,8 @@ struct RunArgs {
   std::string cluster_key_file;      // "": $SWARMKV_CLUSTER_KEY, else none
   double timeout_s = 600;
   int agents_per_job = 0;
+  std::vector<std::string> documents;  // --document: a corpus of these
+  std::string out_dir;                 // --out: each document's result, resumable
 };
 
 class RunCommand {
@@ -44,6 +48,7 @@ class RunCommand {
   int run();
 
  private:
+  int run_corpus(CorpusSpec corpus);  // `documents:`, --document or reduce agents
   void add_run_options();
   void add_snapshot_options();
   void add_cluster_options();
