@@ -788,6 +788,46 @@ def placeholders_on_workers_equal_local(c):
 
 
 @case
+def corpus_documents_spread_over_two_workers_equal_local(c):
+    """A corpus under run --redis: documents run at once, one per live worker
+    (each document's agents one job, so one worker prefills and answers it),
+    reduce agents on the coordinator; every answer, the reduce agent's too,
+    equals a local run's, token for token."""
+    folder = os.path.join(c.tmp, "docs")
+    os.makedirs(folder)
+    for name in ("apache-2.0.txt", "mpl-2.0.txt"):
+        with open(os.path.join(c.source, "examples", "documents", name)) as f:
+            text = f.read()
+        for part in range(2):
+            with open(os.path.join(folder, f"{part}-{name}"), "w") as f:
+                f.write(text[part * 700:(part + 1) * 700])
+    c.pipeline = os.path.join(c.tmp, "corpus.yaml")
+    with open(c.pipeline, "w") as f:
+        f.write(f"documents: [{folder}]\ndefaults: {{max_tokens: 12}}\nagents:\n"
+                "  - {name: a, prompt: \"What is this text about?\"}\n"
+                "  - {name: b, prompt: \"Who gives the licence?\"}\n"
+                "  - {name: all, scope: corpus, max_tokens: 8, prompt: \"{{a[*]}} Which is longest?\"}\n")
+    c.start_redis()
+    c.start_worker("w1")
+    c.start_worker("w2")
+    rc, out, err = c.run("--redis", c.url(), "--json", "--timeout", "300")
+    assert rc == 0, err
+    remote = json.loads(out)
+    local = c.local("shared")
+    assert remote["documents_run"] == 4 and remote["ok"], out
+    workers = set()
+    for r, l in zip(remote["documents"], local["documents"]):
+        assert r["name"] == l["name"], (r["name"], l["name"])
+        expect_equal_answers(r["result"], l["result"])
+        ran_on = {a["worker"] for a in r["result"]["agents"]}
+        assert len(ran_on) == 1, f"{r['name']}: one job per document, got {ran_on}"
+        workers |= ran_on
+    assert workers == {"w1", "w2"}, f"both workers get documents: {workers}"
+    assert remote["reduce"]["agents"][0]["tokens"] == local["reduce"]["agents"][0]["tokens"]
+    assert remote["reduce"]["agents"][0]["worker"] is None, "the reduce agent runs on the coordinator"
+
+
+@case
 def no_live_worker_fails_fast(c):
     """No worker at all, then only a --no-exact one for an exact run: jobs go
     to workers loaded with the run's kernels, so the run fails fast naming

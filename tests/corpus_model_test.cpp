@@ -114,6 +114,22 @@ TEST_F(CorpusModelTest, EachDocumentEqualsItsOwnReprefillAndReduceAgentsSeeEvery
   for (const std::string name : {"largest", "pair"}) {
     EXPECT_EQ(named(*shared.reduce, name).tokens, named(*none.reduce, name).tokens) << name;
   }
+  // Two documents at once (as on a cluster): the same answers, in the corpus's order.
+  CorpusOptions two;
+  two.documents_live = 2;
+  size_t calls = 0;
+  two.on_progress = [&](const CorpusProgress& p) { EXPECT_EQ(p.done, ++calls); };
+  const CorpusResult both = run_corpus(corpus_, model_, two);
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(calls, 3u);
+  for (size_t i = 0; i < corpus_.documents.size(); ++i) {
+    EXPECT_EQ(both.documents[i].name, corpus_.documents[i].name);
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(both.documents[i].result->agents[k].tokens,
+                shared.documents[i].result->agents[k].tokens);
+    }
+  }
+  EXPECT_EQ(named(*both.reduce, "pair").tokens, named(*shared.reduce, "pair").tokens);
   EXPECT_EQ(shared.reduce->prefix_tokens, none.reduce->prefix_tokens);
   EXPECT_EQ(shared.reduce->snapshot->source, SnapshotSource::kPrefill);
 }

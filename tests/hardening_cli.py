@@ -822,8 +822,6 @@ def corpus_bad_inputs_are_refused_before_any_work(ctx):
          "is a binary file (a NUL byte at offset 4); documents are text"),
         (["--document", "a.txt", "--document", "more/a.txt"], "two documents are named 'a.txt'"),
         (["--document", "dangling.txt"], "dangling.txt' does not exist"),
-        (["--document", "a.txt", "--html", "x.html"], "--html draws one document's run"),
-        (["--redis", "redis://127.0.0.1:1"], "--redis spreads one document's agents"),
     ]
     for args, words in cases:
         rc, out, err = ctx.run("run", p, "--model", bad, *args)

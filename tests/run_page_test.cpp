@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "swarmkv/corpus.h"
 #include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/result_json.h"
@@ -148,6 +149,65 @@ TEST(RunPageTest, AStructuredAnswerIsShownAsItsFields) {
   EXPECT_NE(page.find("<summary>As JSON</summary><pre class=\"answer\">{&quot;risk_level&quot;"),
             std::string::npos);
   EXPECT_EQ(count(page, "<dl class=\"fields\">"), 2u);  // free-text answers stay text
+}
+
+// A corpus of three documents (one with a JSON answer, one that could not
+// be read) and a reduce agent that could not run.
+TEST(RunPageTest, ACorpusIsATableOfDocumentsThenItsReduceAgents) {
+  CorpusResult c;
+  c.pipeline = "licences";
+  const auto doc = [](const std::string& name, const std::string& facts) {
+    DocumentOutcome d;
+    d.name = name;
+    d.source = "file:/c/" + name;
+    PipelineResult r;
+    AgentResult a;
+    a.name = "summary";
+    a.answer = "about " + name + " <b>";
+    AgentResult f;
+    f.name = "facts";
+    f.answer = facts;
+    f.answer_is_json = true;
+    r.agents = {a, f};
+    d.result = r;
+    return d;
+  };
+  c.documents = {doc("mit.txt", R"({"copyleft": false})"), DocumentOutcome{},
+                 doc("gpl-2.txt", R"({"copyleft": true})")};
+  c.documents[1].name = "gone.txt";
+  c.documents[1].error =
+      ErrorValue{ErrorCode::kNotFound, "document file 'gone.txt' does not exist"};
+  PipelineResult reduce;
+  AgentResult all;
+  all.name = "compare";
+  all.status = NodeStatus::kDependencyFailed;
+  all.error = ErrorValue{ErrorCode::kDependencyFailed, "dependency 'summary[*]' failed"};
+  reduce.agents = {all};
+  c.reduce = reduce;
+  c.documents_run = 2;
+  const std::string page = corpus_page_html(corpus_json(c), "saved.json");
+  EXPECT_NE(page.find("<title>licences — 3 documents</title>"), std::string::npos);
+  EXPECT_NE(page.find("<tr><th>document</th><th>summary</th><th>facts</th></tr>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<td>about mit.txt &lt;b&gt;</td><td><dl class=\"fields\"><dt>copyleft</dt>"
+                      "<dd>false</dd></dl></td>"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("<td class=\"error\" colspan=\"2\">not_found: document file "
+                      "&#39;gone.txt&#39; does not exist</td>"),
+            std::string::npos);
+  EXPECT_LT(page.find("mit.txt"), page.find("gone.txt"));
+  EXPECT_LT(page.find("gone.txt"), page.find("gpl-2.txt")) << "rows in the corpus's order";
+  EXPECT_NE(page.find("<h2 id=\"reduce\">Over every document</h2>"), std::string::npos);
+  EXPECT_NE(page.find("dependency &#39;summary[*]&#39; failed"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  try {
+    corpus_page_html(json{{"agents", json::array()}});
+    ADD_FAILURE() << "a one-document result drew a corpus page";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    EXPECT_NE(e.message().find("the result has no 'documents'"), std::string::npos);
+  }
 }
 
 TEST(RunPageTest, AResultThatIsNotOneIsRefusedByName) {

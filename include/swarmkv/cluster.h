@@ -201,6 +201,11 @@ struct CoordinatorOptions {
   int agents_per_job = 0;
 };
 
+// The live workers (fresh heartbeats, signed with `cluster_key` when it is
+// set) serving `model` with exact mode `exact`. Throws Error(kIo) for Redis.
+size_t count_live_workers(const redis::Url& url, const Model& model, bool exact,
+                          const ClusterKey& cluster_key);
+
 // Runs `spec` on the workers holding `model`: run_pipeline with the
 // coordinator as its AgentExecutor. The snapshot from Redis, else from a
 // worker's prefill job (the worker takes it from its store or prefills it,

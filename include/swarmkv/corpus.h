@@ -41,7 +41,16 @@ struct CorpusOptions {
   // and engine binding) is taken instead of running the document again.
   // Empty: none.
   std::string out_dir;
+  // Called after each document, under a lock (one call at a time).
   std::function<void(const CorpusProgress&)> on_progress;
+  // How one document's pipeline runs; empty: run_pipeline(spec, model,
+  // run). `run --redis` passes the cluster's coordinator (run_distributed).
+  // The reduce agents run with run_pipeline whatever it is.
+  std::function<PipelineResult(const PipelineSpec&)> run_document;
+  // Documents run at once, each on a thread of its own (0 counts as 1).
+  // One locally: a document's run uses every core. On a cluster, as many
+  // as there are workers: each document's prefill and agents are theirs.
+  size_t documents_live = 1;
 };
 
 struct DocumentOutcome {

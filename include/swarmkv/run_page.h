@@ -24,6 +24,13 @@ namespace swarmkv {
 std::string run_page_html(const nlohmann::json& result, const std::string& source = "",
                           int refresh_s = 0);
 
+// A corpus's page (corpus_json(), or a saved `run --json` of a corpus): a
+// table with a row per document and a column per agent (each answer, a
+// JSON answer's fields, or the error), then the reduce agents as a run's
+// page lists its agents. Throws Error(kCorruption) "the result has no
+// 'documents' (...)" or naming what does not read.
+std::string corpus_page_html(const nlohmann::json& corpus, const std::string& source = "");
+
 // One run in a server's list.
 struct RunSummary {
   std::string id;        // its page is runs/<id>

@@ -522,6 +522,14 @@ class Coordinator final : public AgentExecutor {
 
 }  // namespace
 
+size_t count_live_workers(const redis::Url& url, const Model& model, bool exact,
+                          const ClusterKey& cluster_key) {
+  redis::Client redis(url);
+  return live_workers(redis, keys::pool(model_fingerprint(model.path()), exact, cluster_key.id()),
+                      cluster_key)
+      .size();
+}
+
 PipelineResult run_distributed(const PipelineSpec& spec, const std::shared_ptr<const Model>& model,
                                const redis::Url& url, const CoordinatorOptions& options) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "run_distributed needs a model");

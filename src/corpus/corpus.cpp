@@ -5,10 +5,14 @@
 #include "swarmkv/corpus.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <exception>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 #include <variant>
 
@@ -89,7 +93,7 @@ std::optional<PipelineResult> saved_result(const std::string& path, const std::s
 
 DocumentOutcome run_document(const CorpusSpec& corpus, const DocumentRef& d,
                              const std::shared_ptr<const Model>& model,
-                             const CorpusOptions& options, size_t& ran) {
+                             const CorpusOptions& options, std::atomic<size_t>& ran) {
   DocumentOutcome out;
   out.name = d.name;
   out.source = d.source();
@@ -106,7 +110,8 @@ DocumentOutcome run_document(const CorpusSpec& corpus, const DocumentRef& d,
       }
     }
     ++ran;
-    out.result = run_pipeline(spec, model, options.run);
+    out.result =
+        options.run_document ? options.run_document(spec) : run_pipeline(spec, model, options.run);
     if (!key.empty() && out.result->ok()) {
       const nlohmann::json saved = {
           {"key", key}, {"name", d.name}, {"result", result_json(*out.result)}};
@@ -364,24 +369,55 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
   out.pipeline = corpus.pipeline.name;
   out.model = model->path();
   out.fork = corpus.pipeline.fork;
-  out.documents.reserve(corpus.documents.size());
+  out.documents.resize(corpus.documents.size());
+  std::mutex mutex;  // guards progress, out's counters and the first error
   CorpusProgress progress;
   progress.total = corpus.documents.size();
-  for (const DocumentRef& d : corpus.documents) {
-    out.documents.push_back(run_document(corpus, d, model, options, out.documents_run));
-    const DocumentOutcome& done = out.documents.back();
-    if (done.resumed) ++out.documents_resumed;
-    ++progress.done;
-    progress.resumed = out.documents_resumed;
-    progress.failed += done.ok() ? 0 : 1;
-    progress.elapsed_ms = clock.ms();
-    progress.last = d.name;
-    if (!done.ok()) {
-      log_warn("corpus: document '{}' failed{}", d.name,
-               done.error ? ": " + done.error->to_string() : std::string());
+  std::atomic<size_t> next{0}, ran{0};
+  std::exception_ptr failure;
+  const auto work = [&] {
+    for (;;) {
+      const size_t i = next.fetch_add(1);
+      if (i >= corpus.documents.size()) return;
+      {
+        const std::lock_guard lock(mutex);
+        if (failure) return;
+      }
+      const DocumentRef& d = corpus.documents[i];
+      DocumentOutcome done;
+      try {
+        done = run_document(corpus, d, model, options, ran);
+      } catch (...) {
+        const std::lock_guard lock(mutex);
+        if (!failure) failure = std::current_exception();
+        return;
+      }
+      const std::lock_guard lock(mutex);
+      if (done.resumed) ++out.documents_resumed;
+      ++progress.done;
+      progress.resumed = out.documents_resumed;
+      progress.failed += done.ok() ? 0 : 1;
+      progress.elapsed_ms = clock.ms();
+      progress.last = d.name;
+      if (!done.ok()) {
+        log_warn("corpus: document '{}' failed{}", d.name,
+                 done.error ? ": " + done.error->to_string() : std::string());
+      }
+      out.documents[i] = std::move(done);
+      if (options.on_progress) options.on_progress(progress);
     }
-    if (options.on_progress) options.on_progress(progress);
+  };
+  const size_t threads =
+      std::min(std::max<size_t>(options.documents_live, 1), corpus.documents.size());
+  if (threads == 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < threads; ++t) pool.emplace_back(work);
+    for (std::thread& t : pool) t.join();
   }
+  if (failure) std::rethrow_exception(failure);
+  out.documents_run = ran.load();
   if (!corpus.reduce.empty()) out.reduce = run_reduce(corpus, out.documents, model, options);
   out.total_ms = clock.ms();
   return out;

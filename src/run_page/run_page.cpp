@@ -581,7 +581,7 @@ article.agent h3{font-size:1em;margin:.4em 0}
 .status{font-weight:400;margin-left:.5em}
 article.failed .status,.error{color:#a00}
 article.skipped .status{color:#555}
-table.runs{border-collapse:collapse}table.runs td,table.runs th{border:1px solid #ccc;padding:.2em .6em;text-align:left}
+table.runs{border-collapse:collapse}table.runs td,table.runs th{border:1px solid #ccc;padding:.2em .6em;text-align:left}\ntable.corpus td,table.corpus th{vertical-align:top;white-space:pre-wrap;max-width:28em}\ntable.corpus tr.failed th,table.corpus td.error{color:#a00}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em;margin:.3em 0}
 .meta{color:#333;margin:.2em 0}
 )";
@@ -638,7 +638,102 @@ std::string draw(const json& result, const std::string& source, int refresh_s) {
   return html + "</body>\n</html>\n";
 }
 
+// One document's row of the corpus table: a cell per agent (its answer,
+// or its fields), or one cell with the document's error.
+std::string corpus_row(const json& d, const std::vector<std::string>& columns) {
+  const std::string name = d.at("name").get<std::string>();
+  const bool ok = d.at("ok").get<bool>();
+  std::string row = fmt::format(
+      "<tr class=\"{}\"><th scope=\"row\">{}<br><span class=\"status\">{}{}</span></th>",
+      ok ? "ok" : "failed", esc(name), ok ? "ok" : "failed",
+      d.value("resumed", false) ? ", resumed" : "");
+  if (d.at("result").is_null()) {
+    const json& e = d.at("error");
+    const std::string why = e.is_null() ? std::string("did not run")
+                                        : fmt::format("{}: {}", e.at("code").get<std::string>(),
+                                                      e.at("message").get<std::string>());
+    return row + fmt::format("<td class=\"error\" colspan=\"{}\">{}</td></tr>\n",
+                             std::max<size_t>(columns.size(), 1), esc(why));
+  }
+  const std::vector<Agent> agents = page_agents(result_from_json(d.at("result")));
+  for (const std::string& column : columns) {
+    const auto it = std::find_if(agents.begin(), agents.end(),
+                                 [&](const Agent& a) { return a.name == column; });
+    if (it == agents.end()) {
+      row += "<td></td>";
+      continue;
+    }
+    if (!it->error.empty()) {
+      row += fmt::format("<td class=\"error\">{}</td>", esc(it->error));
+    } else if (!it->fields.empty()) {
+      std::string fields;
+      for (const auto& [key, value] : it->fields) {
+        fields += fmt::format("<dt>{}</dt><dd>{}</dd>", esc(key), esc(value));
+      }
+      row += "<td><dl class=\"fields\">" + fields + "</dl></td>";
+    } else {
+      row += fmt::format("<td>{}</td>", esc(it->answer));
+    }
+  }
+  return row + "</tr>\n";
+}
+
+std::string draw_corpus(const json& corpus, const std::string& source) {
+  const json& documents = corpus.at("documents");
+  std::vector<std::string> columns;  // the per-document agents, from the first result
+  for (const json& d : documents) {
+    if (d.at("result").is_null()) continue;
+    for (const json& a : d.at("result").at("agents"))
+      columns.push_back(a.at("name").get<std::string>());
+    break;
+  }
+  const std::string title =
+      fmt::format("{} — {} documents", corpus.value("pipeline", "corpus"), documents.size());
+  std::string html = fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+      "<link rel=\"icon\" href=\"data:,\">\n<title>{0}</title>\n<style>{1}</style>\n</head>\n"
+      "<body>\n<h1>{0}</h1>\n",
+      esc(title), kStyle);
+  html += fmt::format(
+      "<dl class=\"facts\"><dt>result</dt><dd>{}</dd><dt>model</dt><dd>{}</dd><dt>fork</dt>"
+      "<dd>{}</dd><dt>documents</dt><dd>{} run, {} resumed, {} failed</dd><dt>took</dt><dd>{}"
+      "</dd>{}</dl>\n",
+      corpus.value("ok", false) ? "ok" : "failed", esc(corpus.value("model", "")),
+      esc(corpus.value("fork", "")), corpus.value("documents_run", 0),
+      corpus.value("documents_resumed", 0), corpus.value("documents_failed", 0),
+      esc(ms_text(corpus.value("total_ms", 0.0))),
+      source.empty() ? std::string() : fmt::format("<dt>from</dt><dd>{}</dd>", esc(source)));
+  html +=
+      "<h2 id=\"documents\">Documents</h2>\n<div class=\"scroll\"><table class=\"runs corpus\">"
+      "<tr><th>document</th>";
+  for (const std::string& c : columns) html += fmt::format("<th>{}</th>", esc(c));
+  html += "</tr>\n";
+  for (const json& d : documents) html += corpus_row(d, columns);
+  html += "</table></div>\n";
+  if (const auto it = corpus.find("reduce"); it != corpus.end() && !it->is_null()) {
+    html += "<h2 id=\"reduce\">Over every document</h2>\n";
+    html += agents_html(page_agents(result_from_json(*it)));
+  }
+  return html + "</body>\n</html>\n";
+}
+
 }  // namespace
+
+std::string corpus_page_html(const json& corpus, const std::string& source) {
+  try {
+    if (!corpus.is_object() || !corpus.contains("documents")) {
+      throw Error(ErrorCode::kCorruption,
+                  "the result has no 'documents' (not a swarmkv run --json result of a corpus?)");
+    }
+    return draw_corpus(corpus, source);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("the corpus result does not read: {}", e.what()));
+  }
+}
 
 std::string runs_index_html(const std::vector<RunSummary>& runs, const std::string& server,
                             int refresh_s) {

@@ -37,7 +37,8 @@ void check_page_path(const std::string& path) {
 
 void write_run_page(const std::string& path, const nlohmann::json& result,
                     const std::string& source) {
-  write_text_file(path, run_page_html(result, source));
+  const bool corpus = result.is_object() && result.value("kind", "") == "corpus";
+  write_text_file(path, corpus ? corpus_page_html(result, source) : run_page_html(result, source));
   std::cerr << fmt::format("swarmkv: the run's page: {}\n", path);
 }
 

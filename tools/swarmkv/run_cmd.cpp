@@ -175,9 +175,7 @@ void refuse_for_a_corpus(const RunArgs& args) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("{} a corpus (documents:, --document or scope: corpus agents)", what));
   };
-  if (args.redis) refuse("--redis spreads one document's agents; it does not run");
   if (!args.snapshot_file.empty()) refuse("--snapshot restores one document's state, not");
-  if (!args.html.empty()) refuse("--html draws one document's run; use --json for");
 }
 
 // "corpus: 3/20 documents (1 resumed, 0 failed) | lease.txt | 41 s, about 2 min left"
@@ -315,6 +313,10 @@ void RunCommand::add_run_options() {
                    "a corpus: write each document's result to DIR/documents/ as it finishes "
                    "(atomically); the same command again skips the documents already there "
                    "(same document text, pipeline, model and engine) and runs the rest");
+  sub_->add_option("--max-documents-live", args_.max_documents_live,
+                   "a corpus: documents run at once (default 1, each with every core; under "
+                   "--redis the live workers: each document's prefill and agents go to one)")
+      ->check(CLI::Range(1, 1024));
   sub_->add_flag("--check", args_.check,
                  "check the pipeline file and the options, load no model, run nothing");
 }
@@ -365,7 +367,8 @@ void RunCommand::add_cluster_options() {
 void RunCommand::add_output_options() {
   sub_->add_option("--html", args_.html,
                    "also write the run's page to this file: the agents' graph, a timeline and "
-                   "every prompt and answer, self-contained (see `swarmkv report --help`)");
+                   "every prompt and answer, self-contained (see `swarmkv report --help`); for a "
+                   "corpus a table with a row per document and the reduce agents' answers");
   sub_->add_flag(
       "--json", args_.json,
       "print one JSON object (schema_version 2, docs/result-schema.md): fork, ok, "
@@ -440,6 +443,7 @@ int RunCommand::run() {
 int RunCommand::run_corpus(CorpusSpec corpus) {
   const RunArgs& args = args_;
   refuse_for_a_corpus(args);
+  if (!args.html.empty()) check_page_path(args.html);
   apply_overrides(args, corpus.pipeline);
   try {
     validate_corpus(corpus);  // the command line's values and documents too
@@ -459,18 +463,43 @@ int RunCommand::run_corpus(CorpusSpec corpus) {
   options.run.on_prefill_progress = nullptr;  // the corpus's own line instead
   options.out_dir = args.out_dir;
   options.on_progress = corpus_progress();
+  options.documents_live = args.max_documents_live;
+  const cluster::ClusterKey key = cluster_key(args);  // a bad URL or key before the model loads
   const Stopwatch load;
-  auto model =
-      Model::load(resolve_model_path(corpus.pipeline.model), corpus.pipeline.model_options());
+  ModelOptions model_options = corpus.pipeline.model_options();
+  // On a cluster the workers run the documents; reduce agents run here.
+  model_options.metadata_only = args.redis.has_value() && corpus.reduce.empty();
+  auto model = Model::load(resolve_model_path(corpus.pipeline.model), model_options);
   const double load_ms = load.ms();
+  if (args.redis) {
+    const redis::Url url = redis::resolve_url(*args.redis);
+    cluster::CoordinatorOptions coordinator;
+    coordinator.timeout_s = args.timeout_s;
+    coordinator.run = options.run;
+    coordinator.bus.cluster_key = key;
+    // One job per document: a worker prefills its document and runs its agents.
+    coordinator.agents_per_job = args.agents_per_job > 0
+                                     ? args.agents_per_job
+                                     : static_cast<int>(corpus.pipeline.agents.size());
+    options.run_document = [&model, url, coordinator](const PipelineSpec& spec) {
+      return cluster::run_distributed(spec, model, url, coordinator);
+    };
+    if (options.documents_live == 0) {
+      std::optional<PipelineSpec> settled;
+      options.documents_live = std::max<size_t>(
+          1, cluster::count_live_workers(
+                 url, *model, exact_settled(corpus.pipeline, *model, settled).exact, key));
+    }
+  }
   const CorpusResult result = swarmkv::run_corpus(corpus, model, options);
+  nlohmann::json out = corpus_json(result);
+  out["load_ms"] = load_ms;
   if (args.json) {
-    nlohmann::json out = corpus_json(result);
-    out["load_ms"] = load_ms;
     std::cout << dump_json(out) << "\n";
   } else {
     print_corpus_text(result, load_ms);
   }
+  if (!args.html.empty()) write_run_page(args.html, out, "");
   if (result.ok()) return 0;
   const TerminalText shown(stderr);
   for (const DocumentOutcome& d : result.documents) {

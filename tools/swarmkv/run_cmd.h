@@ -34,6 +34,7 @@ struct RunArgs {
   int agents_per_job = 0;
   std::vector<std::string> documents;  // --document: a corpus of these
   std::string out_dir;                 // --out: each document's result, resumable
+  size_t max_documents_live = 0;       // --max-documents-live; 0: 1, or the live workers (--redis)
 };
 
 class RunCommand {
