@@ -812,6 +812,7 @@ def corpus_documents_spread_over_two_workers_equal_local(c):
     c.start_worker("w2")
     rc, out, err = c.run("--redis", c.url(), "--json", "--timeout", "300")
     assert rc == 0, err
+    assert err.count("coordinator: no cluster key") == 1, f"warned once, not per document: {err}"
     remote = json.loads(out)
     local = c.local("shared")
     assert remote["documents_run"] == 4 and remote["ok"], out

@@ -3,6 +3,7 @@
 // what the runner obtains from the local store or a prefill), enqueues the
 // agents the runner hands it, and keeps the first result of each agent.
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -127,13 +128,16 @@ class Coordinator final : public AgentExecutor {
     // After check(): a refused pipeline never connects. A Redis outage is
     // ridden out for as long as the run may take.
     redis_.emplace(url_, redis::ClientOptions{.reconnect_for_s = options_.timeout_s});
-    if (options_.bus.cluster_key.empty()) {
+    // Once per process: a corpus runs one coordinator per document.
+    static std::atomic<bool> warned{false};
+    if (options_.bus.cluster_key.empty() && !warned.exchange(true)) {
       log_warn(
           "coordinator: no cluster key (--cluster-key-file, $SWARMKV_CLUSTER_KEY): the jobs, "
           "results and snapshots on {} are not authenticated",
           url_.address());
     }
-    if (url_.clear_text_off_host()) {
+    static std::atomic<bool> warned_plain{false};
+    if (url_.clear_text_off_host() && !warned_plain.exchange(true)) {
       log_warn(
           "coordinator: {} is plain text: the document, prompts, answers and KV cross the "
           "network readable (rediss:// speaks TLS)",
