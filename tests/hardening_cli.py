@@ -889,6 +889,11 @@ def corpus_resumes_after_sigkill(ctx):
     assert resumed["documents_run"] == 8 - len(kept), resumed["documents_run"]
     assert corpus_answers(resumed) == corpus_answers(whole)
     print(f"killed after {len(kept)} of 8 documents; the second run ran {resumed['documents_run']}")
+    # Progress on a terminal only: a third run, every document resumed.
+    assert "corpus: " not in err, err
+    rc, shown = on_a_terminal(ctx, *base, "--out", "cut")
+    assert rc == 0, shown
+    assert "corpus: 8/8 documents (8 resumed, 0 failed), 8 agents answered | doc7.txt" in shown, shown
     # Standard input is a document too.
     with open(names[0]) as f:
         text = f.read()

@@ -29,6 +29,7 @@ struct CorpusProgress {
   size_t total = 0;    // documents in the corpus
   size_t resumed = 0;  // of `done`, taken from the output folder
   size_t failed = 0;   // of `done`, not ok
+  size_t agents = 0;   // agents that have an answer, in the documents done
   double elapsed_ms = 0;
   std::string last;  // the document that just finished
 };

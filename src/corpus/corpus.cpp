@@ -397,6 +397,10 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
       ++progress.done;
       progress.resumed = out.documents_resumed;
       progress.failed += done.ok() ? 0 : 1;
+      if (done.result) {
+        for (const AgentResult& a : done.result->agents)
+          progress.agents += a.status == NodeStatus::kOk ? 1 : 0;
+      }
       progress.elapsed_ms = clock.ms();
       progress.last = d.name;
       if (!done.ok()) {

@@ -178,7 +178,8 @@ void refuse_for_a_corpus(const RunArgs& args) {
   if (!args.snapshot_file.empty()) refuse("--snapshot restores one document's state, not");
 }
 
-// "corpus: 3/20 documents (1 resumed, 0 failed) | lease.txt | 41 s, about 2 min left"
+// "corpus: 3/20 documents (1 resumed, 0 failed), 12 agents answered | lease.txt | 41 s,
+// about 80 s left"
 // redrawn on stderr when it is a terminal; nothing otherwise.
 std::function<void(const CorpusProgress&)> corpus_progress() {
   if (::isatty(STDERR_FILENO) != 1) return {};
@@ -189,8 +190,10 @@ std::function<void(const CorpusProgress&)> corpus_progress() {
         run > 0 ? p.elapsed_ms / 1000.0 / static_cast<double>(run) * static_cast<double>(left) : 0;
     const TerminalText shown(stderr);
     std::cerr << fmt::format(
-                     "\r\x1b[Kcorpus: {}/{} documents ({} resumed, {} failed) | {} | {:.0f} s{}",
-                     p.done, p.total, p.resumed, p.failed, shown(p.last), p.elapsed_ms / 1000.0,
+                     "\r\x1b[Kcorpus: {}/{} documents ({} resumed, {} failed), {} agents "
+                     "answered | {} | {:.0f} s{}",
+                     p.done, p.total, p.resumed, p.failed, p.agents, shown(p.last),
+                     p.elapsed_ms / 1000.0,
                      left > 0 && run > 0 ? fmt::format(", about {:.0f} s left", eta_s) : "")
               << (left == 0 ? "\n" : "") << std::flush;
   };
