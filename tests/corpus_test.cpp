@@ -82,6 +82,7 @@ TEST_F(CorpusFileTest, OneDocumentIsACorpusOfOne) {
   const CorpusSpec c = load_corpus_file((dir_ / "one.yaml").string());
   EXPECT_FALSE(c.listed);
   EXPECT_EQ(names(c), std::vector<std::string>{"notes.md"});
+  EXPECT_EQ(c.documents[0].text, "Notes.") << "read once, by the file's reader, and kept";
   EXPECT_EQ(load_pipeline_file((dir_ / "one.yaml").string()).document, "Notes.");
 }
 

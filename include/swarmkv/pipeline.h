@@ -177,7 +177,9 @@ std::map<std::string, std::string> placeholder_values(
 struct DocumentRef {
   std::string name;  // unique in the corpus: the file's name, or a text item's `name`
   std::string path;  // the file; empty for text
-  std::string text;  // a text item's content (standard input's, for "-")
+  // A text item's content (standard input's, for "-"); for a file, its
+  // content when it was read already (a `document:` file), else empty.
+  std::string text;
   // "file:<path>" or "text", as PipelineSpec::document_source.
   std::string source() const { return path.empty() ? std::string("text") : "file:" + path; }
   bool operator==(const DocumentRef&) const = default;
@@ -221,6 +223,16 @@ std::vector<DocumentRef> documents_from_args(const std::vector<std::string>& arg
 // agent among its depends_on or a per-document agent with [*] or @<a
 // document's name>. Throws Error(kInvalidArgument) or Error(kGraph).
 void validate_corpus(const CorpusSpec& corpus);
+
+// The reduce agents as the pipeline they run as: the corpus's settings and
+// system prompt, no document (PipelineSpec::no_document), the agents with
+// the per-document names left out of their depends_on (those are done
+// before it starts), each corpus placeholder in `inputs` with the value
+// `inputs` gives it (empty when it has none: enough for validate_pipeline).
+// `keep` chooses the agents (all when empty; one flag per reduce agent).
+PipelineSpec reduce_stage(const CorpusSpec& corpus,
+                          const std::map<std::string, std::string>& inputs = {},
+                          const std::vector<bool>& keep = {});
 
 // A reduce agent's placeholder that takes a per-document agent's answers:
 // `{{agent[*]field}}` (`document` empty: every document's) or

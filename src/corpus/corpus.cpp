@@ -31,7 +31,7 @@ namespace {
 
 // The document's text, read when its turn comes.
 std::string document_text(const DocumentRef& d) {
-  if (d.path.empty()) return d.text;
+  if (d.path.empty() || !d.text.empty()) return d.text;
   return read_file(d.path, "document file");
 }
 
@@ -247,22 +247,9 @@ PipelineResult run_reduce(const CorpusSpec& corpus, const std::vector<DocumentOu
   const ReduceInputs inputs = reduce_inputs(corpus, docs);
   const std::vector<std::optional<ErrorValue>> blocked =
       blocked_reduce_agents(corpus, docs, inputs);
-  PipelineSpec stage;
-  static_cast<EngineSettings&>(stage) = corpus.pipeline;
-  stage.name = corpus.pipeline.name + " (reduce)";
-  stage.model = corpus.pipeline.model;
-  stage.fork = corpus.pipeline.fork;
-  stage.max_live = corpus.pipeline.max_live;
-  stage.system_prompt = corpus.pipeline.system_prompt;
-  stage.no_document = true;
-  stage.inputs = inputs.values;
-  for (size_t i = 0; i < corpus.reduce.size(); ++i) {
-    if (blocked[i]) continue;
-    AgentSpec a = corpus.reduce[i];
-    std::erase_if(a.depends_on,
-                  [&](const std::string& d) { return corpus.pipeline.agent_index(d).has_value(); });
-    stage.agents.push_back(std::move(a));
-  }
+  std::vector<bool> runnable(blocked.size());
+  for (size_t i = 0; i < blocked.size(); ++i) runnable[i] = !blocked[i];
+  const PipelineSpec stage = reduce_stage(corpus, inputs.values, runnable);
   PipelineResult ran;
   ran.pipeline = stage.name;
   ran.model = model->path();

@@ -12,7 +12,6 @@
 #include <iostream>
 #include <iterator>
 #include <map>
-#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -80,29 +79,31 @@ std::vector<DocumentRef> expand_documents(const std::string& pattern,
 
 }  // namespace detail
 
-namespace {
-
-// The reduce agents as the pipeline they run as (without a document), each
-// corpus placeholder given an empty value: validate_pipeline checks their
-// names, graph and other placeholders.
-PipelineSpec reduce_stage_for_checks(const CorpusSpec& corpus) {
+PipelineSpec reduce_stage(const CorpusSpec& corpus,
+                          const std::map<std::string, std::string>& inputs,
+                          const std::vector<bool>& keep) {
   PipelineSpec stage;
   static_cast<EngineSettings&>(stage) = corpus.pipeline;
+  stage.name = corpus.pipeline.name + " (reduce)";
+  stage.model = corpus.pipeline.model;
+  stage.fork = corpus.pipeline.fork;
+  stage.max_live = corpus.pipeline.max_live;
   stage.system_prompt = corpus.pipeline.system_prompt;
   stage.no_document = true;
-  std::set<std::string> per_document;
-  for (const AgentSpec& a : corpus.pipeline.agents) per_document.insert(a.name);
-  for (AgentSpec a : corpus.reduce) {
+  for (size_t i = 0; i < corpus.reduce.size(); ++i) {
+    if (!keep.empty() && !keep[i]) continue;
+    AgentSpec a = corpus.reduce[i];
     for (const PromptPlaceholder& h : prompt_placeholders(a.prompt)) {
-      if (corpus_placeholder(corpus, h.name)) stage.inputs[h.name] = "";
+      if (!corpus_placeholder(corpus, h.name)) continue;
+      const auto given = inputs.find(h.name);
+      stage.inputs[h.name] = given == inputs.end() ? std::string() : given->second;
     }
-    std::erase_if(a.depends_on, [&](const std::string& d) { return per_document.contains(d); });
+    std::erase_if(a.depends_on,
+                  [&](const std::string& d) { return corpus.pipeline.agent_index(d).has_value(); });
     stage.agents.push_back(std::move(a));
   }
   return stage;
 }
-
-}  // namespace
 
 std::optional<CorpusPlaceholder> corpus_placeholder(const CorpusSpec& corpus,
                                                     std::string_view text) {
@@ -208,7 +209,7 @@ void validate_corpus(const CorpusSpec& corpus) {
       }
     }
   }
-  validate_pipeline(reduce_stage_for_checks(corpus));
+  validate_pipeline(reduce_stage(corpus));
 }
 
 std::vector<DocumentRef> documents_from_args(const std::vector<std::string>& args) {

@@ -545,14 +545,14 @@ CorpusSpec parse(const YAML::Node& root, const std::string& origin, const std::s
   } else {
     read_document(r, root, base, origin, spec);
     if (corpus) {
-      DocumentRef doc;
+      DocumentRef doc;  // its text as read here: one document is not read twice
       if (spec.document_source.starts_with("file:")) {
         doc.path = spec.document_source.substr(5);
         doc.name = std::filesystem::path(doc.path).filename().string();
       } else {
-        doc.text = std::move(spec.document);
         doc.name = "document";
       }
+      doc.text = std::move(spec.document);
       out.documents.push_back(std::move(doc));
       spec.document.clear();
       spec.document_source.clear();

@@ -157,8 +157,7 @@ void apply_overrides(const RunArgs& args, PipelineSpec& spec) {
 PipelineSpec pipeline_spec(const RunArgs& args, CorpusSpec corpus) {
   PipelineSpec spec = std::move(corpus.pipeline);
   DocumentRef& document = corpus.documents.front();
-  spec.document =
-      document.path.empty() ? std::move(document.text) : read_file(document.path, "document file");
+  spec.document = std::move(document.text);  // as the file's reader read it: not read twice
   spec.document_source = document.source();
   apply_overrides(args, spec);
   try {
