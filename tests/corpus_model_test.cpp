@@ -185,6 +185,19 @@ TEST_F(CorpusModelTest, AReduceAgentThatCouldOutgrowTheContextIsRefusedBeforeAny
     EXPECT_NE(std::string(e.what()).find("> n_ctx_train 8192"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(dir_ / "out")) << "refused before any work";
+  // A server's context limit caps it lower (serve --max-pipeline-ctx).
+  corpus_.pipeline.agents[0].max_tokens = 300;
+  EXPECT_NO_THROW(check_reduce_budget(corpus_, *model_));
+  try {
+    check_reduce_budget(corpus_, *model_, 512);
+    FAIL() << "the server's limit was not applied";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget);
+    EXPECT_NE(std::string(e.what()).find(
+                  "> n_ctx 512, the most this server allows (--max-pipeline-ctx) (3 documents)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(CorpusModelTest, AResumedRunTakesWhatIsDoneAndRunsOnlyTheRest) {

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "greedy_reference.h"
+#include "swarmkv/corpus.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
 #include "swarmkv/paths.h"
@@ -1520,6 +1521,122 @@ TEST_F(ServerTest, APostedPipelineKeepsCharactersOutsideTheBmp) {
   ASSERT_EQ(result["agents"].size(), 1u) << res->body;
   EXPECT_EQ(result["agents"][0]["name"], "a\U0001F389");
   EXPECT_EQ(result["agents"][0]["status"], "ok") << res->body;
+}
+
+// A posted corpus: each document's outcome as it ends ("document_done",
+// its index in the corpus), then the corpus's result, every answer (the
+// reduce agent's too) the same corpus's run in process; its view and page
+// are the corpus's. A document over the server's context limit is refused
+// by name before anything runs.
+TEST_F(ServerTest, APostedCorpusStreamsEachDocumentAndAnswersAsTheSameRunInProcess) {
+  const json body = {
+      {"name", "two"},
+      {"exact", false},
+      {"documents", json::array({{{"name", "one.txt"}, {"text", document(300)}},
+                                 {{"name", "two.txt"}, {"text", "A short note about a loan."}}})},
+      {"defaults", {{"max_tokens", 8}}},
+      {"agents",
+       json::array({{{"name", "who"}, {"prompt", "Who is named?"}},
+                    {{"name", "sum"}, {"scope", "corpus"}, {"prompt", "Compare:\n{{who[*]}}"}}})}};
+  const CorpusResult local =
+      run_corpus(parse_corpus_json(read_pipeline_json(body.dump(), "test"), "test", ""), model_);
+  ASSERT_TRUE(local.ok());
+  ServerOptions options = small_options();
+  options.max_pipeline_ctx = 1024;
+  Running server(model_, options);
+  auto c = server.client();
+  std::string id;
+  const PipelineStream stream = post_pipeline(*c, body, {}, &id);
+  ASSERT_EQ(stream.status, 200);
+  ASSERT_EQ(stream.events.size(), 3u);
+  for (size_t i = 0; i < 2; ++i) {
+    const PipelineEvent& e = stream.events[i];
+    EXPECT_EQ(e.name, "document_done");
+    EXPECT_EQ(e.data["index"], i);
+    EXPECT_EQ(e.data["name"], local.documents[i].name);
+    EXPECT_TRUE(e.data["ok"].get<bool>()) << e.data;
+  }
+  ASSERT_EQ(stream.events[2].name, "result");
+  const json& result = stream.events[2].data;
+  EXPECT_EQ(result["kind"], "corpus");
+  EXPECT_TRUE(result["ok"].get<bool>()) << result;
+  EXPECT_EQ(result["model"], std::filesystem::path(model_->path()).filename().string())
+      << "no server path";
+  ASSERT_EQ(result["documents"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const json& agents = result["documents"][i]["result"]["agents"];
+    ASSERT_EQ(agents.size(), 1u);
+    EXPECT_EQ(agents[0]["tokens"], json(local.documents[i].result->agents[0].tokens)) << i;
+    EXPECT_EQ(stream.events[i].data["result"]["agents"][0]["tokens"], agents[0]["tokens"]);
+  }
+  ASSERT_TRUE(local.reduce);
+  EXPECT_EQ(result["reduce"]["agents"][0]["tokens"], json(local.reduce->agents[0].tokens));
+  EXPECT_EQ(result["reduce"]["agents"][0]["prompt_rendered"],
+            local.reduce->agents[0].prompt_rendered);
+
+  const auto view = c->Get("/v1/pipelines/" + id);
+  ASSERT_TRUE(view);
+  ASSERT_EQ(view->status, 200);
+  json viewed = json::parse(view->body);
+  EXPECT_EQ(viewed["state"], "ok");
+  viewed.erase("state");
+  EXPECT_EQ(viewed, result);
+  const auto page = c->Get("/runs/" + id);
+  ASSERT_TRUE(page);
+  ASSERT_EQ(page->status, 200);
+  for (const char* text : {"two — 2 documents", "one.txt", "two.txt", "Over every document"}) {
+    EXPECT_NE(page->body.find(text), std::string::npos) << text;
+  }
+
+  json too_long = body;
+  too_long["documents"][1] = {{"name", "long.txt"}, {"text", document(6000)}};
+  const auto refused = c->Post("/v1/pipelines", too_long.dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  const json e = json::parse(refused->body)["error"];
+  EXPECT_EQ(e["code"], "context_length_exceeded");
+  EXPECT_EQ(e["message"].get<std::string>().rfind("document 'long.txt': pipeline: needs n_ctx ", 0),
+            0u)
+      << e;
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_total"), 1) << "the refused corpus never ran";
+}
+
+// A client that hangs up after a corpus's first document: every document
+// left fails at once as aborted (none is prefilled for nothing), the reduce
+// agent with them, and the run counts as cancelled.
+TEST_F(ServerTest, AHangUpMidCorpusFailsEveryDocumentLeftAtOnce) {
+  json body = {
+      {"exact", false},
+      {"documents", json::array()},
+      {"defaults", {{"max_tokens", 4}}},
+      {"agents",
+       json::array({{{"name", "who"}, {"prompt", "Who is named?"}},
+                    {{"name", "sum"}, {"scope", "corpus"}, {"prompt", "Compare:\n{{who[*]}}"}}})}};
+  for (int i = 0; i < 6; ++i)
+    body["documents"].push_back({{"name", fmt::format("d{}.txt", i)}, {"text", document(2000)}});
+  Running server(model_, small_options());
+  auto c = server.client();
+  std::string id;
+  const PipelineStream stream = post_pipeline(
+      *c, body, [](const PipelineEvent& e) { return e.name != "document_done"; }, &id);
+  ASSERT_FALSE(stream.events.empty());
+  EXPECT_EQ(stream.events.back().name, "document_done");
+  ASSERT_TRUE(await_metric(*c, "swarmkv_pipelines_running", 0));
+  EXPECT_EQ(metric(*c, "swarmkv_pipelines_cancelled_total"), 1);
+  const auto view = c->Get("/v1/pipelines/" + id);
+  ASSERT_TRUE(view);
+  const json result = json::parse(view->body);
+  EXPECT_EQ(result["state"], "failed");
+  ASSERT_EQ(result["documents"].size(), 6u);
+  size_t aborted = 0;
+  for (const json& d : result["documents"]) {
+    if (d["error"].is_object() && d["error"]["code"] == "aborted") {
+      ++aborted;
+      EXPECT_TRUE(d["result"].is_null()) << "not prefilled for nothing: " << d["name"];
+    }
+  }
+  EXPECT_GE(aborted, 4u) << "every document after the one running at the hang-up" << result;
+  EXPECT_EQ(result["reduce"]["agents"][0]["status"], "dependency_failed") << result["reduce"];
 }
 
 TEST_F(ServerTest, APostedPipelineIsRefusedWithItsReason) {

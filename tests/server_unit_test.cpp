@@ -592,6 +592,89 @@ TEST(PipelineRequestTest, TooManyAgentsAreRefusedBeforeTheirGraphIsChecked) {
             "agents: 100000 agents, more than the 64 this server runs in one pipeline");
 }
 
+// A body with `documents` or a `scope: corpus` agent is a corpus; without
+// either, the pipeline it always was.
+constexpr const char* kCorpus = R"({"name": "c", "defaults": {"max_tokens": 9},
+  "documents": [{"name": "lease.txt", "text": "A lease."}, {"text": "A loan."}],
+  "agents": [{"name": "a", "prompt": "Who?"},
+             {"name": "r", "scope": "corpus", "prompt": "Compare: {{a[*]}}", "max_tokens": 5}]})";
+
+TEST(PipelineRequestTest, DocumentsOrAReduceAgentMakeACorpus) {
+  const PostedRun posted = parse_posted_run(kCorpus, PipelineLimits{.exact = true});
+  ASSERT_TRUE(std::holds_alternative<CorpusSpec>(posted));
+  const CorpusSpec& corpus = std::get<CorpusSpec>(posted);
+  EXPECT_EQ(corpus.pipeline.name, "c");
+  EXPECT_TRUE(corpus.pipeline.exact) << "the server's mode";
+  ASSERT_EQ(corpus.documents.size(), 2u);
+  EXPECT_EQ(corpus.documents[0].name, "lease.txt");
+  EXPECT_EQ(corpus.documents[0].text, "A lease.");
+  EXPECT_EQ(corpus.documents[1].name, "text-2");
+  EXPECT_TRUE(corpus.documents[1].path.empty());
+  ASSERT_EQ(corpus.pipeline.agents.size(), 1u);
+  ASSERT_EQ(corpus.reduce.size(), 1u);
+  EXPECT_EQ(corpus.reduce[0].max_tokens, 5);
+  // One document and a reduce agent: a corpus of one.
+  const PostedRun one = parse_posted_run(
+      R"({"document": {"text": "x"}, "agents": [{"name": "a", "prompt": "b"},
+          {"name": "r", "scope": "corpus", "prompt": "{{a[*]}}"}]})",
+      {});
+  ASSERT_TRUE(std::holds_alternative<CorpusSpec>(one));
+  EXPECT_EQ(std::get<CorpusSpec>(one).documents.size(), 1u);
+  const PostedRun plain = parse_posted_run(kPipeline, {});
+  ASSERT_TRUE(std::holds_alternative<PipelineSpec>(plain));
+  EXPECT_EQ(std::get<PipelineSpec>(plain), parse_pipeline_request(kPipeline, {}));
+}
+
+std::string corpus_refusal(const std::string& body, const PipelineLimits& limits = {}) {
+  try {
+    (void)parse_posted_run(body, limits);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << body;
+    return e.message();
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return "";
+}
+
+// A corpus reads no file of the server's, has at most max_documents
+// (counted before any is read), and its reduce agents are held to the same
+// limits as its other agents.
+TEST(PipelineRequestTest, ACorpusSendsItsDocumentsAsTextWithinTheLimits) {
+  const std::string files =
+      "documents[1]: a pipeline request cannot read the server's files (a "
+      "file, glob or folder); send each document as {\"name\": ..., "
+      "\"text\": ...}";
+  for (const char* item : {R"("/etc/passwd")", R"({"file": "/etc/passwd"})",
+                           R"({"file": "/etc/passwd", "text": "x"})", R"(["x"])"}) {
+    EXPECT_EQ(corpus_refusal(fmt::format(R"({{"documents": [{{"text": "ok"}}, {}],
+                                           "agents": [{{"name": "a", "prompt": "b"}}]}})",
+                                         item)),
+              files)
+        << item;
+  }
+  EXPECT_EQ(param_of(files), "documents[1]");
+  PipelineLimits small{.max_documents = 1, .max_tokens = 8};
+  EXPECT_EQ(corpus_refusal(R"({"documents": [{"text": "x"}, "/etc/passwd"],
+                               "agents": [{"name": "a", "prompt": "b"}]})",
+                           small),
+            "documents: 2 documents, more than the 1 this server runs in one corpus "
+            "(--max-pipeline-documents)");
+  small.max_documents = 2;
+  EXPECT_EQ(corpus_refusal(kCorpus, small),
+            "agents[0].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
+  small.max_tokens = 9;
+  EXPECT_NO_THROW((void)parse_posted_run(kCorpus, small));
+  small.max_tokens = 4;
+  const std::string reduce_only = R"({"documents": [{"text": "x"}],
+    "agents": [{"name": "a", "prompt": "b", "max_tokens": 4},
+               {"name": "r", "scope": "corpus", "prompt": "{{a[*]}}", "max_tokens": 5}]})";
+  EXPECT_EQ(corpus_refusal(reduce_only, small),
+            "agents[1].max_tokens: 5 is more than the 4 this server allows (--max-tokens)");
+  small.max_agents = 1;
+  EXPECT_EQ(corpus_refusal(reduce_only, small),
+            "agents: 2 agents, more than the 1 this server runs in one pipeline");
+}
+
 // ------------------------------------------------------------------ streamed text
 
 TEST(TextStreamTest, PiecesAddUpToTheAnswerAndNeverTakeAByteBack) {
@@ -641,6 +724,7 @@ TEST(PipelineEventTest, EachKindHasItsWireName) {
   EXPECT_EQ(to_string(Kind::kAgentStarted), "agent_started");
   EXPECT_EQ(to_string(Kind::kToken), "token");
   EXPECT_EQ(to_string(Kind::kAgentDone), "agent_done");
+  EXPECT_EQ(to_string(Kind::kDocumentDone), "document_done");
   EXPECT_EQ(to_string(Kind::kResult), "result");
   EXPECT_EQ(to_string(Kind::kError), "error");
   EXPECT_TRUE(event(Kind::kResult, {}).last());
@@ -710,6 +794,70 @@ TEST(RunViewTest, EventsMoveEachAgentOnAndTheResultEndsIt) {
   EXPECT_EQ(ended, final_json) << "after the result, the view is the result";
   v.apply(event(Kind::kToken, {{"agent", "first"}, {"token", 9}, {"text", "late"}}), 60);
   EXPECT_EQ(v.result(61)["agents"][0]["answer"], "Hello!") << "nothing moves after the end";
+}
+
+// A posted corpus's view: corpus_json's shape with the documents done so
+// far and the state, then the result; the runs list counts every
+// document's agents and the reduce agents.
+TEST(RunViewTest, ACorpusViewAddsEachDocumentThenIsItsResult) {
+  CorpusSpec corpus;
+  corpus.pipeline = two_agents();
+  corpus.documents.resize(2);
+  corpus.documents[0].name = "a.txt";
+  corpus.documents[1].name = "b.txt";
+  corpus.reduce.emplace_back().name = "r";
+  CorpusView v(corpus, "m.gguf");
+  EXPECT_EQ(v.agents(), 5u);
+  EXPECT_EQ(v.pipeline(), "pair");
+  nlohmann::json r = v.result(0);
+  EXPECT_EQ(r["kind"], "corpus");
+  EXPECT_EQ(r["state"], "queued");
+  EXPECT_EQ(r["documents_total"], 2);
+  EXPECT_EQ(r["documents"], nlohmann::json::array());
+
+  v.begin();
+  AgentResult ok;
+  ok.name = "first";
+  ok.answer = "Yes.";
+  AgentResult failed = ok;
+  failed.name = "second";
+  failed.status = NodeStatus::kFailed;
+  failed.error = ErrorValue{ErrorCode::kAborted, "cancelled"};
+  DocumentOutcome a;
+  a.name = "a.txt";
+  a.source = "text";
+  a.result.emplace();
+  a.result->agents = {ok, failed};
+  nlohmann::json done = document_json(a);
+  done["index"] = 0;
+  v.apply(event(Kind::kDocumentDone, done), 10);
+  r = v.result(12);
+  EXPECT_EQ(r["state"], "running");
+  EXPECT_EQ(r["total_ms"], 12.0);
+  ASSERT_EQ(r["documents"].size(), 1u);
+  EXPECT_EQ(r["documents"][0], document_json(a)) << "as corpus_json writes it, no index";
+  EXPECT_EQ(r["documents_run"], 1);
+  EXPECT_EQ(r["documents_failed"], 1) << "an agent failed";
+  EXPECT_EQ(v.agents_done(), 1u);
+  EXPECT_NE(corpus_page_html(r, "run 1", 1).find("<meta http-equiv=\"refresh\" content=\"1\">"),
+            std::string::npos);
+
+  CorpusResult result;
+  result.pipeline = "pair";
+  result.documents = {a, a};
+  result.reduce.emplace();
+  result.reduce->agents = {ok};
+  result.reduce->agents[0].name = "r";
+  const nlohmann::json final_json = corpus_json(result);
+  v.apply(event(Kind::kResult, final_json), 20);
+  EXPECT_EQ(v.state(), RunState::kFailed);
+  EXPECT_EQ(v.agents_done(), 3u);
+  nlohmann::json ended = v.result(30);
+  EXPECT_EQ(ended["state"], "failed");
+  ended.erase("state");
+  EXPECT_EQ(ended, final_json) << "after the result, the view is the result";
+  v.apply(event(Kind::kDocumentDone, done), 40);
+  EXPECT_EQ(v.result(41)["documents"].size(), 2u) << "nothing moves after the end";
 }
 
 TEST(RunViewTest, ARunThatCouldNotStartSaysWhy) {

@@ -23,6 +23,8 @@ namespace swarmkv {
 // Bump on any change a reader of corpus_json would notice.
 inline constexpr int kCorpusSchemaVersion = 3;
 
+struct DocumentOutcome;
+
 // Where a corpus run stands, after each document (CorpusOptions::on_progress).
 struct CorpusProgress {
   size_t done = 0;     // documents with an outcome (resumed ones included)
@@ -32,6 +34,9 @@ struct CorpusProgress {
   size_t agents = 0;   // agents that have an answer, in the documents done
   double elapsed_ms = 0;
   std::string last;  // the document that just finished
+  // Its index in the corpus and its outcome (valid during the call only).
+  size_t index = 0;
+  const DocumentOutcome* outcome = nullptr;
 };
 
 struct CorpusOptions {
@@ -44,6 +49,11 @@ struct CorpusOptions {
   std::string out_dir;
   // Called after each document, under a lock (one call at a time).
   std::function<void(const CorpusProgress&)> on_progress;
+  // Called before each document is resumed or run; an Error it throws
+  // becomes that document's error and the run goes on to the next (serve's
+  // cancel: every document left fails at once with kAborted, the reduce
+  // agents with kDependencyFailed).
+  std::function<void()> before_document;
   // How one document's pipeline runs; empty: run_pipeline(spec, model,
   // run). `run --redis` passes the cluster's coordinator (run_distributed).
   // The reduce agents run with run_pipeline whatever it is.
@@ -81,13 +91,9 @@ struct CorpusResult {
 };
 
 // Runs `corpus` (checked with validate_corpus first; Error for what it
-// refuses) on `model`. Before any document runs, a reduce agent whose
-// prompt could outgrow the model's trained context (every answer it takes
-// at its agent's max_tokens) is refused: Error(kBudget) "reduce agent 'r'
-// may need N positions: ... > n_ctx_train T ...". A document that cannot be read, is refused or
-// fails does not stop the others; a reduce agent that takes its answers
-// fails with kDependencyFailed. Throws Error(kIo) when the output folder
-// cannot be written.
+// refuses) on `model`. Before any document runs, check_reduce_budget. A document that cannot be
+// read, is refused or fails does not stop the others; a reduce agent that takes its answers fails
+// with kDependencyFailed. Throws Error(kIo) when the output folder cannot be written.
 CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Model>& model,
                         const CorpusOptions& options = {});
 
@@ -102,6 +108,19 @@ struct ReduceInputs {
   std::map<std::string, ErrorValue> failed;
 };
 ReduceInputs reduce_inputs(const CorpusSpec& corpus, const std::vector<DocumentOutcome>& documents);
+
+// Before any document runs: a reduce agent whose prompt could outgrow the
+// model's trained context (every answer it takes at its agent's
+// max_tokens) throws Error(kBudget) "reduce agent 'r' may need N
+// positions: ... > n_ctx_train T, the context the model was trained on
+// ...". run_corpus calls it first. `server_n_ctx` > 0 (serve's
+// --max-pipeline-ctx) caps it lower: "... > n_ctx N, the most this server
+// allows (--max-pipeline-ctx) ...".
+void check_reduce_budget(const CorpusSpec& corpus, const Model& model, uint32_t server_n_ctx = 0);
+
+// One document's entry of corpus_json: {"name", "source", "ok", "resumed",
+// "error" (error_json), "result" (result_json, or null when it did not run)}.
+nlohmann::json document_json(const DocumentOutcome& d);
 
 // {"schema_version": 3, "kind": "corpus", "pipeline", "model", "fork", "ok",
 //  "documents_total", "documents_run", "documents_resumed", "documents_failed",

@@ -224,6 +224,10 @@ std::vector<DocumentRef> documents_from_args(const std::vector<std::string>& arg
 // document's name>. Throws Error(kInvalidArgument) or Error(kGraph).
 void validate_corpus(const CorpusSpec& corpus);
 
+// One document's pipeline: the corpus's settings and per-document agents
+// with `text` (`d`'s, read by the caller) as its document.
+PipelineSpec document_pipeline(const CorpusSpec& corpus, const DocumentRef& d, std::string text);
+
 // The reduce agents as the pipeline they run as: the corpus's settings and
 // system prompt, no document (PipelineSpec::no_document), the agents with
 // the per-document names left out of their depends_on (those are done
@@ -286,6 +290,11 @@ PipelineSpec parse_pipeline_json(const nlohmann::json& pipeline, const std::stri
                                  const std::string& base_dir);
 PipelineSpec parse_pipeline_json(const nlohmann::ordered_json& pipeline, const std::string& origin,
                                  const std::string& base_dir);
+// The same as a corpus (load_corpus_file's rules): `documents` and agents
+// with `scope: corpus` allowed, one `document` a corpus of one. POST
+// /v1/pipelines reads a corpus so.
+CorpusSpec parse_corpus_json(const nlohmann::ordered_json& pipeline, const std::string& origin,
+                             const std::string& base_dir);
 
 // `spec` as the JSON of a pipeline file, every setting written out and the
 // document as {"text": ...}, an agent's json_schema as its JSON text (an

@@ -28,8 +28,10 @@ std::string run_page_html(const nlohmann::json& result, const std::string& sourc
 // table with a row per document and a column per agent (each answer, a
 // JSON answer's fields, or the error), then the reduce agents as a run's
 // page lists its agents. Throws Error(kCorruption) "the result has no
-// 'documents' (...)" or naming what does not read.
-std::string corpus_page_html(const nlohmann::json& corpus, const std::string& source = "");
+// 'documents' (...)" or naming what does not read. `refresh_s` > 0: the
+// page reloads itself that often (a corpus still running on a server).
+std::string corpus_page_html(const nlohmann::json& corpus, const std::string& source = "",
+                             int refresh_s = 0);
 
 // One run in a server's list.
 struct RunSummary {

@@ -68,10 +68,12 @@ struct ServerOptions {
   int32_t max_n = 8;    // completions per request
   double drain_s = 30;  // stop(): seconds in-flight requests may still take
   // POST /v1/pipelines: runs at once (each with contexts of its own beside
-  // the shared one; more get 429; 0: no such route), agents per pipeline,
-  // and the KV cells a pipeline's context may have.
+  // the shared one; more get 429; 0: no such route), agents per pipeline
+  // (a corpus's reduce agents counted), documents per corpus, and the KV
+  // cells a pipeline's context may have.
   int32_t max_pipelines = 1;
   int32_t max_pipeline_agents = 64;
+  int32_t max_pipeline_documents = 64;
   uint32_t max_pipeline_ctx = 32768;
   // The posted runs GET / lists and GET /runs/<id> (a page) and GET
   // /v1/pipelines/<id> (its result so far) show: the last keep_runs, each

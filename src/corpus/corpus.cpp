@@ -35,14 +35,6 @@ std::string document_text(const DocumentRef& d) {
   return read_file(d.path, "document file");
 }
 
-// One document's pipeline: the corpus's, with the document filled in.
-PipelineSpec document_spec(const CorpusSpec& corpus, const DocumentRef& d, std::string text) {
-  PipelineSpec spec = corpus.pipeline;
-  spec.document = std::move(text);
-  spec.document_source = d.source();
-  return spec;
-}
-
 std::string hex128(const XXH128_hash_t& h) {
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
@@ -98,7 +90,8 @@ DocumentOutcome run_document(const CorpusSpec& corpus, const DocumentRef& d,
   out.name = d.name;
   out.source = d.source();
   try {
-    const PipelineSpec spec = document_spec(corpus, d, document_text(d));
+    if (options.before_document) options.before_document();
+    const PipelineSpec spec = document_pipeline(corpus, d, document_text(d));
     const std::string key = options.out_dir.empty() ? std::string() : result_key(spec, *model);
     const std::string path =
         options.out_dir.empty() ? std::string() : result_path(options.out_dir, d.name);
@@ -289,13 +282,16 @@ PipelineResult run_reduce(const CorpusSpec& corpus, const std::vector<DocumentOu
   return ran;
 }
 
+}  // namespace
+
 // The most positions a reduce agent's sequence can take: the system turn
 // and its prompt, each corpus placeholder at its longest (every document's
 // answer at max_tokens, under its name line), each reduce agent it names at
 // max_tokens, and its own max_tokens. Over the model's trained context it
 // is refused before any document runs (Error(kBudget)), not after them all.
-void check_reduce_budget(const CorpusSpec& corpus, const Model& model) {
+void check_reduce_budget(const CorpusSpec& corpus, const Model& model, uint32_t server_n_ctx) {
   const int64_t train = model.n_ctx_train();
+  const bool server = server_n_ctx > 0 && server_n_ctx < train;
   const int64_t system =
       static_cast<int64_t>(model.tokenize(corpus.pipeline.system_prompt, false, false).size()) + 16;
   for (const AgentSpec& a : corpus.reduce) {
@@ -324,19 +320,20 @@ void check_reduce_budget(const CorpusSpec& corpus, const Model& model) {
     const int64_t prompt =
         static_cast<int64_t>(model.tokenize(render_prompt(a.prompt, empty), false, false).size());
     const int64_t need = system + prompt + inserted + a.max_tokens;
-    if (need > train) {
+    if (need > (server ? server_n_ctx : train)) {
+      const std::string cap =
+          server ? fmt::format("n_ctx {}, the most this server allows (--max-pipeline-ctx)",
+                               server_n_ctx)
+                 : fmt::format("n_ctx_train {}, the context the model was trained on", train);
       throw Error(ErrorCode::kBudget,
                   fmt::format("reduce agent '{}' may need {} positions: system and prompt {}{} "
-                              "+ max_tokens {} > n_ctx_train {}, the context the model was "
-                              "trained on ({} documents); take a field or fewer documents, or "
-                              "lower the max_tokens of the agents it reads",
-                              a.name, need, system + prompt, parts, a.max_tokens, train,
+                              "+ max_tokens {} > {} ({} documents); take a field or fewer "
+                              "documents, or lower the max_tokens of the agents it reads",
+                              a.name, need, system + prompt, parts, a.max_tokens, cap,
                               corpus.documents.size()));
     }
   }
 }
-
-}  // namespace
 
 CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Model>& model,
                         const CorpusOptions& options) {
@@ -390,12 +387,15 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
       }
       progress.elapsed_ms = clock.ms();
       progress.last = d.name;
+      progress.index = i;
       if (!done.ok()) {
         log_warn("corpus: document '{}' failed{}", d.name,
                  done.error ? ": " + done.error->to_string() : std::string());
       }
       out.documents[i] = std::move(done);
+      progress.outcome = &out.documents[i];
       if (options.on_progress) options.on_progress(progress);
+      progress.outcome = nullptr;
     }
   };
   const size_t threads =
@@ -414,17 +414,21 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
   return out;
 }
 
+nlohmann::json document_json(const DocumentOutcome& d) {
+  return {{"name", d.name},
+          {"source", d.source},
+          {"ok", d.ok()},
+          {"resumed", d.resumed},
+          {"error", error_json(d.error)},
+          {"result", d.result ? result_json(*d.result) : nlohmann::json(nullptr)}};
+}
+
 nlohmann::json corpus_json(const CorpusResult& r) {
   nlohmann::json documents = nlohmann::json::array();
   size_t failed = 0;
   for (const DocumentOutcome& d : r.documents) {
     failed += d.ok() ? 0 : 1;
-    documents.push_back({{"name", d.name},
-                         {"source", d.source},
-                         {"ok", d.ok()},
-                         {"resumed", d.resumed},
-                         {"error", error_json(d.error)},
-                         {"result", d.result ? result_json(*d.result) : nlohmann::json(nullptr)}});
+    documents.push_back(document_json(d));
   }
   return {{"schema_version", kCorpusSchemaVersion},
           {"kind", "corpus"},

@@ -79,6 +79,13 @@ std::vector<DocumentRef> expand_documents(const std::string& pattern,
 
 }  // namespace detail
 
+PipelineSpec document_pipeline(const CorpusSpec& corpus, const DocumentRef& d, std::string text) {
+  PipelineSpec spec = corpus.pipeline;
+  spec.document = std::move(text);
+  spec.document_source = d.source();
+  return spec;
+}
+
 PipelineSpec reduce_stage(const CorpusSpec& corpus,
                           const std::map<std::string, std::string>& inputs,
                           const std::vector<bool>& keep) {

@@ -750,6 +750,11 @@ PipelineSpec parse_pipeline_json(const nlohmann::ordered_json& pipeline, const s
   return parse_json(pipeline, origin, base_dir, "pipeline").pipeline;
 }
 
+CorpusSpec parse_corpus_json(const nlohmann::ordered_json& pipeline, const std::string& origin,
+                             const std::string& base_dir) {
+  return parse_json(pipeline, origin, base_dir, "pipeline", /*corpus=*/true);
+}
+
 nlohmann::json needs_json(const DocumentNeeds& needs) {
   if (!needs.any()) return nullptr;
   nlohmann::json j = nlohmann::json::object();

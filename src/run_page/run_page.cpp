@@ -678,7 +678,7 @@ std::string corpus_row(const json& d, const std::vector<std::string>& columns) {
   return row + "</tr>\n";
 }
 
-std::string draw_corpus(const json& corpus, const std::string& source) {
+std::string draw_corpus(const json& corpus, const std::string& source, int refresh_s) {
   const json& documents = corpus.at("documents");
   std::vector<std::string> columns;  // the per-document agents, from the first result
   for (const json& d : documents) {
@@ -692,17 +692,21 @@ std::string draw_corpus(const json& corpus, const std::string& source) {
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-      "<link rel=\"icon\" href=\"data:,\">\n<title>{0}</title>\n<style>{1}</style>\n</head>\n"
-      "<body>\n<h1>{0}</h1>\n",
-      esc(title), kStyle);
+      "<link rel=\"icon\" href=\"data:,\">\n{2}<title>{0}</title>\n<style>{1}</style>\n"
+      "</head>\n<body>\n<h1>{0}</h1>\n",
+      esc(title), kStyle,
+      refresh_s > 0 ? fmt::format("<meta http-equiv=\"refresh\" content=\"{}\">\n", refresh_s)
+                    : std::string());
   html += fmt::format(
       "<dl class=\"facts\"><dt>result</dt><dd>{}</dd><dt>model</dt><dd>{}</dd><dt>fork</dt>"
       "<dd>{}</dd><dt>documents</dt><dd>{} run, {} resumed, {} failed</dd><dt>took</dt><dd>{}"
       "</dd>{}</dl>\n",
-      corpus.value("ok", false) ? "ok" : "failed", esc(corpus.value("model", "")),
-      esc(corpus.value("fork", "")), corpus.value("documents_run", 0),
-      corpus.value("documents_resumed", 0), corpus.value("documents_failed", 0),
-      esc(ms_text(corpus.value("total_ms", 0.0))),
+      corpus.contains("state")    ? esc(corpus.value("state", ""))
+      : corpus.value("ok", false) ? std::string("ok")
+                                  : std::string("failed"),
+      esc(corpus.value("model", "")), esc(corpus.value("fork", "")),
+      corpus.value("documents_run", 0), corpus.value("documents_resumed", 0),
+      corpus.value("documents_failed", 0), esc(ms_text(corpus.value("total_ms", 0.0))),
       source.empty() ? std::string() : fmt::format("<dt>from</dt><dd>{}</dd>", esc(source)));
   html +=
       "<h2 id=\"documents\">Documents</h2>\n<div class=\"scroll\"><table class=\"runs corpus\">"
@@ -720,13 +724,13 @@ std::string draw_corpus(const json& corpus, const std::string& source) {
 
 }  // namespace
 
-std::string corpus_page_html(const json& corpus, const std::string& source) {
+std::string corpus_page_html(const json& corpus, const std::string& source, int refresh_s) {
   try {
     if (!corpus.is_object() || !corpus.contains("documents")) {
       throw Error(ErrorCode::kCorruption,
                   "the result has no 'documents' (not a swarmkv run --json result of a corpus?)");
     }
-    return draw_corpus(corpus, source);
+    return draw_corpus(corpus, source, refresh_s);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -40,8 +40,13 @@ void apply_server_threads(const PipelineLimits& limits, PipelineSpec& spec) {
 
 }  // namespace
 
-PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
-  const auto body = read_pipeline_json(body_text, "body");
+namespace {
+
+// What every posted run must not ask for, checked on the body before it is
+// read as a pipeline: a model, GPU layers, the server's files, more agents
+// than the limit.
+nlohmann::ordered_json read_request(std::string_view body_text, const PipelineLimits& limits) {
+  auto body = read_pipeline_json(body_text, "body");
   if (!body.is_object()) {
     refuse("body", fmt::format("must be a JSON object, a pipeline (got a {})", body.type_name()));
   }
@@ -68,9 +73,13 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
     refuse("agents", fmt::format("{} agents, more than the {} this server runs in one pipeline",
                                  agents->size(), limits.max_agents));
   }
-  // The pipeline file's reader checks every key, type and range, and the
-  // graph; its messages start with "body: ".
-  PipelineSpec spec = parse_pipeline_json(body, "body", "");
+  return body;
+}
+
+// The server's settings over what the body left out or may not exceed:
+// exact mode, threads, each agent's max_tokens.
+void settle_request(const nlohmann::ordered_json& body, const PipelineLimits& limits,
+                    PipelineSpec& spec, const std::vector<AgentSpec>& more_agents = {}) {
   if (!body.contains("exact")) spec.exact = limits.exact;  // the server's mode
   apply_server_threads(limits, spec);
   if (spec.exact && !limits.exact) {
@@ -79,13 +88,71 @@ PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLi
            "with --no-exact, or a llama.cpp without them); send exact: false, or run the "
            "pipeline with `swarmkv run`");
   }
-  for (size_t i = 0; i < spec.agents.size(); ++i) {
-    if (spec.agents[i].max_tokens > limits.max_tokens) {
+  const auto check = [&](const AgentSpec& a, size_t i) {
+    if (a.max_tokens > limits.max_tokens) {
       refuse(fmt::format("agents[{}].max_tokens", i),
-             fmt::format("{} is more than the {} this server allows (--max-tokens)",
-                         spec.agents[i].max_tokens, limits.max_tokens));
+             fmt::format("{} is more than the {} this server allows (--max-tokens)", a.max_tokens,
+                         limits.max_tokens));
+    }
+  };
+  // The body's order: per-document and reduce agents are one list there.
+  const nlohmann::ordered_json& listed = body.at("agents");
+  for (size_t i = 0; i < listed.size(); ++i) {
+    const std::string name = listed[i].is_object() ? listed[i].value("name", "") : "";
+    for (const AgentSpec& a : spec.agents)
+      if (a.name == name) check(a, i);
+    for (const AgentSpec& a : more_agents)
+      if (a.name == name) check(a, i);
+  }
+}
+
+bool is_corpus_request(const nlohmann::ordered_json& body) {
+  if (body.contains("documents")) return true;
+  const auto agents = body.find("agents");
+  if (agents == body.end() || !agents->is_array()) return false;
+  return std::any_of(agents->begin(), agents->end(), [](const nlohmann::ordered_json& a) {
+    return a.is_object() && a.contains("scope") && a["scope"] == "corpus";
+  });
+}
+
+CorpusSpec corpus_request(const nlohmann::ordered_json& body, const PipelineLimits& limits) {
+  if (const auto docs = body.find("documents"); docs != body.end() && docs->is_array()) {
+    if (std::cmp_greater(docs->size(), limits.max_documents)) {
+      refuse("documents",
+             fmt::format("{} documents, more than the {} this server runs in one corpus "
+                         "(--max-pipeline-documents)",
+                         docs->size(), limits.max_documents));
+    }
+    for (size_t i = 0; i < docs->size(); ++i) {
+      const nlohmann::ordered_json& d = (*docs)[i];
+      if (!d.is_object() || !d.contains("text") || d.contains("file")) {
+        refuse(fmt::format("documents[{}]", i),
+               "a pipeline request cannot read the server's files (a file, glob or folder); "
+               "send each document as {\"name\": ..., \"text\": ...}");
+      }
     }
   }
+  CorpusSpec corpus = parse_corpus_json(body, "body", "");
+  settle_request(body, limits, corpus.pipeline, corpus.reduce);
+  return corpus;
+}
+
+}  // namespace
+
+PipelineSpec parse_pipeline_request(std::string_view body_text, const PipelineLimits& limits) {
+  const auto body = read_request(body_text, limits);
+  // The pipeline file's reader checks every key, type and range, and the
+  // graph; its messages start with "body: ".
+  PipelineSpec spec = parse_pipeline_json(body, "body", "");
+  settle_request(body, limits, spec);
+  return spec;
+}
+
+PostedRun parse_posted_run(std::string_view body_text, const PipelineLimits& limits) {
+  const auto body = read_request(body_text, limits);
+  if (is_corpus_request(body)) return corpus_request(body, limits);
+  PipelineSpec spec = parse_pipeline_json(body, "body", "");
+  settle_request(body, limits, spec);
   return spec;
 }
 
@@ -112,7 +179,12 @@ PipelineJob::PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline pre
     : id_(std::move(id)),
       spec_(std::move(spec)),
       prepared_(std::move(prepared)),
-      view_(spec_, prepared_.prefix.size(), model) {}
+      view_(std::in_place_type<RunView>, spec_, prepared_.prefix.size(), model) {}
+
+PipelineJob::PipelineJob(std::string id, CorpusSpec corpus, const std::string& model)
+    : id_(std::move(id)),
+      corpus_(std::move(corpus)),
+      view_(std::in_place_type<CorpusView>, *corpus_, model) {}
 
 double PipelineJob::ms_since_start() const {
   if (!started_) return 0;
@@ -122,13 +194,13 @@ double PipelineJob::ms_since_start() const {
 void PipelineJob::begin() {
   std::lock_guard lock(view_mutex_);
   started_ = Clock::now();
-  view_.begin();
+  std::visit([](auto& v) { v.begin(); }, view_);
 }
 
 void PipelineJob::push(PipelineEvent event) {
   {
     std::lock_guard lock(view_mutex_);
-    view_.apply(event, ms_since_start());
+    std::visit([&](auto& v) { v.apply(event, ms_since_start()); }, view_);
     if (event.last()) ended_ = Clock::now();
   }
   events_.push(std::move(event));
@@ -136,24 +208,30 @@ void PipelineJob::push(PipelineEvent event) {
 
 nlohmann::json PipelineJob::view() const {
   std::lock_guard lock(view_mutex_);
-  return view_.result(ms_since_start());
+  return std::visit([&](const auto& v) { return v.result(ms_since_start()); }, view_);
 }
 
 bool PipelineJob::going() const {
   std::lock_guard lock(view_mutex_);
-  return view_.state() == RunState::kQueued || view_.state() == RunState::kRunning;
+  const RunState state = std::visit([](const auto& v) { return v.state(); }, view_);
+  return state == RunState::kQueued || state == RunState::kRunning;
 }
 
 RunSummary PipelineJob::summary() const {
   std::lock_guard lock(view_mutex_);
-  return {.id = id_,
-          .pipeline = view_.pipeline(),
-          .state = std::string(to_string(view_.state())),
-          .agents = view_.agents(),
-          .agents_done = view_.agents_done(),
-          .accepted = fmt::format("{:%Y-%m-%d %H:%M:%S}",
-                                  fmt::gmtime(std::chrono::system_clock::to_time_t(accepted_))),
-          .elapsed_ms = ms_since_start()};
+  return std::visit(
+      [&](const auto& v) {
+        return RunSummary{
+            .id = id_,
+            .pipeline = v.pipeline(),
+            .state = std::string(to_string(v.state())),
+            .agents = v.agents(),
+            .agents_done = v.agents_done(),
+            .accepted = fmt::format("{:%Y-%m-%d %H:%M:%S}",
+                                    fmt::gmtime(std::chrono::system_clock::to_time_t(accepted_))),
+            .elapsed_ms = ms_since_start()};
+      },
+      view_);
 }
 
 void PipelineJob::cancel(const std::string& why) {
@@ -198,30 +276,21 @@ PipelineRunner::~PipelineRunner() {
   shutdown("the server is shutting down");
 }
 
-std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
-                                                    const PipelineLimits& limits) {
-  const auto full = [&] { return stopping_ || std::cmp_greater_equal(live_.size(), max_running_); };
-  {
-    std::lock_guard lock(mutex_);
-    if (full()) return nullptr;  // no preparing for a request that cannot run now
-  }
-  PreparedPipeline prepared = prepare_pipeline(spec, *model_);
-  if (prepared.budget.n_ctx > limits.max_n_ctx) {
-    throw Error(ErrorCode::kBudget,
-                fmt::format("pipeline: needs n_ctx {}, more than the {} this server allows "
-                            "(--max-pipeline-ctx)",
-                            prepared.budget.n_ctx, limits.max_n_ctx));
-  }
-  const RunOptions defaults;
-  check_memory(spec, *model_, prepared.budget, defaults.guard);
-  std::shared_ptr<PipelineJob> job;
+bool PipelineRunner::full() const {
+  std::lock_guard lock(mutex_);
+  return stopping_ || std::cmp_greater_equal(live_.size(), max_running_);
+}
+
+std::shared_ptr<PipelineJob> PipelineRunner::enqueue(
+    const std::function<std::shared_ptr<PipelineJob>(std::string id)>& make) {
   std::string id = new_run_id();
+  std::shared_ptr<PipelineJob> job;
   {
     std::lock_guard lock(mutex_);
-    if (full()) return nullptr;  // another request took the slot meanwhile
+    // Another request may have taken the slot since the caller looked.
+    if (stopping_ || std::cmp_greater_equal(live_.size(), max_running_)) return nullptr;
     ++runs_;
-    job = std::make_shared<PipelineJob>(std::move(id), std::move(spec), std::move(prepared),
-                                        std::filesystem::path(model_->path()).filename().string());
+    job = make(std::move(id));
     live_.push_back(job);
     queue_.push_back(job);
     recent_.push_front(job);
@@ -229,6 +298,56 @@ std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
   }
   wake_.notify_one();
   return job;
+}
+
+namespace {
+
+// `spec` prepared on `model`, within the server's context limit and the
+// machine's memory; a corpus's `document` is named in what it throws.
+PreparedPipeline prepared_for_server(const PipelineSpec& spec, const Model& model,
+                                     const PipelineLimits& limits,
+                                     const std::string& document = "") {
+  try {
+    PreparedPipeline prepared = prepare_pipeline(spec, model);
+    if (prepared.budget.n_ctx > limits.max_n_ctx) {
+      throw Error(ErrorCode::kBudget,
+                  fmt::format("pipeline: needs n_ctx {}, more than the {} this server allows "
+                              "(--max-pipeline-ctx)",
+                              prepared.budget.n_ctx, limits.max_n_ctx));
+    }
+    const RunOptions defaults;
+    check_memory(spec, model, prepared.budget, defaults.guard);
+    return prepared;
+  } catch (const Error& e) {
+    if (document.empty()) throw;
+    throw Error(e.code(), fmt::format("document '{}': {}", document, e.message()));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<PipelineJob> PipelineRunner::submit(PipelineSpec spec,
+                                                    const PipelineLimits& limits) {
+  if (full()) return nullptr;  // no preparing for a request that cannot run now
+  PreparedPipeline prepared = prepared_for_server(spec, *model_, limits);
+  const std::string model = std::filesystem::path(model_->path()).filename().string();
+  return enqueue([&](std::string id) {
+    return std::make_shared<PipelineJob>(std::move(id), std::move(spec), std::move(prepared),
+                                         model);
+  });
+}
+
+std::shared_ptr<PipelineJob> PipelineRunner::submit(CorpusSpec corpus,
+                                                    const PipelineLimits& limits) {
+  if (full()) return nullptr;
+  validate_corpus(corpus);
+  for (const DocumentRef& d : corpus.documents)
+    (void)prepared_for_server(document_pipeline(corpus, d, d.text), *model_, limits, d.name);
+  check_reduce_budget(corpus, *model_, limits.max_n_ctx);
+  const std::string model = std::filesystem::path(model_->path()).filename().string();
+  return enqueue([&](std::string id) {
+    return std::make_shared<PipelineJob>(std::move(id), std::move(corpus), model);
+  });
 }
 
 void PipelineRunner::shutdown(const std::string& why) {
@@ -277,10 +396,11 @@ void PipelineRunner::work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    PipelineEvent last = run(*job);
-    // The view keeps what a viewer needs; the document may be large.
+    PipelineEvent last = job->corpus_ ? run_corpus_job(*job) : run(*job);
+    // The view keeps what a viewer needs; the documents may be large.
     job->spec_ = {};
     job->prepared_ = {};
+    job->corpus_.reset();
     {
       std::lock_guard lock(mutex_);
       live_.erase(std::find(live_.begin(), live_.end(), job));
@@ -289,6 +409,16 @@ void PipelineRunner::work() {
     job->push(std::move(last));
   }
 }
+
+namespace {
+
+// Where the server keeps its files is not the client's business.
+void hide_server_paths(PipelineResult& result) {
+  if (result.snapshot) result.snapshot->path.clear();
+  result.model = std::filesystem::path(result.model).filename().string();
+}
+
+}  // namespace
 
 PipelineEvent PipelineRunner::run(PipelineJob& job) {
   job.begin();
@@ -333,9 +463,7 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
   };
   try {
     PipelineResult result = run_pipeline(spec, job.prepared_, model_, options);
-    // Where the server keeps its files is not the client's business.
-    if (result.snapshot) result.snapshot->path.clear();
-    result.model = std::filesystem::path(result.model).filename().string();
+    hide_server_paths(result);
     // Cancelled, and not every agent finished: the cancel failed an agent,
     // or the document's prefill (its agents then fail as its dependents).
     if (job.cancelled_.load() &&
@@ -352,6 +480,46 @@ PipelineEvent PipelineRunner::run(PipelineJob& job) {
       ++cancelled_;
     }
     log_warn("serve: pipeline '{}' could not run ({})", spec.name, error.to_string());
+    return {PipelineEvent::Kind::kError, error_body(error, http_error(error.code)), error};
+  }
+}
+
+// One document after another, each as a posted pipeline runs (the store,
+// the server's threads); its outcome as an event when it ends. A cancel
+// fails the agent running at its next token and every document left at
+// once, and the reduce agents as their dependencies.
+PipelineEvent PipelineRunner::run_corpus_job(PipelineJob& job) {
+  job.begin();
+  const CorpusSpec& corpus = *job.corpus_;
+  CorpusOptions options;
+  options.run.snapshot = snapshots_;
+  options.run.on_prefill_progress = [&](size_t, size_t) { job.check(); };
+  options.run.on_agent_event = [&](const AgentEvent& e) {
+    if (e.kind != AgentEvent::Kind::kDone) job.check();
+  };
+  options.before_document = [&] { job.check(); };
+  options.on_progress = [&](const CorpusProgress& p) {
+    DocumentOutcome outcome = *p.outcome;
+    if (outcome.result) hide_server_paths(*outcome.result);
+    json data = document_json(outcome);
+    data["index"] = p.index;
+    job.push({PipelineEvent::Kind::kDocumentDone, std::move(data), std::nullopt});
+  };
+  try {
+    CorpusResult result = run_corpus(corpus, model_, options);
+    result.model = std::filesystem::path(result.model).filename().string();
+    for (DocumentOutcome& d : result.documents) {
+      if (d.result) hide_server_paths(*d.result);
+    }
+    if (result.reduce) hide_server_paths(*result.reduce);
+    if (job.cancelled_.load() && !result.ok()) {
+      std::lock_guard lock(mutex_);
+      ++cancelled_;
+    }
+    return {PipelineEvent::Kind::kResult, corpus_json(result), std::nullopt};
+  } catch (...) {
+    const ErrorValue error = current_error_value();
+    log_warn("serve: corpus '{}' could not run ({})", corpus.pipeline.name, error.to_string());
     return {PipelineEvent::Kind::kError, error_body(error, http_error(error.code)), error};
   }
 }

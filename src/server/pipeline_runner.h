@@ -8,18 +8,21 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "server/event_queue.h"
 #include "server/run_view.h"
+#include "swarmkv/corpus.h"
 #include "swarmkv/engine.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/run_page.h"
@@ -28,7 +31,8 @@ namespace swarmkv::server {
 
 // What one pipeline request may ask for (ServerOptions carries them).
 struct PipelineLimits {
-  int32_t max_agents = 64;
+  int32_t max_agents = 64;     // agents of every scope
+  int32_t max_documents = 64;  // a corpus's documents
   int32_t max_tokens = 4096;   // per agent
   uint32_t max_n_ctx = 32768;  // the KV cells its contexts may have (PipelineBudget::n_ctx)
   bool exact = false;          // the server is exact (ServerOptions::exact)
@@ -51,6 +55,16 @@ struct PipelineLimits {
 // prefixed "body: ".
 PipelineSpec parse_pipeline_request(std::string_view body, const PipelineLimits& limits);
 
+// A /v1/pipelines body as what it asks for: a corpus when it has
+// `documents` or an agent with `scope: corpus` (parse_corpus_json), else a
+// pipeline (parse_pipeline_request). A corpus's documents are text only:
+// Error(kInvalidArgument) "documents[i]: ..." for a file, glob or folder
+// (the server's files), "documents: ..." for more than
+// limits.max_documents (checked before any is read); its agents, reduce
+// agents among them, are held to the same limits as a pipeline's.
+using PostedRun = std::variant<PipelineSpec, CorpusSpec>;
+PostedRun parse_posted_run(std::string_view body, const PipelineLimits& limits);
+
 class PipelineRunner;
 
 // One posted pipeline. Thread-safe.
@@ -58,6 +72,9 @@ class PipelineJob {
  public:
   PipelineJob(std::string id, PipelineSpec spec, PreparedPipeline prepared,
               const std::string& model);
+  // A corpus: its view is a CorpusView, its events "document_done" and
+  // "result" (or "error").
+  PipelineJob(std::string id, CorpusSpec corpus, const std::string& model);
 
   // 32 hex digits, random (GET /runs/<id>): not to be guessed from another.
   const std::string& id() const noexcept { return id_; }
@@ -87,14 +104,15 @@ class PipelineJob {
 
   const std::string id_;
   const std::chrono::system_clock::time_point accepted_ = std::chrono::system_clock::now();
-  PipelineSpec spec_;          // read by its worker; emptied when the run ended
-  PreparedPipeline prepared_;  // prepare_pipeline(spec_): as spec_
+  PipelineSpec spec_;                 // read by its worker; emptied when the run ended
+  PreparedPipeline prepared_;         // prepare_pipeline(spec_): as spec_
+  std::optional<CorpusSpec> corpus_;  // a corpus's run (spec_ unused): as spec_
   EventQueue<PipelineEvent> events_;
   mutable std::mutex mutex_;
   std::string why_;  // guarded by mutex_
   std::atomic<bool> cancelled_{false};
   mutable std::mutex view_mutex_;
-  RunView view_;                                                          // guarded by view_mutex_
+  std::variant<RunView, CorpusView> view_;                                // guarded by view_mutex_
   std::optional<std::chrono::steady_clock::time_point> started_, ended_;  // guarded by view_mutex_
 };
 
@@ -123,6 +141,12 @@ class PipelineRunner {
   // throw, or Error(kBudget) "pipeline: needs n_ctx N, more than the M this
   // server allows (--max-pipeline-ctx)"; and returns the job, started.
   std::shared_ptr<PipelineJob> submit(PipelineSpec spec, const PipelineLimits& limits);
+  // The same for a corpus: before anything runs, each document's pipeline
+  // is prepared and checked as a pipeline's (the first that fails names
+  // its document: "document 'x': pipeline: needs n_ctx ...") and the
+  // reduce agents' budget (check_reduce_budget, capped at
+  // limits.max_n_ctx). Its documents run one at a time.
+  std::shared_ptr<PipelineJob> submit(CorpusSpec corpus, const PipelineLimits& limits);
   // The last `keep` runs accepted (RunnerOptions), newest first.
   std::vector<RunSummary> recent() const;
   // The run with this id among them, or nullptr.
@@ -138,6 +162,12 @@ class PipelineRunner {
   // Runs `job`, pushing its events; returns the last ("result" or "error"),
   // which work() pushes once the job no longer counts as running.
   PipelineEvent run(PipelineJob& job);
+  PipelineEvent run_corpus_job(PipelineJob& job);
+  // max_running runs accepted already, or stopping.
+  bool full() const;
+  // Queues the job `make` builds from a new id; nullptr when full() by now.
+  std::shared_ptr<PipelineJob> enqueue(
+      const std::function<std::shared_ptr<PipelineJob>(std::string id)>& make);
 
   std::shared_ptr<const Model> model_;
   const int32_t max_running_;

@@ -17,6 +17,8 @@ std::string_view to_string(PipelineEvent::Kind kind) noexcept {
       return "token";
     case PipelineEvent::Kind::kAgentDone:
       return "agent_done";
+    case PipelineEvent::Kind::kDocumentDone:
+      return "document_done";
     case PipelineEvent::Kind::kResult:
       return "result";
     case PipelineEvent::Kind::kError:
@@ -92,6 +94,8 @@ void RunView::apply(const PipelineEvent& e, double at_ms) {
       progress_.agents[i] = AgentPhase::kDone;
       break;
     }
+    case Kind::kDocumentDone:  // a corpus's (CorpusView)
+      return;
   }
   progress_.state = RunState::kRunning;
 }
@@ -104,6 +108,82 @@ json RunView::result(double now_ms) const {
     if (progress_.agents[i] == AgentPhase::kRunning) r.agents[i].timings_ms.done_at = now_ms;
   }
   return live_result_json(r, progress_);
+}
+
+namespace {
+
+size_t agents_ok(const json& result) {
+  size_t n = 0;
+  if (result.is_object()) {
+    for (const json& a : result.value("agents", json::array()))
+      n += a.value("status", "") == "ok" ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+CorpusView::CorpusView(const CorpusSpec& corpus, std::string model)
+    : pipeline_(corpus.pipeline.name),
+      agents_(corpus.pipeline.agents.size() * corpus.documents.size() + corpus.reduce.size()) {
+  view_ = {{"schema_version", kCorpusSchemaVersion},
+           {"kind", "corpus"},
+           {"pipeline", pipeline_},
+           {"model", std::move(model)},
+           {"fork", std::string(to_string(corpus.pipeline.fork))},
+           {"ok", false},
+           {"documents_total", corpus.documents.size()},
+           {"documents_run", 0},
+           {"documents_resumed", 0},
+           {"documents_failed", 0},
+           {"total_ms", 0.0},
+           {"documents", json::array()},
+           {"reduce", nullptr}};
+}
+
+void CorpusView::apply(const PipelineEvent& e, double at_ms) {
+  using Kind = PipelineEvent::Kind;
+  if (state_ != RunState::kQueued && state_ != RunState::kRunning) return;
+  switch (e.kind) {
+    case Kind::kResult:
+      view_ = e.data;
+      state_ = view_.value("ok", false) ? RunState::kOk : RunState::kFailed;
+      done_ = agents_ok(view_.value("reduce", json()));
+      for (const json& d : view_.at("documents")) done_ += agents_ok(d.value("result", json()));
+      return;
+    case Kind::kError:
+      state_ = RunState::kFailed;
+      view_["error"] = error_json(e.error);
+      view_["total_ms"] = at_ms;
+      return;
+    case Kind::kDocumentDone: {
+      json d = e.data;
+      d.erase("index");
+      const auto count = [&](const char* key, bool yes) {
+        if (yes) view_[key] = view_.value(key, 0) + 1;
+      };
+      const bool ran = !d.value("result", json()).is_null();
+      count("documents_resumed", d.value("resumed", false));
+      count("documents_run", ran && !d.value("resumed", false));
+      count("documents_failed", !d.value("ok", false));
+      done_ += agents_ok(d.value("result", json()));
+      view_["documents"].push_back(std::move(d));
+      break;
+    }
+    case Kind::kPrefill:
+    case Kind::kAgentStarted:
+    case Kind::kToken:
+    case Kind::kAgentDone:
+      break;
+  }
+  state_ = RunState::kRunning;
+}
+
+json CorpusView::result(double now_ms) const {
+  json out = view_;
+  out["state"] = std::string(to_string(state_));
+  if (state_ == RunState::kQueued || state_ == RunState::kRunning) out["total_ms"] = now_ms;
+  return out;
 }
 
 }  // namespace swarmkv::server

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "swarmkv/corpus.h"
 #include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
 #include "swarmkv/result_json.h"
@@ -29,8 +30,11 @@ struct PipelineEvent {
     // comes as one more event, "token": null)
     kToken,
     kAgentDone,  // "agent_done": agent_json() of its result (also for an agent that never ran)
-    kResult,     // "result": result_json() of the run; the last event
-    kError,      // "error": OpenAI's error body, when the run could not start; the last event
+    // "document_done" (a corpus): document_json() of a document that
+    // finished, with its "index" in the corpus
+    kDocumentDone,
+    kResult,  // "result": result_json() of the run (a corpus: corpus_json()); the last event
+    kError,   // "error": OpenAI's error body, when the run could not start; the last event
   };
   Kind kind = Kind::kPrefill;
   nlohmann::json data;
@@ -71,6 +75,32 @@ class RunView {
 
   PipelineResult result_;  // the run so far, or its final result
   RunProgress progress_;
+  size_t done_ = 0;
+};
+
+// A posted corpus folded from its events: corpus_json()'s shape with the
+// documents done so far (in the order they finished) and "state", then
+// the run's result. Not thread-safe (PipelineJob locks it).
+class CorpusView {
+ public:
+  CorpusView(const CorpusSpec& corpus, std::string model);
+  void begin() noexcept { state_ = RunState::kRunning; }
+  // kDocumentDone adds its document; kResult replaces the view with the
+  // result, kError ends it failed. Nothing moves once the run ended.
+  void apply(const PipelineEvent& e, double at_ms);
+  RunState state() const noexcept { return state_; }
+  // Per-document agents times documents, plus the reduce agents.
+  size_t agents() const noexcept { return agents_; }
+  size_t agents_done() const noexcept { return done_; }
+  const std::string& pipeline() const noexcept { return pipeline_; }
+  // The corpus so far, `now_ms` after it started ("total_ms").
+  nlohmann::json result(double now_ms) const;
+
+ private:
+  std::string pipeline_;
+  nlohmann::json view_;  // corpus_json()'s keys; the result once it came
+  RunState state_ = RunState::kQueued;
+  size_t agents_ = 0;
   size_t done_ = 0;
 };
 

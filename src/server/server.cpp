@@ -878,7 +878,8 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
   if (!guard) return;
   std::shared_ptr<server::PipelineJob> job;
   try {
-    job = pipelines->submit(server::parse_pipeline_request(body, pipeline_limits), pipeline_limits);
+    job = std::visit([&](auto run) { return pipelines->submit(std::move(run), pipeline_limits); },
+                     server::parse_posted_run(body, pipeline_limits));
   } catch (const Error& e) {
     send_error(res, e.value());
     return;
@@ -996,13 +997,13 @@ void check_options(const ServerOptions& o) {
                             "(0: a share of the total; got {}, {})",
                             o.max_connections_per_client, o.max_concurrent_per_client));
   }
-  if (o.max_pipelines < 0 || o.max_pipeline_agents < 1 || o.max_pipeline_ctx < 1 ||
-      o.keep_runs < 1) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("need max_pipelines >= 0, max_pipeline_agents, max_pipeline_ctx and "
-                    "keep_runs >= 1 (got {}, {}, {}, {})",
-                    o.max_pipelines, o.max_pipeline_agents, o.max_pipeline_ctx, o.keep_runs));
+  if (o.max_pipelines < 0 || o.max_pipeline_agents < 1 || o.max_pipeline_documents < 1 ||
+      o.max_pipeline_ctx < 1 || o.keep_runs < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need max_pipelines >= 0, max_pipeline_agents, max_pipeline_documents, "
+                            "max_pipeline_ctx and keep_runs >= 1 (got {}, {}, {}, {}, {})",
+                            o.max_pipelines, o.max_pipeline_agents, o.max_pipeline_documents,
+                            o.max_pipeline_ctx, o.keep_runs));
   }
 }
 
@@ -1012,6 +1013,7 @@ void Server::Impl::start_engines() {
   const ServerOptions& o = options;
   request_guard.emplace(o.host, o.allow_hosts, o.allow_origins);
   pipeline_limits = {.max_agents = o.max_pipeline_agents,
+                     .max_documents = o.max_pipeline_documents,
                      .max_tokens = o.max_tokens,
                      .max_n_ctx = o.max_pipeline_ctx,
                      .exact = o.exact};
@@ -1128,8 +1130,11 @@ void Server::Impl::add_routes() {
       // The state before the view: a run that ends between the two reloads once more.
       const bool going = job->going();
       res.set_header("Cache-Control", "no-store");
-      res.set_content(run_page_html(job->view(), fmt::format("run {} on this server", job->id()),
-                                    going ? kPageRefreshS : 0),
+      const nlohmann::json view = job->view();
+      const std::string source = fmt::format("run {} on this server", job->id());
+      const int refresh_s = going ? kPageRefreshS : 0;
+      res.set_content(view.value("kind", "") == "corpus" ? corpus_page_html(view, source, refresh_s)
+                                                         : run_page_html(view, source, refresh_s),
                       "text/html; charset=utf-8");
     });
     http.Get(R"(/v1/pipelines/([^/]+))",

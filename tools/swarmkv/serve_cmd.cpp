@@ -166,7 +166,12 @@ void ServeCommand::add_pipeline_options() {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   sub_->add_option("--max-pipeline-agents", options_.max_pipeline_agents,
-                   "agents one posted pipeline may have")
+                   "agents one posted pipeline may have (a corpus's reduce agents counted)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  sub_->add_option("--max-pipeline-documents", options_.max_pipeline_documents,
+                   "documents one posted corpus may have (`documents`: text items only, the "
+                   "body within --max-body); they run one after another")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   sub_->add_option("--max-pipeline-ctx", options_.max_pipeline_ctx,
