@@ -675,6 +675,27 @@ TEST(PipelineRequestTest, ACorpusSendsItsDocumentsAsTextWithinTheLimits) {
             "agents: 2 agents, more than the 1 this server runs in one pipeline");
 }
 
+// Per-document and reduce agents share the body's list: each is checked
+// against the server's max_tokens at its own place in it (one pass, each
+// kind in its order), whatever the two kinds' interleaving.
+TEST(PipelineRequestTest, EachAgentOfACorpusIsNamedAtItsPlaceInTheBody) {
+  const PipelineLimits limits{.max_tokens = 8};
+  const auto body = [](int a, int r, int b) {
+    return fmt::format(R"({{"documents": [{{"text": "x"}}],
+      "agents": [{{"name": "a", "prompt": "q", "max_tokens": {}}},
+                 {{"name": "r", "scope": "corpus", "prompt": "{{{{a[*]}}}}", "max_tokens": {}}},
+                 {{"name": "b", "prompt": "q", "max_tokens": {}}}]}})",
+                       a, r, b);
+  };
+  EXPECT_NO_THROW((void)parse_posted_run(body(8, 8, 8), limits));
+  EXPECT_EQ(corpus_refusal(body(8, 9, 8), limits),
+            "agents[1].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
+  EXPECT_EQ(corpus_refusal(body(8, 8, 9), limits),
+            "agents[2].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
+  EXPECT_EQ(corpus_refusal(body(9, 8, 8), limits),
+            "agents[0].max_tokens: 9 is more than the 8 this server allows (--max-tokens)");
+}
+
 // ------------------------------------------------------------------ streamed text
 
 TEST(TextStreamTest, PiecesAddUpToTheAnswerAndNeverTakeAByteBack) {

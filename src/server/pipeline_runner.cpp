@@ -95,14 +95,13 @@ void settle_request(const nlohmann::ordered_json& body, const PipelineLimits& li
                          limits.max_tokens));
     }
   };
-  // The body's order: per-document and reduce agents are one list there.
+  // The body lists per-document and reduce agents in one list; each kind
+  // keeps its order in `spec.agents` and `more_agents`.
   const nlohmann::ordered_json& listed = body.at("agents");
+  size_t next = 0, next_more = 0;
   for (size_t i = 0; i < listed.size(); ++i) {
-    const std::string name = listed[i].is_object() ? listed[i].value("name", "") : "";
-    for (const AgentSpec& a : spec.agents)
-      if (a.name == name) check(a, i);
-    for (const AgentSpec& a : more_agents)
-      if (a.name == name) check(a, i);
+    const bool more = listed[i].is_object() && listed[i].value("scope", "") == "corpus";
+    check(more ? more_agents.at(next_more++) : spec.agents.at(next++), i);
   }
 }
 

@@ -878,8 +878,9 @@ void Server::Impl::pipeline(const httplib::Request& req, const std::string& body
   if (!guard) return;
   std::shared_ptr<server::PipelineJob> job;
   try {
-    job = std::visit([&](auto run) { return pipelines->submit(std::move(run), pipeline_limits); },
-                     server::parse_posted_run(body, pipeline_limits));
+    server::PostedRun posted = server::parse_posted_run(body, pipeline_limits);
+    job = std::visit([&](auto& run) { return pipelines->submit(std::move(run), pipeline_limits); },
+                     posted);
   } catch (const Error& e) {
     send_error(res, e.value());
     return;
