@@ -1087,6 +1087,50 @@ TEST_P(ServerExactTest, AStoredDocumentPrefixIsRestoredWholeAndAnswersBitForBit)
   EXPECT_EQ(answer["choices"][0]["message"]["content"], ref.text);
 }
 
+// An agent that needs the document's start: a posted pipeline streams the
+// prefill beside that agent's steps and publishes it once it ends, as `run`
+// does, so the next post restores it and answers the same. Not on
+// sliding-window layers, whose per-sequence export keeps only the window:
+// there the next post streams again.
+TEST_P(ServerExactTest, APostedStreamedPrefillIsPublishedForTheNextPost) {
+  const TempStore dir("streamed");
+  ServerOptions options = exact_options(2048);
+  options.snapshots.cache = SnapshotCacheMode::kOn;
+  options.snapshots.cache_dir = dir.path.string();
+  // Over one micro-batch (512), so that the agent starts before it ends.
+  const json pipeline = {{"document", {{"text", document(3000)}}},
+                         {"agents", json::array({{{"name", "a"},
+                                                  {"prompt", "Who is the Licensor?"},
+                                                  {"max_tokens", 8},
+                                                  {"needs", {{"tokens", 16}}}}})}};
+  Running server(model_, options);
+  auto c = server.client();
+  const auto post = [&] {
+    const auto res = c->Post("/v1/pipelines?stream=false", pipeline.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return json();
+    EXPECT_EQ(res->status, 200) << res->body;
+    return json::parse(res->body);
+  };
+  const json cold = post();
+  const json warm = post();
+  ASSERT_TRUE(cold.is_object() && warm.is_object());
+  EXPECT_EQ(cold["snapshot"]["source"], "prefill");
+  EXPECT_LT(cold["agents"][0]["started_at_ms"].get<double>(),
+            cold["prefill_done_at_ms"].get<double>())
+      << "the agent did not start during the prefill: nothing was streamed";
+  EXPECT_EQ(warm["agents"][0]["tokens"], cold["agents"][0]["tokens"]);
+  if (kv_layout(*model_, options.context).n_swa > 0) {
+    EXPECT_FALSE(cold["snapshot"]["published"].get<bool>());
+    EXPECT_EQ(warm["snapshot"]["source"], "prefill");
+    return;
+  }
+  EXPECT_TRUE(cold["snapshot"]["published"].get<bool>());
+  EXPECT_EQ(warm["snapshot"]["source"], "cache");
+  EXPECT_EQ(warm["snapshot"]["reused_tokens"], cold["prefix_tokens"]);
+  EXPECT_EQ(warm["document_prefills"], 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ServerExactTest, SWARMKV_FORK_TEST_MODELS,
                          test::test_model_name);
 

@@ -181,6 +181,51 @@ TEST_P(SnapshotModelTest, WarmRunRestoresTheStoreAndAnswersExactlyAsCold) {
   expect_same_answers(shared_cold, shared_warm, "shared cold vs warm");
 }
 
+// An agent that needs the document's start: the shared fork streams the
+// prefill beside that agent's steps, and publishes it once it ends as the
+// state a plain prefill publishes, byte for byte, so the next run restores
+// it and answers the same. A sliding-window model's per-sequence export
+// keeps only the window: it publishes nothing and streams again.
+TEST_P(SnapshotModelTest, AStreamedPrefillPublishesAPlainPrefillsStateForTheNextRun) {
+#ifdef SWARMKV_SANITIZED
+  GTEST_SKIP() << "numerics only: the release preset runs it";
+#endif
+  PipelineSpec spec = licence_spec(4000, 12);
+  spec.fork = ForkMode::kShared;
+  spec.agents[0].needs.tokens = 64;
+  const PipelineResult cold = run(spec, cached());
+  ASSERT_TRUE(cold.snapshot);
+  EXPECT_EQ(cold.snapshot->source, SnapshotSource::kPrefill);
+  EXPECT_EQ(cold.snapshot->prefilled_tokens, cold.prefix_tokens);
+  // Streamed: the agent that needs 64 tokens started before the prefill ended.
+  EXPECT_LT(cold.agents[0].timings_ms.started_at, cold.prefill_done_at_ms);
+  const PipelineResult warm = run(spec, cached());
+  ASSERT_TRUE(warm.snapshot);
+  expect_same_answers(cold, warm, "streamed cold vs warm");
+  if (kv_layout(*model_, spec.context_options()).n_swa > 0) {
+    EXPECT_FALSE(cold.snapshot->published);
+    EXPECT_EQ(warm.snapshot->source, SnapshotSource::kPrefill);
+    return;
+  }
+  ASSERT_TRUE(cold.snapshot->published);
+  EXPECT_GT(cold.export_ms, 0);
+  EXPECT_EQ(cold.snapshot_bytes, cold.snapshot->bytes);
+  EXPECT_EQ(warm.snapshot->source, SnapshotSource::kCache);
+  EXPECT_EQ(warm.snapshot->prefilled_tokens, 0);
+  EXPECT_EQ(warm.document_prefills, 0);
+
+  const std::string plain = (dir_ / "plain.swkv").string();
+  prefill_document(spec, model_, RunOptions{}, plain);
+  const SnapshotHeader streamed_h = read_snapshot_header(cold.snapshot->path);
+  const SnapshotHeader plain_h = read_snapshot_header(plain);
+  EXPECT_EQ(streamed_h.meta.binding, plain_h.meta.binding);
+  EXPECT_EQ(streamed_h.meta.tokens, plain_h.meta.tokens);
+  const std::vector<uint8_t> streamed = read_snapshot_payload(cold.snapshot->path, streamed_h);
+  EXPECT_EQ(streamed.size(), cold.snapshot->bytes);
+  EXPECT_TRUE(streamed == read_snapshot_payload(plain, plain_h))
+      << "the streamed prefill's entry is not a plain prefill's state";
+}
+
 // An appended paragraph: the plain-attention model restores the stored
 // prefix cut to whole prefill chunks and prefills only the rest; the
 // sliding-window model cannot cut its state and prefills all of it. Either

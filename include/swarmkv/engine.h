@@ -440,6 +440,15 @@ class Context {
   // failure `seq` is empty (llama.cpp clears it), other sequences untouched.
   void state_seq_set(SeqId seq, std::span<const std::uint8_t> src);
 
+  // The whole-context state (state_get's format) a context holding only
+  // `seq`'s cells would export: the architecture name, then
+  // state_seq_get(seq), whose cells name `seq` alone. Where `seq`'s cells
+  // lie in position order and the model has no sliding-window layers (a
+  // per-sequence export keeps only the window), it is the state a prefill
+  // of the same tokens exports with state_get: check the order with
+  // read_state_cells. Throws as state_seq_get.
+  std::vector<std::uint8_t> state_get_alone(SeqId seq);
+
   // The whole context's KV state (every sequence, every cell at its index),
   // as this build serialises it. Unlike state_seq_*, a restore puts each cell
   // back at the index it had, so attention sums in the same order as in the

@@ -822,6 +822,31 @@ void Context::state_seq_set(SeqId seq, std::span<const std::uint8_t> src) {
   }
 }
 
+std::vector<std::uint8_t> Context::state_get_alone(SeqId seq) {
+  // llama_context::state_write_data: the architecture name as
+  // llama_io_write_i::write_string writes it (a u32 length, the bytes), then
+  // the memory's state. A sequence's export is a magic and the sequence id
+  // (state_seq_get_data), then that memory state: it is written after the
+  // name's room, its own 8 bytes overwritten by the name.
+  constexpr size_t kSeqHeader = sizeof(uint32_t) + sizeof(llama_seq_id);
+  const std::string arch = kv_layout().architecture;
+  const auto n_arch = static_cast<uint32_t>(arch.size());
+  const size_t head = sizeof(n_arch) + arch.size();
+  const size_t room = std::max(head, kSeqHeader);
+  std::vector<std::uint8_t> out(room - kSeqHeader + state_seq_size(seq));
+  const size_t written = state_seq_get(seq, std::span(out).subspan(room - kSeqHeader));
+  if (written < kSeqHeader) {
+    throw Error(ErrorCode::kState,
+                fmt::format("state_get_alone: sequence {} exported {} bytes", seq, written));
+  }
+  const size_t memory = written - kSeqHeader;
+  if (head < room) std::memmove(out.data() + head, out.data() + room, memory);
+  out.resize(head + memory);
+  std::memcpy(out.data(), &n_arch, sizeof(n_arch));
+  std::memcpy(out.data() + sizeof(n_arch), arch.data(), arch.size());
+  return out;
+}
+
 std::size_t Context::state_size() {
   return llama_state_get_size(ctx_.get());
 }

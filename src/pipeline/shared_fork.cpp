@@ -222,6 +222,11 @@ bool BranchSteps::decoded(const BatchPlan& plan, double ms) {
         static_cast<double>(ctx_.state_seq_size(0)) / static_cast<double>(prefix.size());
     log_info("prefix: {} tokens prefilled in {:.1f} ms, streamed with the agents' steps",
              prefix.size(), result_.prefill_ms);
+    // The next run restores the document instead of streaming it again.
+    if (result_.snapshot && publish_streamed_prefix(ctx_, in_.spec, prefix, in_.options.snapshot,
+                                                    *result_.snapshot, result_.export_ms)) {
+      result_.snapshot_bytes = result_.snapshot->bytes;
+    }
   }
   DecodeStep step = plan.step;
   step.ms = ms;
@@ -334,7 +339,7 @@ class SharedFork final : public ForkStrategy {
       result.document_prefills = 1;
       log_info(
           "prefix: {} tokens in a shared context (n_ctx {}, n_seq_max {}), prefilled there as "
-          "agents start (streaming; not published to the snapshot store)",
+          "agents start (streaming)",
           prefix.size(), result.n_ctx, result.n_seq_max);
       return ctx;
     }

@@ -124,6 +124,22 @@ Found from_store(SnapshotStore& store, SnapshotCacheMode mode, const SnapshotBin
   return found;
 }
 
+// Publishes `bytes`, the prefix state `meta` describes, to `store`: sets
+// use.published, and use.path where the prefix was prefilled. Failing is a
+// warning: false.
+bool publish_prefix(SnapshotStore& store, const SnapshotMeta& meta, std::span<const uint8_t> bytes,
+                    SnapshotUse& use) {
+  try {
+    const std::string path = store.publish(meta, bytes);
+    use.published = true;
+    if (use.source == SnapshotSource::kPrefill) use.path = path;
+    return true;
+  } catch (const Error& err) {
+    log_warn("snapshot cache: could not publish the prefix ({}); the run goes on", err.what());
+    return false;
+  }
+}
+
 // Decodes what `found` does not hold of `prefix` in a prefill context and
 // exports the whole state into `out`.
 void prefill_rest(const EngineSettings& engine, const std::vector<Token>& prefix, Found& found,
@@ -206,15 +222,45 @@ PrefixState obtain_prefix_state(const EngineSettings& engine, const std::vector<
   }
   prefill_rest(engine, prefix, found, on_progress, model, load, out);
   if (store && so.cache == SnapshotCacheMode::kOn) {
-    try {
-      const std::string path = store->publish(prefix_meta(*model, engine, prefix), out.bytes);
-      use.published = true;
-      if (use.source == SnapshotSource::kPrefill) use.path = path;
-    } catch (const Error& err) {
-      log_warn("snapshot cache: could not publish the prefix ({}); the run goes on", err.what());
-    }
+    publish_prefix(*store, prefix_meta(*model, engine, prefix), out.bytes, use);
   }
   return out;
+}
+
+bool publish_streamed_prefix(Context& ctx, const EngineSettings& engine,
+                             const std::vector<Token>& prefix, const SnapshotOptions& so,
+                             SnapshotUse& use, double& export_ms) {
+  if (so.cache != SnapshotCacheMode::kOn) return false;
+  const auto skip = [](std::string_view why) {
+    log_info("prefix: the streamed prefill is not published to the snapshot store ({})", why);
+    return false;
+  };
+  const SnapshotMeta meta = prefix_meta(ctx.model(), engine, prefix);
+  const KvLayout& layout = meta.binding.layout;
+  if (layout.n_swa > 0) {
+    return skip("a sliding-window model's per-sequence export keeps only the window");
+  }
+  if (!layout.batch_invariant || !layout.attention_invariant) {
+    return skip("outside exact mode the rows of a streamed prefill are not a prefill's");
+  }
+  const Stopwatch e;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = ctx.state_get_alone(0);
+    check_prefix_cells(ctx, bytes, prefix.size(), "");
+  } catch (const Error& err) {  // e.g. a branch's freed cells took part of the document
+    return skip(err.message());
+  }
+  export_ms = e.ms();
+  const Stopwatch w;
+  SnapshotStore store(snapshot_store_dir(so.cache_dir), so.cache_max_bytes);
+  if (!publish_prefix(store, meta, bytes, use)) return false;
+  use.bytes = bytes.size();
+  log_info(
+      "prefix: the streamed prefill published to the snapshot store ({} bytes; export {:.1f} "
+      "ms, write {:.1f} ms)",
+      use.bytes, export_ms, w.ms());
+  return true;
 }
 
 bool store_entry_damaged(const Error& e) {

@@ -126,4 +126,19 @@ PrefixState obtain_prefix_state(const EngineSettings& engine, const std::vector<
                                 const std::function<void(size_t, size_t)>& on_progress,
                                 const std::shared_ptr<const Model>& model, bool exact_only = false);
 
+// After the branch steps of a shared context `ctx` decoded all of `prefix`
+// on sequence 0 themselves (a streamed prefill, for agents with `needs`):
+// publishes that sequence's state to the store as a prefill context's state
+// (Context::state_get_alone), the entry a plain prefill of `prefix` would
+// publish, so that the next run restores it. Only where `snapshot.cache` is
+// kOn, and only where those bytes are a prefill's: exact mode (batch-
+// invariant rows), no sliding-window layers, and the document's cells in
+// position order (a branch that finished during the prefill may have lent
+// its freed cells to the document's later tokens); otherwise a log line and
+// false. Sets use.published, use.path and use.bytes, and `export_ms`.
+// Failing to publish is a warning (false).
+bool publish_streamed_prefix(Context& ctx, const EngineSettings& engine,
+                             const std::vector<Token>& prefix, const SnapshotOptions& snapshot,
+                             SnapshotUse& use, double& export_ms);
+
 }  // namespace swarmkv::detail
