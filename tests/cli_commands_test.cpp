@@ -51,7 +51,9 @@ TEST(SamplingFlagsTest, EveryFieldIsSetByItsFlag) {
               "--dry-allowed-length",
               "3",
               "--dry-penalty-last-n",
-              "128"});
+              "128",
+              "--top-logprobs",
+              "5"});
   SamplingOptions want;
   want.temperature = 0.5f;
   want.top_p = 0.875f;
@@ -66,6 +68,7 @@ TEST(SamplingFlagsTest, EveryFieldIsSetByItsFlag) {
   want.dry_base = 2.0f;
   want.dry_allowed_length = 3;
   want.dry_penalty_last_n = 128;
+  want.top_logprobs = 5;
   // Every field differs from its default, so a flag bound to the wrong field shows.
   SamplingOptions defaults;
   for_each_sampling_field(defaults, [&](const char* key, auto& value, int64_t) {
@@ -102,7 +105,8 @@ TEST(SamplingFlagsTest, OneFlagPerFieldWithItsDefaultShown) {
                                          "--dry-multiplier",
                                          "--dry-base",
                                          "--dry-allowed-length",
-                                         "--dry-penalty-last-n"};
+                                         "--dry-penalty-last-n",
+                                         "--top-logprobs"};
   EXPECT_EQ(names, want);  // the order --help lists them in
   EXPECT_EQ(app.get_option("--top-p")->get_default_str(), "1");
   EXPECT_EQ(app.get_option("--dry-penalty-last-n")->get_default_str(), "256");
@@ -114,6 +118,8 @@ TEST(SamplingFlagsTest, TemperatureOutsideItsRangeIsAParseError) {
   cli::add_sampling_flags(&app, s);
   EXPECT_THROW(parse(app, {"--temp", "101"}), CLI::ValidationError);
   EXPECT_THROW(parse(app, {"--temp", "-1"}), CLI::ValidationError);
+  EXPECT_THROW(parse(app, {"--top-logprobs", "21"}), CLI::ValidationError);
+  EXPECT_THROW(parse(app, {"--top-logprobs", "-2"}), CLI::ValidationError);
 }
 
 TEST(RequireMemoryTest, ARefusalNamesEveryNumberAndTheRemedy) {

@@ -417,8 +417,14 @@ def needs_on_workers_equal_local(c):
 @case
 def shared_on_workers_matches_the_reference(c):
     """--fork shared on the workers: every agent ok and, exact by default, every
-    answer equals --fork none's token for token."""
+    answer equals --fork none's token for token, and so do the logprobs an
+    agent asks for (top_logprobs travels with the job, its logprobs with the
+    result)."""
     c.use_small_pipeline()
+    with open(c.pipeline) as f:
+        spec = f.read()
+    with open(c.pipeline, "w") as f:
+        f.write(spec.replace("max_tokens: 24", "max_tokens: 24\n  top_logprobs: 2", 1))
     c.start_redis()
     c.start_worker("w1")
     c.start_worker("w2")
@@ -426,7 +432,12 @@ def shared_on_workers_matches_the_reference(c):
     assert rc == 0, err
     remote = json.loads(out)
     assert remote["fork"] == "shared"
-    expect_equal_answers(remote, c.local("none"))
+    local = c.local("none")
+    expect_equal_answers(remote, local)
+    r, l = agents_by_name(remote), agents_by_name(local)
+    for name in l:
+        assert len(l[name]["logprobs"]) == len(l[name]["tokens"]), l[name]
+        assert r[name]["logprobs"] == l[name]["logprobs"], name
 
 
 @case

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -676,6 +677,65 @@ class ExactForkTest : public ::testing::TestWithParam<test::TestModel> {
 
   std::shared_ptr<const Model> model_;
 };
+
+// Per-agent logprobs (sampling.top_logprobs): one per answer token, the
+// sampled token's and its likeliest alternatives', the same bits under every
+// fork (exact mode: a row is the same whatever else its batch held), and
+// through the result's JSON (the cluster's workers answer with it). An
+// agent that asks for none gets none; 0 alternatives, the sampled token's
+// alone.
+TEST_P(ExactForkTest, LogprobsAreTheSameUnderEveryForkAndThroughTheResultJson) {
+#ifdef SWARMKV_SANITIZED
+  GTEST_SKIP() << "numerics, not memory: the release build runs it on both models";
+#endif
+  PipelineSpec spec = document_spec("apache-2.0.txt", 1200, 12,
+                                    {"Who is the Licensor?", "Name the parties.", "What is this?"});
+  spec.exact = true;
+  spec.agents[0].sampling.top_logprobs = 3;
+  spec.agents[1].sampling.top_logprobs = 0;
+  spec.agents[1].sampling.temperature = 0.8f;  // a sampled token need not be the likeliest
+  std::vector<PipelineResult> runs;
+  for (const ForkMode fork : {ForkMode::kNone, ForkMode::kShared, ForkMode::kHost}) {
+    spec.fork = fork;
+    runs.push_back(run_pipeline(spec, model_));
+    ASSERT_TRUE(runs.back().ok()) << to_string(fork);
+  }
+  const PipelineResult& none = runs[0];
+  const AgentResult& greedy = none.agents[0];
+  ASSERT_FALSE(greedy.tokens.empty());
+  ASSERT_EQ(greedy.logprobs.size(), greedy.tokens.size());
+  for (size_t i = 0; i < greedy.tokens.size(); ++i) {
+    const SampledLogprobs& l = greedy.logprobs[i];
+    EXPECT_EQ(l.sampled.token, greedy.tokens[i]);
+    EXPECT_EQ(l.sampled.text, model_->token_to_piece(greedy.tokens[i]));
+    EXPECT_LE(l.sampled.logprob, 0.0f);
+    ASSERT_EQ(l.top.size(), 3u);
+    EXPECT_EQ(l.top[0].token, l.sampled.token) << "greedy takes the likeliest token";
+    EXPECT_EQ(l.top[0].logprob, l.sampled.logprob);
+    EXPECT_GE(l.top[0].logprob, l.top[1].logprob);
+    EXPECT_GE(l.top[1].logprob, l.top[2].logprob);
+    double mass = 0;
+    for (const TokenLogprob& t : l.top) mass += std::exp(static_cast<double>(t.logprob));
+    EXPECT_LE(mass, 1.0 + 1e-5);
+  }
+  const AgentResult& sampled = none.agents[1];
+  ASSERT_EQ(sampled.logprobs.size(), sampled.tokens.size());
+  for (size_t i = 0; i < sampled.tokens.size(); ++i) {
+    EXPECT_EQ(sampled.logprobs[i].sampled.token, sampled.tokens[i]);
+    EXPECT_TRUE(sampled.logprobs[i].top.empty());
+  }
+  EXPECT_TRUE(none.agents[2].logprobs.empty());
+  for (size_t r = 1; r < runs.size(); ++r) {
+    for (size_t a = 0; a < spec.agents.size(); ++a) {
+      EXPECT_EQ(runs[r].agents[a].tokens, none.agents[a].tokens) << r << " " << a;
+      EXPECT_EQ(runs[r].agents[a].logprobs, none.agents[a].logprobs) << r << " " << a;
+    }
+  }
+  const PipelineResult read = result_from_json(result_json(runs[1])).result;
+  for (size_t a = 0; a < spec.agents.size(); ++a) {
+    EXPECT_EQ(read.agents[a].logprobs, runs[1].agents[a].logprobs) << a;
+  }
+}
 
 // A prompt longer than one micro-batch of the branch phase (63 rows).
 constexpr const char* kLongPrompt =

@@ -1019,7 +1019,7 @@ TEST_P(ServerExactTest, APostedPipelineIsExactByDefaultAndAnswersAsTheSameRunInP
       {"document", {{"text", document(800)}}},
       {"defaults", {{"max_tokens", 16}}},
       {"agents",
-       json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}},
+       json::array({{{"name", "who"}, {"prompt", "Who is the Licensor?"}, {"top_logprobs", 2}},
                     {{"name", "what"}, {"prompt", "What is a Contribution?"}},
                     {{"name", "is"}, {"prompt", "Is this a licence?"}, {"json_schema", schema}},
                     {{"name", "why"},
@@ -1038,7 +1038,11 @@ TEST_P(ServerExactTest, APostedPipelineIsExactByDefaultAndAnswersAsTheSameRunInP
   ASSERT_EQ(result["agents"].size(), local.agents.size());
   for (size_t i = 0; i < local.agents.size(); ++i) {
     EXPECT_EQ(result["agents"][i]["tokens"], json(local.agents[i].tokens)) << local.agents[i].name;
+    EXPECT_EQ(result["agents"][i]["logprobs"], logprobs_json(local.agents[i].logprobs))
+        << local.agents[i].name;
   }
+  ASSERT_FALSE(local.agents[0].logprobs.empty());
+  EXPECT_EQ(result["agents"][0]["logprobs"][0]["top_logprobs"].size(), 2u);
   const json& is = result["agents"][2];
   ASSERT_TRUE(is.contains("answer_json")) << is;
   EXPECT_TRUE(is["answer_json"]["licence"].is_boolean()) << is;

@@ -154,9 +154,9 @@ TEST(ChatRequestTest, FieldsAreAppliedOrRefusedNeverIgnored) {
             "logit_bias.5: must be in [-100, 100] (got 101)");
   EXPECT_EQ(refusal(m + R"("logit_bias": {"5": "up"}})"),
             "logit_bias.5: must be a number (got \"up\")");
-  EXPECT_EQ(parse(m + R"("logprobs": true, "top_logprobs": 5})").top_logprobs, 5);
-  EXPECT_EQ(parse(m + R"("logprobs": true})").top_logprobs, 0);
-  EXPECT_EQ(parse(m + R"("logprobs": false})").top_logprobs, -1);
+  EXPECT_EQ(parse(m + R"("logprobs": true, "top_logprobs": 5})").sampling.top_logprobs, 5);
+  EXPECT_EQ(parse(m + R"("logprobs": true})").sampling.top_logprobs, 0);
+  EXPECT_EQ(parse(m + R"("logprobs": false})").sampling.top_logprobs, -1);
   for (const char* field : {"grammar", "echo", "suffix", "typo"}) {
     EXPECT_EQ(refusal(m + "\"" + field + "\": 1}"),
               std::string(field) +
@@ -291,14 +291,14 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   EXPECT_EQ(r.sampling.seed, 7u);
   EXPECT_TRUE(r.seed_given);
   EXPECT_EQ(r.n, 2);
-  EXPECT_EQ(r.top_logprobs, 3);
+  EXPECT_EQ(r.sampling.top_logprobs, 3);
   EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
   EXPECT_TRUE(r.stream);
   EXPECT_EQ(r.max_tokens, 16);  // OpenAI's default here
   EXPECT_TRUE(r.messages.empty());
   const ChatRequest one = parse_completion_request(R"({"prompt": ["Twice"]})", RequestLimits{});
   EXPECT_EQ(one.prompt, "Twice");
-  EXPECT_EQ(one.top_logprobs, -1);
+  EXPECT_EQ(one.sampling.top_logprobs, -1);
   EXPECT_EQ(refusal(R"({})", true), "prompt: is missing (a string)");
   EXPECT_EQ(refusal(R"({"prompt": ""})", true), "prompt: is empty");
   EXPECT_EQ(refusal(R"({"prompt": [1, 2]})", true),

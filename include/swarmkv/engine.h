@@ -519,6 +519,11 @@ struct SamplingOptions {
   // walked by for_each_sampling_field (a list, not a number); the Sampler
   // refuses a token outside the model's vocabulary.
   std::vector<std::pair<Token, float>> logit_bias;
+  // Record each sampled token's log probability and this many of the
+  // likeliest tokens' (0..20) beside it (Sampler::last_logprobs,
+  // Generation::logprobs); -1 = off, which costs nothing. Changes no
+  // token: an O(vocabulary) pass over the raw row per token.
+  int32_t top_logprobs = -1;
 
   bool penalties_on() const noexcept {
     return repeat_last_n != 0 &&
@@ -547,14 +552,14 @@ void for_each_sampling_field(Options& s, F&& f) {
   f("dry_base", s.dry_base, 0);
   f("dry_allowed_length", s.dry_allowed_length, 1);
   f("dry_penalty_last_n", s.dry_penalty_last_n, 1);
+  f("top_logprobs", s.top_logprobs, -1);
 }
 
 // The one check of sampling settings. Throws Error(kInvalidArgument): "need
 // temperature >= 0, top_p in (0, 1], top_k >= 0 (got T, P, K)", "need min_p
-// in [0, 1] (got M)", "logit_bias: need finite biases (got B for token T)", with n_vocab
-// > 0 "logit_bias: token T is not in the model's vocabulary (ids 0 to V)", or
-// for the
-// repetition settings "need repeat_penalty > 0, repeat_last_n >= 0,
+// in [0, 1] (got M)", "need top_logprobs in [-1, 20] (got N)", "logit_bias: need finite biases (got
+// B for token T)", with n_vocab > 0 "logit_bias: token T is not in the model's vocabulary (ids 0 to
+// V)", or for the repetition settings "need repeat_penalty > 0, repeat_last_n >= 0,
 // frequency_penalty and presence_penalty finite (got ...)" / "need
 // dry_multiplier >= 0, dry_base >= 1, dry_allowed_length >= 1,
 // dry_penalty_last_n >= 1 (got ...)".
@@ -578,6 +583,7 @@ void check_grammar(const Model& model, std::string_view grammar);
 struct TokenLogprob {
   Token token = -1;
   float logprob = 0.0f;
+  std::string text;  // the token's piece (Model::token_to_piece; may be part of a UTF-8 character)
   bool operator==(const TokenLogprob&) const = default;
 };
 struct SampledLogprobs {
@@ -609,16 +615,23 @@ class Sampler {
   void reset();
   // From now on each sample() also records the sampled token's log
   // probability and the `top` likeliest tokens' (0..20; -1: off, the
-  // default, which costs nothing): last_logprobs().
+  // default, which costs nothing): last_logprobs(). The constructor calls
+  // it with SamplingOptions::top_logprobs.
   void keep_logprobs(int32_t top);
   // The last sample()'s, when keep_logprobs is on.
   const SampledLogprobs& last_logprobs() const noexcept { return logprobs_; }
+  // &last_logprobs() when keep_logprobs is on, else nullptr: what
+  // GenerationTracker::accept takes.
+  const SampledLogprobs* kept_logprobs() const noexcept {
+    return top_logprobs_ >= 0 ? &logprobs_ : nullptr;
+  }
 
  private:
   void record_logprobs(std::span<const float> row, Token token);
   Token sample_with_grammar(std::span<const float> row);
   Token first_allowed_by_logit(const llama_token_data_array& all);
 
+  const Model* model_;  // for the logprobs' token texts
   std::unique_ptr<llama_sampler, detail::SamplerDeleter> chain_;
   std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar_;  // null: free text
   std::vector<llama_token_data> candidates_;  // the row being sampled, kept for its storage
@@ -646,6 +659,9 @@ struct Generation {
       tokens;        // generated tokens (EOG excluded; the token completing a stop string included)
   std::string text;  // their text, stop string removed
   StopReason stop_reason = StopReason::kMaxTokens;
+  // One per token of `tokens`, when the sampler kept them
+  // (SamplingOptions::top_logprobs); else empty.
+  std::vector<SampledLogprobs> logprobs;
 };
 
 // The stop rules of one answer, fed one sampled token at a time. generate()
@@ -656,11 +672,12 @@ class GenerationTracker {
   // Throws Error(kInvalidArgument) when options.max_tokens < 1.
   GenerationTracker(const Model& model, const GenerateOptions& options);
 
-  // Records a sampled token. Returns true when the answer is complete (EOG,
-  // a stop string, or max_tokens reached); the token must then not be
-  // decoded. Returns false when the token should be decoded and another
-  // sampled after it.
-  bool accept(Token token);
+  // Records a sampled token, and its logprobs (Sampler::kept_logprobs; may
+  // be null) when it joins the answer. Returns true when the answer is
+  // complete (EOG, a stop string, or max_tokens reached); the token must
+  // then not be decoded. Returns false when the token should be decoded and
+  // another sampled after it.
+  bool accept(Token token, const SampledLogprobs* logprobs = nullptr);
   bool done() const noexcept { return done_; }
   size_t n_tokens() const noexcept { return out_.tokens.size(); }
   // The answer's text so far (a stop string, once matched, cut off).

@@ -393,6 +393,10 @@ struct AgentResult {
   // json_schema (the result's JSON carries it parsed, as `answer_json`).
   bool answer_is_json = false;
   std::vector<Token> tokens;  // the generated tokens
+  // With the agent's sampling.top_logprobs >= 0: one per token of `tokens`,
+  // its log probability under the model (before penalties, temperature or
+  // a grammar) and the likeliest tokens' beside it; else empty.
+  std::vector<SampledLogprobs> logprobs;
   // When each of `tokens` was sampled, from the start of the run (ms; a
   // remote worker's run starts when it takes the job).
   std::vector<double> token_at_ms;

@@ -25,6 +25,10 @@ nlohmann::json error_json(const std::optional<ErrorValue>& error);
 // What error_json wrote (nullopt for null); throws nlohmann::json::exception
 // or Error(kCorruption) for anything else.
 std::optional<ErrorValue> error_from_json(const nlohmann::json& j);
+// An answer's logprobs (AgentResult::logprobs, Generation::logprobs): null
+// when empty, else one entry per token: {"token" (id), "text" (its piece),
+// "logprob", "top_logprobs": [{"token", "text", "logprob"}, ...]}.
+nlohmann::json logprobs_json(const std::vector<SampledLogprobs>& tokens);
 // {"wait", "context", "prefill", "fork", "restore", "prompt", "first_token",
 //  "generate", "total", "done_at"}, milliseconds (AgentTimings).
 nlohmann::json timings_json(const AgentTimings& t);

@@ -992,6 +992,10 @@ void validate_sampling(const SamplingOptions& options, int32_t n_vocab) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("need min_p in [0, 1] (got {})", options.min_p));
   }
+  if (options.top_logprobs < -1 || options.top_logprobs > 20) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("need top_logprobs in [-1, 20] (got {})", options.top_logprobs));
+  }
   for (const auto& [token, bias] : options.logit_bias) {
     if (!std::isfinite(bias)) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -1051,8 +1055,9 @@ void check_grammar(const Model& model, std::string_view grammar) {
   grammar_sampler(vocab_of(model), grammar);
 }
 
-Sampler::Sampler(const Model& model, const SamplingOptions& options) {
+Sampler::Sampler(const Model& model, const SamplingOptions& options) : model_(&model) {
   validate_sampling(options, model.n_vocab());
+  keep_logprobs(options.top_logprobs);
   ensure_backend();
   if (!options.grammar.empty()) grammar_ = grammar_sampler(vocab_of(model), options.grammar);
   greedy_ = options.temperature == 0.0f;
@@ -1141,7 +1146,7 @@ void Sampler::record_logprobs(std::span<const float> row, Token token) {
   const auto logprob = [&](Token t) {
     return static_cast<float>(static_cast<double>(row[static_cast<size_t>(t)]) - log_sum);
   };
-  logprobs_.sampled = {token, logprob(token)};
+  logprobs_.sampled = {token, logprob(token), model_->token_to_piece(token)};
   logprobs_.top.clear();
   if (top_logprobs_ == 0) return;
   std::vector<Token> best(static_cast<size_t>(top_logprobs_));
@@ -1151,7 +1156,7 @@ void Sampler::record_logprobs(std::span<const float> row, Token token) {
     const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
     return la > lb || (la == lb && a < b);
   });
-  for (const Token t : best) logprobs_.top.push_back({t, logprob(t)});
+  for (const Token t : best) logprobs_.top.push_back({t, logprob(t), model_->token_to_piece(t)});
 }
 
 // Greedy under a grammar: the answer is the allowed token of highest logit

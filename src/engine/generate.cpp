@@ -49,13 +49,14 @@ GenerationTracker::GenerationTracker(const Model& model, const GenerateOptions& 
   }
 }
 
-bool GenerationTracker::accept(Token token) {
+bool GenerationTracker::accept(Token token, const SampledLogprobs* logprobs) {
   if (done_) return true;
   if (model_->is_eog(token)) {
     out_.stop_reason = StopReason::kEndOfGeneration;
     return done_ = true;
   }
   out_.tokens.push_back(token);
+  if (logprobs != nullptr) out_.logprobs.push_back(*logprobs);
   const size_t old_size = out_.text.size();
   out_.text += model_->token_to_piece(token);
   if (trim_stop(out_.text, old_size, options_.stop)) {
@@ -75,7 +76,7 @@ Generation generate(Context& ctx, Sampler& sampler, SeqId seq, Pos next_pos,
   int32_t row = first_row;
   for (;;) {
     const Token token = sampler.sample(ctx, row);
-    if (tracker.accept(token)) break;
+    if (tracker.accept(token, sampler.kept_logprobs())) break;
     if (static_cast<uint32_t>(next_pos) >= ctx.options().n_ctx) {
       throw Error(ErrorCode::kBudget,
                   fmt::format("generate: sequence {} reached n_ctx {} after {} generated tokens",

@@ -60,7 +60,9 @@ class ContextStepDecoder final : public StepDecoder {
   explicit ContextStepDecoder(Context& ctx) : ctx_(ctx) {}
   void decode(std::span<const BatchToken> batch) override { ctx_.decode(batch); }
   Token sample(StepSequence& s, int32_t row) override { return s.sampler->sample(ctx_, row); }
-  bool accept(StepSequence& s, Token token) override { return s.tracker->accept(token); }
+  bool accept(StepSequence& s, Token token) override {
+    return s.tracker->accept(token, s.sampler->kept_logprobs());
+  }
 
  private:
   Context& ctx_;

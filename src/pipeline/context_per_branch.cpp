@@ -127,6 +127,7 @@ void ContextPerBranchFork::run_branch(const RunInputs& in, size_t agent, Pipelin
   }
   out.answer = std::move(answer.text);
   out.tokens = std::move(answer.tokens);
+  out.logprobs = std::move(answer.logprobs);
   out.stop_reason = answer.stop_reason;
   settle_structured_answer(in.spec.agents[agent], out);
 }

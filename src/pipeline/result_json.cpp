@@ -38,6 +38,26 @@ constexpr std::pair<const char*, double AgentTimings::*> kTimingsFields[] = {
     {"total", &AgentTimings::total},
     {"done_at", &AgentTimings::done_at}};
 
+nlohmann::json token_logprob_json(const TokenLogprob& t) {
+  return {{"token", t.token}, {"text", t.text}, {"logprob", t.logprob}};
+}
+
+TokenLogprob token_logprob_from_json(const nlohmann::json& j) {
+  return {j.at("token").get<Token>(), j.at("logprob").get<float>(),
+          j.at("text").get<std::string>()};
+}
+
+std::vector<SampledLogprobs> logprobs_from_json(const nlohmann::json& j) {
+  std::vector<SampledLogprobs> out;
+  for (const nlohmann::json& e : j) {
+    SampledLogprobs s{.sampled = token_logprob_from_json(e), .top = {}};
+    for (const nlohmann::json& t : e.at("top_logprobs"))
+      s.top.push_back(token_logprob_from_json(t));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json error_json(const std::optional<ErrorValue>& error) {
@@ -49,6 +69,19 @@ std::optional<ErrorValue> error_from_json(const nlohmann::json& j) {
   if (j.is_null()) return std::nullopt;
   return ErrorValue{enum_from<ErrorCode>(j, "code", static_cast<int>(ErrorCode::kInternal) + 1),
                     j.at("message").get<std::string>()};
+}
+
+nlohmann::json logprobs_json(const std::vector<SampledLogprobs>& tokens) {
+  if (tokens.empty()) return nullptr;
+  nlohmann::json out = nlohmann::json::array();
+  for (const SampledLogprobs& s : tokens) {
+    nlohmann::json e = token_logprob_json(s.sampled);
+    nlohmann::json top = nlohmann::json::array();
+    for (const TokenLogprob& t : s.top) top.push_back(token_logprob_json(t));
+    e["top_logprobs"] = std::move(top);
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 nlohmann::json timings_json(const AgentTimings& t) {
@@ -67,6 +100,7 @@ nlohmann::json agent_json(const AgentResult& a) {
       {"answer_json", a.answer_is_json ? nlohmann::json::parse(a.answer) : nlohmann::json(nullptr)},
       {"n_tokens", a.tokens.size()},
       {"tokens", a.tokens},
+      {"logprobs", logprobs_json(a.logprobs)},
       {"stop_reason", a.status == NodeStatus::kOk
                           ? nlohmann::json(std::string(to_string(a.stop_reason)))
                           : nlohmann::json(nullptr)},
@@ -114,6 +148,10 @@ AgentResult read_agent(const nlohmann::json& j, bool strict, AgentPhase* phase =
   // Optional even when strict: results saved before it existed have none.
   if (const auto it = j.find("answer_json"); it != j.end()) a.answer_is_json = !it->is_null();
   get("tokens", a.tokens);
+  // Optional even when strict: results saved before it existed have none.
+  if (const auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+    a.logprobs = logprobs_from_json(*it);
+  }
   get("token_at_ms", a.token_at_ms);
   if (const nlohmann::json* r = find("stop_reason"); r && !r->is_null())
     a.stop_reason = enum_from<StopReason>(j, "stop_reason", 3);

@@ -253,6 +253,7 @@ void BranchSteps::sampled(size_t agent, Token, bool done) {
   Generation answer = b.step.tracker->take();
   out.answer = std::move(answer.text);
   out.tokens = std::move(answer.tokens);
+  out.logprobs = std::move(answer.logprobs);
   out.stop_reason = answer.stop_reason;
   t.first_token = ms_between(b.admitted, b.first_token);
   t.generate = ms_between(b.first_token, now);

@@ -59,11 +59,9 @@ class CompletionEngine::Scheduler {
     // Live:
     std::shared_ptr<Job> job;
     int32_t choice = 0;
-    TextStream sent;  // the answer's text as sent so far
-    bool keeps_logprobs = false;
-    std::vector<SampledLogprobs> logprobs;  // each sampled token's, when asked for
-    uint64_t admitted = 0;                  // admission order (prefill order in a batch)
-    uint64_t last_used = 0;                 // kCached: LRU
+    TextStream sent;         // the answer's text as sent so far
+    uint64_t admitted = 0;   // admission order (prefill order in a batch)
+    uint64_t last_used = 0;  // kCached: LRU
     int32_t max_tokens = 0;
 
     bool live() const noexcept {
@@ -248,16 +246,12 @@ void CompletionEngine::Scheduler::send_text(Slot& s, bool done) {
 void CompletionEngine::Scheduler::finish(size_t index) {
   Slot& s = slots_[index];
   send_text(s, /*done=*/true);
-  const Generation g = s.step.tracker->take();
+  Generation g = s.step.tracker->take();
   Event done;
   done.kind = Event::Kind::kChoiceDone;
   done.choice = s.choice;
   done.stop_reason = g.stop_reason;
-  if (s.keeps_logprobs) {  // the end-of-generation token is not the answer's
-    s.logprobs.resize(std::min(s.logprobs.size(), g.tokens.size()));
-    done.logprobs = std::move(s.logprobs);
-    s.logprobs.clear();
-  }
+  done.logprobs = std::move(g.logprobs);  // the answer's tokens', when asked for
   emit(s.job, std::move(done));
   Request& r = requests_[s.job.get()];
   r.usage.completion_tokens += static_cast<int32_t>(g.tokens.size());
@@ -427,9 +421,6 @@ void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t s
     gen.max_tokens = req.max_tokens;
     gen.stop = req.stop;
     s.step.start(*engine_.model_, sampling, gen);
-    s.keeps_logprobs = req.top_logprobs >= 0;
-    s.logprobs.clear();
-    if (s.keeps_logprobs) s.step.sampler->keep_logprobs(req.top_logprobs);
     s.sent = TextStream(req.stop);
     s.max_tokens = req.max_tokens;
     s.admitted = ++clock_;
@@ -579,7 +570,6 @@ void CompletionEngine::Scheduler::decode_step(size_t prefilled) {
   on.sampled = [&](size_t index, Token, bool done) {
     Slot& s = slots_[index];
     s.state = Slot::State::kGenerate;
-    if (s.keeps_logprobs) s.logprobs.push_back(s.step.sampler->last_logprobs());
     if (done) {
       finish(index);
       return;

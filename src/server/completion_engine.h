@@ -76,7 +76,6 @@ struct CompletionRequest {
   int32_t max_tokens = 128;
   std::vector<std::string> stop;
   int32_t n = 1;
-  int32_t top_logprobs = -1;  // >= 0: each token's log probability and this many likeliest
 };
 
 struct Usage {
@@ -96,7 +95,7 @@ struct Event {
   // still turn out to be the start of a stop string held back.
   std::string text;
   StopReason stop_reason = StopReason::kMaxTokens;  // kChoiceDone
-  // kChoiceDone, with top_logprobs >= 0: one per answer token, in order.
+  // kChoiceDone, with sampling.top_logprobs >= 0: one per answer token, in order.
   std::vector<SampledLogprobs> logprobs;
   Usage usage;       // kFinished
   ErrorValue error;  // kFailed

@@ -472,7 +472,7 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
   read_generation(body, limits, r);
   const auto top = integer(body, "top_logprobs", 0, 20);
   if (boolean(body, "logprobs")) {
-    r.top_logprobs = static_cast<int32_t>(top.value_or(0));
+    r.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
   } else if (top) {
     refuse("top_logprobs", "needs \"logprobs\": true");
   }
@@ -536,7 +536,8 @@ ChatRequest parse_completion_request(std::string_view body_text, const RequestLi
   read_generation(body, limits, r);
   // OpenAI's default for this endpoint.
   if (r.max_tokens == 0) r.max_tokens = std::min(16, limits.max_tokens);
-  if (const auto top = integer(body, "logprobs", 0, 5)) r.top_logprobs = static_cast<int32_t>(*top);
+  if (const auto top = integer(body, "logprobs", 0, 5))
+    r.sampling.top_logprobs = static_cast<int32_t>(*top);
   if (boolean(body, "echo")) {
     refuse("echo",
            "is not supported: the answer does not repeat the prompt, and prompt tokens' "

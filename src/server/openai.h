@@ -56,9 +56,6 @@ struct ChatRequest {
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  // Chat: "logprobs": true: "top_logprobs" (0 when not given); completions:
-  // "logprobs" (0 to 5); else -1.
-  int32_t top_logprobs = -1;
   // The functions the answer is a call of (tool_choice "required" or a named
   // one); empty: the answer is text. The grammar and the system prompt say so.
   std::vector<ToolFunction> tools;

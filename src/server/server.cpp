@@ -449,7 +449,7 @@ struct Server::Impl {
                        std::span<const SampledLogprobs> tokens) const {
     if (request.endpoint == server::Endpoint::kChat) return server::logprobs_json(*model, tokens);
     return server::completion_logprobs_json(*model, tokens, request.prompt.size(),
-                                            request.top_logprobs > 0);
+                                            request.sampling.top_logprobs > 0);
   }
 
   // The run with this id, or nullptr after answering 404.
@@ -642,7 +642,6 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
     c.sampling = chat.sampling;
     c.stop = chat.stop;
     c.n = chat.n;
-    c.top_logprobs = chat.top_logprobs;
     c.max_tokens = chat.max_tokens > 0 ? chat.max_tokens : options.default_max_tokens;
     if (chat.max_tokens == 0) {
       // No max_tokens: whatever the context leaves, up to the default.
@@ -684,7 +683,7 @@ void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& cha
       texts[static_cast<size_t>(e->choice)] += e->text;
     } else if (e->kind == Event::Kind::kChoiceDone) {
       reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
-      if (chat.top_logprobs >= 0) {
+      if (chat.sampling.top_logprobs >= 0) {
         logprobs[static_cast<size_t>(e->choice)] = choice_logprobs(chat, e->logprobs);
       }
     } else if (e->kind == Event::Kind::kFinished) {
@@ -721,7 +720,7 @@ class Server::Impl::ChatStream {
         n_(chat.n),
         include_usage_(chat.include_usage),
         calls_tool_(!chat.tools.empty()),
-        logprobs_(chat.top_logprobs >= 0),
+        logprobs_(chat.sampling.top_logprobs >= 0),
         t0_(t0),
         calls_(calls_tool_ ? static_cast<size_t>(chat.n) : 0) {}
 

@@ -47,6 +47,7 @@ void print_json(const std::string& model_path, size_t prompt_tokens, const Gener
         {"total", t.total_ms}}},
       {"n_ctx", context.n_ctx},
       {"n_threads", context.n_threads},
+      {"logprobs", logprobs_json(answer.logprobs)},
   };
   std::cout << dump_json(out) << "\n";
 }
@@ -63,6 +64,19 @@ void print_text(const std::string& model_path, size_t prompt_tokens, const Gener
       t.generate_ms,
       t.generate_ms > 0 ? 1000.0 * static_cast<double>(answer.tokens.size()) / t.generate_ms : 0.0,
       to_string(answer.stop_reason), t.total_ms);
+  // --top-logprobs: a line per token, its log probability and piece (as a
+  // JSON string: escaped, control characters too), then the likeliest
+  // tokens'.
+  const auto quoted = [](const std::string& piece) {
+    return nlohmann::json(piece).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  for (const SampledLogprobs& s : answer.logprobs) {
+    std::string line = fmt::format("{:>10.4f}  {}", s.sampled.logprob, quoted(s.sampled.text));
+    for (const TokenLogprob& top : s.top) {
+      line += fmt::format("  | {} {:.4f}", quoted(top.text), top.logprob);
+    }
+    std::cerr << line << "\n";
+  }
 }
 
 }  // namespace

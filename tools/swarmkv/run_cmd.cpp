@@ -263,6 +263,7 @@ RunCommand::RunCommand(CLI::App& app) {
       "prompt, max_tokens, "
       "temperature, top_p, top_k, min_p, seed, repeat_penalty, repeat_last_n, frequency_penalty, "
       "presence_penalty, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, "
+      "top_logprobs, "
       "logit_bias, stop, json_schema, grammar, depends_on, priority, fork_from, needs, scope: "
       "document or corpus). See "
       "examples/pipelines/ and docs/pipelines.md.\n"

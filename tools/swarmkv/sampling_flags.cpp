@@ -15,7 +15,8 @@ struct SamplingFlag {
   std::string_view key;  // for_each_sampling_field's name (the pipeline file's key)
   const char* name;
   const char* help;
-  float most = 0;  // > 0: the parser accepts 0..most only
+  float most = 0;   // > 0: the parser accepts least..most only
+  float least = 0;  // with most
 };
 
 // llama.cpp's flag names (--temp, not --temperature), in for_each_sampling_field's order.
@@ -37,6 +38,10 @@ constexpr SamplingFlag kSamplingFlags[] = {
     {"dry_base", "--dry-base", "DRY: growth of the penalty"},
     {"dry_allowed_length", "--dry-allowed-length", "DRY: repeats up to this many tokens go free"},
     {"dry_penalty_last_n", "--dry-penalty-last-n", "DRY: generated tokens it looks back over"},
+    {"top_logprobs", "--top-logprobs",
+     "record each answer token's log probability and this many likeliest tokens' (0..20; -1 = "
+     "off; --json's logprobs, after the answer in text)",
+     20.0f, -1.0f},
 };
 
 }  // namespace
@@ -50,7 +55,7 @@ void add_sampling_flags(CLI::App* app, SamplingOptions& sampling) {
                   fmt::format("the sampling setting '{}' has no command-line flag", key));
     }
     CLI::Option* option = app->add_option(flag->name, value, flag->help)->capture_default_str();
-    if (flag->most > 0) option->check(CLI::Range(0.0f, flag->most));
+    if (flag->most > 0) option->check(CLI::Range(flag->least, flag->most));
   });
 }
 

@@ -11,9 +11,10 @@ namespace swarmkv::cli {
 
 // Adds --temp, --top-p, --top-k, --seed, --repeat-penalty, --repeat-last-n,
 // --frequency-penalty, --presence-penalty, --dry-multiplier, --dry-base,
-// --dry-allowed-length and --dry-penalty-last-n to `app`, in that order, each
-// bound to its field of `sampling` and showing its default (--temp checked
-// against 0..100 by the parser; validate_sampling checks the rest after
+// --dry-allowed-length, --dry-penalty-last-n and --top-logprobs to `app`, in
+// that order, each bound to its field of `sampling` and showing its default
+// (--temp checked against 0..100, --min-p 0..1 and --top-logprobs -1..20 by
+// the parser; validate_sampling checks the rest after
 // parsing). Throws Error(kInternal) for a field without a flag here.
 void add_sampling_flags(CLI::App* app, SamplingOptions& sampling);
 
