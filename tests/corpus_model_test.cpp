@@ -124,7 +124,7 @@ TEST_F(CorpusModelTest, EachDocumentEqualsItsOwnReprefillAndReduceAgentsSeeEvery
 
 // Two documents at once (as on a cluster), each on a thread of its own:
 // the same answers as one at a time, in the corpus's order, progress
-// reported once per document.
+// reported once per document; with memory for one, one at a time.
 TEST_F(CorpusModelTest, TwoDocumentsAtOnceGiveTheSameAnswersInOrder) {
   const CorpusResult shared = run_corpus(corpus_, model_);
   ASSERT_TRUE(shared.ok());
@@ -143,6 +143,21 @@ TEST_F(CorpusModelTest, TwoDocumentsAtOnceGiveTheSameAnswersInOrder) {
     }
   }
   EXPECT_EQ(named(*both.reduce, "pair").tokens, named(*shared.reduce, "pair").tokens);
+  EXPECT_GE(both.documents_live_peak, 1u);
+  EXPECT_LE(both.documents_live_peak, 2u);
+
+  // Memory for one document only: they run one at a time instead of
+  // failing for memory, with the same answers.
+  CorpusOptions tight = two;
+  calls = 0;
+  tight.memory_budget = 1;
+  const CorpusResult one_by_one = run_corpus(corpus_, model_, tight);
+  ASSERT_TRUE(one_by_one.ok());
+  EXPECT_EQ(one_by_one.documents_live_peak, 1u);
+  for (size_t i = 0; i < corpus_.documents.size(); ++i) {
+    EXPECT_EQ(one_by_one.documents[i].result->agents[0].tokens,
+              shared.documents[i].result->agents[0].tokens);
+  }
 }
 
 TEST_F(CorpusModelTest, AFailedDocumentFailsOnlyItselfAndTheReduceAgentsThatTakeIt) {

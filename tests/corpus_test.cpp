@@ -2,14 +2,19 @@
 // its reduce agents' placeholders read, and what they are given.
 #include <sys/stat.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "corpus/memory_gate.h"
 #include "swarmkv/corpus.h"
 #include "swarmkv/error.h"
 #include "swarmkv/pipeline.h"
@@ -247,6 +252,42 @@ TEST_F(CorpusFileTest, TheResultNamesEveryDocumentAndTheSchemaVersion) {
   EXPECT_TRUE(j["documents"][1]["result"].is_null());
   EXPECT_EQ(j["documents"][1]["error"]["code"], "not_found");
   EXPECT_TRUE(j["reduce"].is_null());
+}
+
+// --max-documents-live under tight memory: a document that does not fit
+// beside the running ones waits for one to end, and runs when it does;
+// documents that fit run together; one alone runs whatever it needs (its
+// own memory check decides). Every wait here is bounded.
+TEST(MemoryGateTest, ADocumentThatDoesNotFitWaitsForAnotherToEnd) {
+  using namespace std::chrono_literals;
+  detail::MemoryGate gate(10);
+  gate.acquire(6);
+  std::atomic<bool> started{false};
+  auto second = std::async(std::launch::async, [&] {
+    const detail::MemoryGate::Hold hold(gate, 6);
+    started = true;
+  });
+  EXPECT_EQ(second.wait_for(200ms), std::future_status::timeout) << "6 + 6 > 10 ran together";
+  EXPECT_FALSE(started);
+  gate.release(6);
+  ASSERT_EQ(second.wait_for(10s), std::future_status::ready) << "the freed memory woke nobody";
+  EXPECT_TRUE(started);
+  EXPECT_EQ(gate.peak(), 1u);
+
+  gate.acquire(4);
+  auto fits = std::async(std::launch::async, [&] { const detail::MemoryGate::Hold hold(gate, 5); });
+  ASSERT_EQ(fits.wait_for(10s), std::future_status::ready) << "4 + 5 <= 10 waited";
+  EXPECT_EQ(gate.peak(), 2u);
+  gate.release(4);
+}
+
+TEST(MemoryGateTest, ADocumentAloneRunsWhateverItNeeds) {
+  using namespace std::chrono_literals;
+  detail::MemoryGate gate(1);
+  auto alone =
+      std::async(std::launch::async, [&] { const detail::MemoryGate::Hold hold(gate, 100); });
+  ASSERT_EQ(alone.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(gate.peak(), 1u);
 }
 
 }  // namespace

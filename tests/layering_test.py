@@ -47,7 +47,7 @@ PRIVATE = {
     "cluster": {"cluster"},
     "server": {"kv", "prefix", "server"},
     "run_page": set(),
-    "corpus": set(),
+    "corpus": {"corpus"},
 }
 
 # Files outside src/engine/ that may include llama.cpp's headers: the kernel

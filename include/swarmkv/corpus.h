@@ -61,7 +61,15 @@ struct CorpusOptions {
   // Documents run at once, each on a thread of its own (0 counts as 1).
   // One locally: a document's run uses every core. On a cluster, as many
   // as there are workers: each document's prefill and agents are theirs.
+  // Locally, above 1, memory bounds them too: a document waits until its
+  // estimated memory (estimate_memory, with headroom) fits beside the
+  // running ones' within `memory_budget`, unless none runs; so N at once
+  // never ask for more than the machine had, and a tight machine runs
+  // fewer at once rather than failing documents for memory.
   size_t documents_live = 1;
+  // The memory documents_live > 1 shares locally; 0: what
+  // available_memory() says when the corpus starts.
+  uint64_t memory_budget = 0;
 };
 
 struct DocumentOutcome {
@@ -86,7 +94,10 @@ struct CorpusResult {
   std::optional<PipelineResult> reduce;
   size_t documents_run = 0;      // documents run here (not resumed, not failed before running)
   size_t documents_resumed = 0;  // taken from the output folder
-  double total_ms = 0;           // the whole run, model load excluded
+  // Locally with documents_live > 1: the most documents that ran at once
+  // (memory may have held some back); else 0.
+  size_t documents_live_peak = 0;
+  double total_ms = 0;  // the whole run, model load excluded
   bool ok() const noexcept;
 };
 

@@ -582,6 +582,18 @@ PipelineBudget plan_budget(ForkMode fork, int32_t prefix_tokens,
 // batch-invariant kernels that could have had them (exact_settled).
 PreparedPipeline prepare_pipeline(const PipelineSpec& spec, const Model& model);
 
+// What a run of `spec` with `budget` allocates, estimated before anything
+// is (estimate_context_memory; kShared: the prefill and the shared context;
+// kHost: plus the snapshot and a branch buffer per worker; kHost/kNone with
+// kConcurrent: one context per worker): the bytes, without headroom, and
+// the parts in words ("1 context(s) x n_ctx 4096: KV 0.09 GiB + ...").
+struct MemoryEstimate {
+  uint64_t bytes = 0;
+  std::string parts;
+};
+MemoryEstimate estimate_memory(const PipelineSpec& spec, const Model& model,
+                               const PipelineBudget& budget, GuardPolicy guard);
+
 // Refuses a run whose contexts and host buffers would not fit in the memory
 // left (available_memory()), estimated before anything is allocated
 // (estimate_context_memory; kShared: the prefill and the shared context;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -20,6 +21,7 @@
 #include <xxhash.h>
 #include <nlohmann/json.hpp>
 
+#include "corpus/memory_gate.h"
 #include "swarmkv/log.h"
 #include "swarmkv/measure.h"
 #include "swarmkv/paths.h"
@@ -83,9 +85,19 @@ std::optional<PipelineResult> saved_result(const std::string& path, const std::s
   }
 }
 
+// What a local run of `spec` holds while it runs, with headroom
+// (estimate_memory after prepare_pipeline, as run_pipeline checks it).
+uint64_t document_memory(const PipelineSpec& spec, const Model& model, GuardPolicy guard) {
+  const PreparedPipeline prepared = prepare_pipeline(spec, model);
+  return with_headroom(estimate_memory(spec, model, prepared.budget, guard).bytes);
+}
+
+// `gate`: several documents at once on this machine; each waits for its
+// memory there before it runs (null: one at a time, or on workers).
 DocumentOutcome run_document(const CorpusSpec& corpus, const DocumentRef& d,
                              const std::shared_ptr<const Model>& model,
-                             const CorpusOptions& options, std::atomic<size_t>& ran) {
+                             const CorpusOptions& options, std::atomic<size_t>& ran,
+                             detail::MemoryGate* gate) {
   DocumentOutcome out;
   out.name = d.name;
   out.source = d.source();
@@ -103,8 +115,13 @@ DocumentOutcome run_document(const CorpusSpec& corpus, const DocumentRef& d,
       }
     }
     ++ran;
-    out.result =
-        options.run_document ? options.run_document(spec) : run_pipeline(spec, model, options.run);
+    if (gate != nullptr) {
+      const detail::MemoryGate::Hold hold(*gate, document_memory(spec, *model, options.run.guard));
+      out.result = run_pipeline(spec, model, options.run);
+    } else {
+      out.result = options.run_document ? options.run_document(spec)
+                                        : run_pipeline(spec, model, options.run);
+    }
     if (!key.empty() && out.result->ok()) {
       const nlohmann::json saved = {
           {"key", key}, {"name", d.name}, {"result", result_json(*out.result)}};
@@ -359,6 +376,14 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
   progress.total = corpus.documents.size();
   std::atomic<size_t> next{0}, ran{0};
   std::exception_ptr failure;
+  const size_t threads =
+      std::min(std::max<size_t>(options.documents_live, 1), corpus.documents.size());
+  // Several documents here at once: what memory was free now bounds them
+  // together (memory_gate.h). On workers (run_document) each is theirs.
+  std::optional<detail::MemoryGate> gate;
+  if (threads > 1 && !options.run_document) {
+    gate.emplace(options.memory_budget > 0 ? options.memory_budget : available_memory().bytes);
+  }
   const auto work = [&] {
     for (;;) {
       const size_t i = next.fetch_add(1);
@@ -370,7 +395,7 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
       const DocumentRef& d = corpus.documents[i];
       DocumentOutcome done;
       try {
-        done = run_document(corpus, d, model, options, ran);
+        done = run_document(corpus, d, model, options, ran, gate ? &*gate : nullptr);
       } catch (...) {
         const std::lock_guard lock(mutex);
         if (!failure) failure = std::current_exception();
@@ -398,9 +423,7 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
       progress.outcome = nullptr;
     }
   };
-  const size_t threads =
-      std::min(std::max<size_t>(options.documents_live, 1), corpus.documents.size());
-  if (threads == 1) {
+  if (threads <= 1) {
     work();
   } else {
     std::vector<std::thread> pool;
@@ -409,6 +432,11 @@ CorpusResult run_corpus(const CorpusSpec& corpus, const std::shared_ptr<const Mo
   }
   if (failure) std::rethrow_exception(failure);
   out.documents_run = ran.load();
+  out.documents_live_peak = gate ? gate->peak() : 0;
+  if (gate && gate->peak() < threads && ran.load() > gate->peak()) {
+    log_info("corpus: memory let at most {} of the {} documents allowed at once run together",
+             gate->peak(), threads);
+  }
   if (!corpus.reduce.empty()) out.reduce = run_reduce(corpus, out.documents, model, options);
   out.total_ms = clock.ms();
   return out;

@@ -795,8 +795,8 @@ PreparedPipeline prepare_pipeline(const PipelineSpec& given, const Model& model)
   return out;
 }
 
-void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBudget& budget,
-                  GuardPolicy guard) {
+MemoryEstimate estimate_memory(const PipelineSpec& spec, const Model& model,
+                               const PipelineBudget& budget, GuardPolicy guard) {
   const ForkTraits traits = fork_traits(spec.fork);
   ContextOptions branch = spec.context_options();
   branch.n_ctx = budget.n_ctx;
@@ -831,7 +831,13 @@ void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBu
       parts += fmt::format("; host buffers {:.2f} GiB", state * (1 + contexts) / 1073741824.0);
     }
   }
-  require_memory(total, fmt::format("fork {}", to_string(spec.fork)), parts,
+  return {total, std::move(parts)};
+}
+
+void check_memory(const PipelineSpec& spec, const Model& model, const PipelineBudget& budget,
+                  GuardPolicy guard) {
+  const MemoryEstimate need = estimate_memory(spec, model, budget, guard);
+  require_memory(need.bytes, fmt::format("fork {}", to_string(spec.fork)), need.parts,
                  "shorten the document, lower max_tokens or run fewer agents");
 }
 

@@ -317,8 +317,10 @@ void RunCommand::add_run_options() {
                    "(atomically); the same command again skips the documents already there "
                    "(same document text, pipeline, model and engine) and runs the rest");
   sub_->add_option("--max-documents-live", args_.max_documents_live,
-                   "a corpus: documents run at once (default 1, each with every core; under "
-                   "--redis the live workers: each document's prefill and agents go to one)")
+                   "a corpus: documents run at once (default 1, each with every core; above 1 "
+                   "locally, as memory allows: one waits until its contexts fit beside the "
+                   "running ones' in what was free at the start; under --redis the live "
+                   "workers: each document's prefill and agents go to one)")
       ->check(CLI::Range(1, 1024));
   sub_->add_flag("--check", args_.check,
                  "check the pipeline file and the options, load no model, run nothing");
