@@ -798,12 +798,9 @@ def placeholders_on_workers_equal_local(c):
         assert all(a["worker"] in ("w1", "w2") for a in remote["agents"]), out
 
 
-@case
-def corpus_documents_spread_over_two_workers_equal_local(c):
-    """A corpus under run --redis: documents run at once, one per live worker
-    (each document's agents one job, so one worker prefills and answers it),
-    reduce agents on the coordinator; every answer, the reduce agent's too,
-    equals a local run's, token for token."""
+def use_corpus(c):
+    """Four 700-character documents (two licences, two parts each), two
+    agents per document and a reduce agent over the first one's answers."""
     folder = os.path.join(c.tmp, "docs")
     os.makedirs(folder)
     for name in ("apache-2.0.txt", "mpl-2.0.txt"):
@@ -818,6 +815,24 @@ def corpus_documents_spread_over_two_workers_equal_local(c):
                 "  - {name: a, prompt: \"What is this text about?\"}\n"
                 "  - {name: b, prompt: \"Who gives the licence?\"}\n"
                 "  - {name: all, scope: corpus, max_tokens: 8, prompt: \"{{a[*]}} Which is longest?\"}\n")
+
+
+def expect_corpus_equal(remote, local):
+    """Every document's answers and the reduce agent's equal the local run's."""
+    assert remote["ok"] and remote["documents_run"] == len(local["documents"]), remote
+    for r, l in zip(remote["documents"], local["documents"]):
+        assert r["name"] == l["name"], (r["name"], l["name"])
+        expect_equal_answers(r["result"], l["result"])
+    assert remote["reduce"]["agents"][0]["tokens"] == local["reduce"]["agents"][0]["tokens"]
+
+
+@case
+def corpus_documents_spread_over_two_workers_equal_local(c):
+    """A corpus under run --redis: documents run at once, one per live worker
+    (each document's agents one job, so one worker prefills and answers it),
+    reduce agents on the coordinator; every answer, the reduce agent's too,
+    equals a local run's, token for token."""
+    use_corpus(c)
     c.start_redis()
     c.start_worker("w1")
     c.start_worker("w2")
@@ -825,18 +840,38 @@ def corpus_documents_spread_over_two_workers_equal_local(c):
     assert rc == 0, err
     assert err.count("coordinator: no cluster key") == 1, f"warned once, not per document: {err}"
     remote = json.loads(out)
-    local = c.local("shared")
-    assert remote["documents_run"] == 4 and remote["ok"], out
+    expect_corpus_equal(remote, c.local("shared"))
     workers = set()
-    for r, l in zip(remote["documents"], local["documents"]):
-        assert r["name"] == l["name"], (r["name"], l["name"])
-        expect_equal_answers(r["result"], l["result"])
+    for r in remote["documents"]:
         ran_on = {a["worker"] for a in r["result"]["agents"]}
         assert len(ran_on) == 1, f"{r['name']}: one job per document, got {ran_on}"
         workers |= ran_on
     assert workers == {"w1", "w2"}, f"both workers get documents: {workers}"
-    assert remote["reduce"]["agents"][0]["tokens"] == local["reduce"]["agents"][0]["tokens"]
     assert remote["reduce"]["agents"][0]["worker"] is None, "the reduce agent runs on the coordinator"
+
+
+@case
+def corpus_survives_a_killed_worker(c):
+    """SIGKILL a worker while it holds a document: the other worker takes
+    that document's job over after the visibility timeout, so no document
+    is lost, and every answer, the reduce agent's too, equals a local
+    run's."""
+    use_corpus(c)
+    c.start_redis()
+    opts = ("--visibility-timeout", "3", "--heartbeat", "0.5")
+    c.start_worker("w1", *opts)
+    c.start_worker("w2", *opts)
+    run = c.start_run("--redis", c.url(), "--json", "--timeout", "300")
+    wait_for("a worker to claim a document",
+             lambda: "claimed job" in c.log("w1") or "claimed job" in c.log("w2"), 120)
+    victim = "w1" if "claimed job" in c.log("w1") else "w2"
+    survivor = "w2" if victim == "w1" else "w1"
+    c.workers[victim].kill()
+    rc, out, err = c.finish_run(run, 300)
+    assert rc == 0, err
+    remote = json.loads(out)
+    expect_corpus_equal(remote, c.local("shared"))
+    assert "took over the stalled job" in c.log(survivor), c.log(survivor)
 
 
 @case
