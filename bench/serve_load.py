@@ -121,6 +121,56 @@ def load(port, work, concurrency, max_tokens):
     return time.monotonic() - t0, results
 
 
+def write_report(a, summary, runs):
+    """plots/latency.png and report.md from the summary and each run's
+    latencies (`runs`: {"arm", "latency_s"}), as results.json keeps them."""
+    from swarmbench import style
+    fig, ax = style.plt.subplots(figsize=(7, 4))
+    for name in ("exact", "no-exact"):
+        for i, r in enumerate(x for x in runs if x["arm"] == name):
+            lat = sorted(r["latency_s"])
+            ax.plot(lat, [(k + 1) / len(lat) for k in range(len(lat))], color=style.colour(name), alpha=0.7,
+                    label=name if i == 0 else None)
+    ax.set_xlabel("request latency (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"{a.requests} requests over 4 documents, {a.concurrency} at a time "
+                 f"({a.trials} trials each)", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "plots", "latency.png"), dpi=110)
+
+    e, n = summary["exact"], summary["no-exact"]
+    with open(os.path.join(a.out, "report.md"), "w") as out:
+        out.write(f"""# `swarmkv serve` under sustained load: exact against `--no-exact`
+
+{a.requests} chat completions over 4 documents (Apache 2.0, Mozilla 2.0, two synthetic
+texts), {a.concurrency} at a time, {a.max_tokens} greedy tokens each, not streamed;
+`serve -c {a.n_ctx} -t 2 --snapshot-cache off`, {os.path.basename(MODEL)}; {a.trials}
+alternated trials per arm, medians. Command: `command.sh`.
+
+| | exact (default) | `--no-exact` | exact / no-exact |
+|---|---|---|---|
+| wall time | {e['wall_s']:.1f} s | {n['wall_s']:.1f} s | {e['wall_s'] / n['wall_s']:.2f} |
+| requests/s | {e['requests_per_s']:.2f} | {n['requests_per_s']:.2f} | {e['requests_per_s'] / n['requests_per_s']:.2f} |
+| completion tokens/s | {e['completion_tokens_per_s']:.1f} | {n['completion_tokens_per_s']:.1f} | {e['completion_tokens_per_s'] / n['completion_tokens_per_s']:.2f} |
+| latency p50 / p95 | {e['latency_p50_s']:.2f} / {e['latency_p95_s']:.2f} s | {n['latency_p50_s']:.2f} / {n['latency_p95_s']:.2f} s | |
+| cache resets (`swarmkv_kv_resets_total`) | {e['kv_resets']:.0f} | {n['kv_resets']:.0f} | |
+| tokens prefilled | {e['prefilled_tokens']:.0f} | {n['prefilled_tokens']:.0f} | |
+| prompt tokens reused from the cache | {e['reused_tokens']:.0f} | {n['reused_tokens']:.0f} | |
+| decode steps | {e['decode_steps']:.0f} | {n['decode_steps']:.0f} | |
+| answers equal to the pair's sent alone (same arm) | {e['answers_equal_reference'][0]}/{e['answers_equal_reference'][1]} | {n['answers_equal_reference'][0]}/{n['answers_equal_reference'][1]} | |
+
+Exact mode never reuses a cell while the cache lasts: when its cells are all
+handed out, new requests wait for the live ones, then the cache starts over
+and every document is prefilled again (the resets above, and the extra
+tokens prefilled). `--no-exact` reuses freed cells, so its cache never
+starts over, but a request's answer depends on which requests shared its
+batches.
+
+![latency](plots/latency.png)
+""")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -130,7 +180,16 @@ def main():
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--n-ctx", type=int, default=16384)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--report-only", action="store_true",
+                    help="write plots/ and report.md again from --out's results.json, run nothing")
     a = ap.parse_args()
+    if a.report_only:
+        with open(os.path.join(a.out, "results.json")) as f:
+            saved = json.load(f)
+        for key in ("trials", "requests", "concurrency", "n_ctx", "max_tokens"):
+            setattr(a, key, saved[key])
+        write_report(a, saved["summary"], saved["runs"])
+        return
     os.makedirs(os.path.join(a.out, "plots"), exist_ok=True)
     os.makedirs(os.path.join(a.out, "logs"), exist_ok=True)
     report.write_command(a.out)
@@ -204,51 +263,8 @@ def main():
                        statistics.median(x["latency_s"] for x in r["results"])]
                       + [r["metrics"].get(c) for c in COUNTERS] for r in runs])
 
-    from swarmbench import style
-    fig, ax = style.plt.subplots(figsize=(7, 4))
-    for name, _ in arms:
-        for i, r in enumerate(x for x in runs if x["arm"] == name):
-            lat = sorted(x["latency_s"] for x in r["results"])
-            ax.plot(lat, [(k + 1) / len(lat) for k in range(len(lat))], color=style.colour(name), alpha=0.7,
-                    label=name if i == 0 else None)
-    ax.set_xlabel("request latency (s)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title(f"{a.requests} requests over 4 documents, {a.concurrency} at a time "
-                 f"({a.trials} trials each)", fontsize=10)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "plots", "latency.png"), dpi=110)
-
-    e, n = summary["exact"], summary["no-exact"]
-    with open(os.path.join(a.out, "report.md"), "w") as out:
-        out.write(f"""# `swarmkv serve` under sustained load: exact against `--no-exact`
-
-{a.requests} chat completions over 4 documents (Apache 2.0, Mozilla 2.0, two synthetic
-texts), {a.concurrency} at a time, {a.max_tokens} greedy tokens each, not streamed;
-`serve -c {a.n_ctx} -t 2 --snapshot-cache off`, {os.path.basename(MODEL)}; {a.trials}
-alternated trials per arm, medians. Command: `command.sh`.
-
-| | exact (default) | `--no-exact` | exact / no-exact |
-|---|---|---|---|
-| wall time | {e['wall_s']:.1f} s | {n['wall_s']:.1f} s | {e['wall_s'] / n['wall_s']:.2f} |
-| requests/s | {e['requests_per_s']:.2f} | {n['requests_per_s']:.2f} | {e['requests_per_s'] / n['requests_per_s']:.2f} |
-| completion tokens/s | {e['completion_tokens_per_s']:.1f} | {n['completion_tokens_per_s']:.1f} | {e['completion_tokens_per_s'] / n['completion_tokens_per_s']:.2f} |
-| latency p50 / p95 | {e['latency_p50_s']:.2f} / {e['latency_p95_s']:.2f} s | {n['latency_p50_s']:.2f} / {n['latency_p95_s']:.2f} s | |
-| cache resets (`swarmkv_kv_resets_total`) | {e['kv_resets']:.0f} | {n['kv_resets']:.0f} | |
-| tokens prefilled | {e['prefilled_tokens']:.0f} | {n['prefilled_tokens']:.0f} | |
-| prompt tokens reused from the cache | {e['reused_tokens']:.0f} | {n['reused_tokens']:.0f} | |
-| decode steps | {e['decode_steps']:.0f} | {n['decode_steps']:.0f} | |
-| answers equal to the pair's sent alone (same arm) | {e['answers_equal_reference'][0]}/{e['answers_equal_reference'][1]} | {n['answers_equal_reference'][0]}/{n['answers_equal_reference'][1]} | |
-
-Exact mode never reuses a cell while the cache lasts: when its cells are all
-handed out, new requests wait for the live ones, then the cache starts over
-and every document is prefilled again (the resets above, and the extra
-tokens prefilled). `--no-exact` reuses freed cells, so its cache never
-starts over, but a request's answer depends on which requests shared its
-batches.
-
-![latency](plots/latency.png)
-""")
+    write_report(a, summary, [{"arm": r["arm"], "latency_s": [x["latency_s"] for x in r["results"]]}
+                              for r in runs])
     print(json.dumps(summary, indent=1))
 
 
