@@ -472,18 +472,17 @@ def q8_0_kv_on_workers_equals_local(c):
     stop_worker(c, "w2")
 
 
-@case
-def killed_worker_job_is_taken_over(c):
-    """SIGKILL a worker mid-job: the other takes its job over after the
-    visibility timeout; every agent answered once, answers exact."""
-    c.use_small_pipeline()
+def kill_a_worker_mid_run(c, *run_args):
+    """Two workers (visibility timeout 3 s), a run --redis with `run_args`,
+    and the first worker to claim a job SIGKILLed: the run must still exit
+    0, the survivor having taken the stalled job over. Returns the run's
+    JSON output and the survivor's name."""
     c.start_redis()
     opts = ("--visibility-timeout", "3", "--heartbeat", "0.5")
     c.start_worker("w1", *opts)
     c.start_worker("w2", *opts)
     t0 = time.monotonic()
-    run = c.start_run("--redis", c.url(), "--fork", "host", "--json", "--timeout", "300",
-                      "--agents-per-job", "2")
+    run = c.start_run("--redis", c.url(), "--json", "--timeout", "300", *run_args)
     wait_for("a worker to claim a job",
              lambda: "claimed job" in c.log("w1") or "claimed job" in c.log("w2"), 120)
     victim = "w1" if "claimed job" in c.log("w1") else "w2"
@@ -491,12 +490,20 @@ def killed_worker_job_is_taken_over(c):
     c.workers[victim].kill()
     rc, out, err = c.finish_run(run, 300)
     assert rc == 0, err
-    result = json.loads(out)
+    assert "took over the stalled job" in c.log(survivor), c.log(survivor)
+    print(f"completed {time.monotonic() - t0:.1f} s after the start, {victim} killed")
+    return json.loads(out), survivor
+
+
+@case
+def killed_worker_job_is_taken_over(c):
+    """SIGKILL a worker mid-job: the other takes its job over after the
+    visibility timeout; every agent answered once, answers exact."""
+    c.use_small_pipeline()
+    result, survivor = kill_a_worker_mid_run(c, "--fork", "host", "--agents-per-job", "2")
     assert len(result["agents"]) == 4
     assert {a["worker"] for a in result["agents"]} == {survivor}, result["agents"]
-    assert "took over the stalled job" in c.log(survivor), c.log(survivor)
     expect_equal_answers(result, c.local("host"))
-    print(f"completed {time.monotonic() - t0:.1f} s after the start, {victim} killed")
 
 
 @case
@@ -857,21 +864,8 @@ def corpus_survives_a_killed_worker(c):
     is lost, and every answer, the reduce agent's too, equals a local
     run's."""
     use_corpus(c)
-    c.start_redis()
-    opts = ("--visibility-timeout", "3", "--heartbeat", "0.5")
-    c.start_worker("w1", *opts)
-    c.start_worker("w2", *opts)
-    run = c.start_run("--redis", c.url(), "--json", "--timeout", "300")
-    wait_for("a worker to claim a document",
-             lambda: "claimed job" in c.log("w1") or "claimed job" in c.log("w2"), 120)
-    victim = "w1" if "claimed job" in c.log("w1") else "w2"
-    survivor = "w2" if victim == "w1" else "w1"
-    c.workers[victim].kill()
-    rc, out, err = c.finish_run(run, 300)
-    assert rc == 0, err
-    remote = json.loads(out)
+    remote, _ = kill_a_worker_mid_run(c)
     expect_corpus_equal(remote, c.local("shared"))
-    assert "took over the stalled job" in c.log(survivor), c.log(survivor)
 
 
 @case
