@@ -253,8 +253,14 @@ bool publish_streamed_prefix(Context& ctx, const EngineSettings& engine,
   }
   export_ms = e.ms();
   const Stopwatch w;
-  SnapshotStore store(snapshot_store_dir(so.cache_dir), so.cache_max_bytes);
-  if (!publish_prefix(store, meta, bytes, use)) return false;
+  try {  // mid-run, among the agents' steps: nothing here may fail the run
+    SnapshotStore store(snapshot_store_dir(so.cache_dir), so.cache_max_bytes);
+    if (!publish_prefix(store, meta, bytes, use)) return false;
+  } catch (const Error& err) {
+    log_warn("snapshot cache: could not open the store to publish the prefix ({}); the run goes on",
+             err.what());
+    return false;
+  }
   use.bytes = bytes.size();
   log_info(
       "prefix: the streamed prefill published to the snapshot store ({} bytes; export {:.1f} "
