@@ -394,6 +394,106 @@ TEST_F(PipelineFileTest, StructuredAnswerMistakesAreRefusedBeforeTheRun) {
             std::string::npos);
 }
 
+// `tools:` makes an agent's answer a call: OpenAI's shape or the function
+// alone, `tool_choice:` a name narrows them to one; the schema is the call's
+// (parameters in their order) and the turn names the tools.
+TEST_F(PipelineFileTest, ToolsMakeAnAgentsAnswerACall) {
+  const PipelineSpec spec = load_pipeline_file(write("t.yaml", R"(document: {text: x}
+agents:
+  - name: any
+    prompt: Flag the worst clause.
+    tools:
+      - type: function
+        function:
+          name: flag
+          description: Flags a clause
+          parameters: {type: object, properties: {zeta: {type: string}, alpha: {type: integer}}}
+      - {name: noop}
+  - name: named
+    prompt: q
+    tool_choice: noop
+    tools: [{name: flag, parameters: {type: object}}, {name: noop}]
+)"));
+  const AgentSpec& any = spec.agents[0];
+  ASSERT_EQ(any.tools.size(), 2u);
+  EXPECT_EQ(any.tools[0].name, "flag");
+  EXPECT_EQ(any.tools[0].description, "Flags a clause");
+  EXPECT_EQ(
+      any.tools[0].parameters,
+      R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}}})");
+  EXPECT_EQ(any.tools[1].parameters, "{}");
+  EXPECT_EQ(any.json_schema, tool_call_schema(any.tools));
+  EXPECT_EQ(any.sampling.grammar, grammar_from_json_schema(any.json_schema));
+  EXPECT_EQ(agent_turn(any, {}), "Flag the worst clause.\n\n" + tools_prompt(any.tools));
+  ASSERT_EQ(spec.agents[1].tools.size(), 1u);
+  EXPECT_EQ(spec.agents[1].tools[0].name, "noop");
+  // The spec's JSON (workers, posted runs) carries them in order.
+  EXPECT_EQ(parse_pipeline_json(pipeline_json(spec), "json", ""), spec);
+
+  const auto agent = [&](const std::string& name, const std::string& keys) {
+    return error_of(
+        write(name, "document: {text: x}\nagents: [{name: a, prompt: q, " + keys + "}]\n"));
+  };
+  EXPECT_EQ(agent("auto.yaml", "tools: [{name: f}], tool_choice: auto"),
+            "invalid_argument: " + (dir_ / "auto.yaml").string() +
+                ": agents[0].tool_choice: 'auto' is not supported in a pipeline (the answer is "
+                "always a call): give 'required' or a tool's name (line 2)");
+  EXPECT_NE(agent("unnamed.yaml", "tools: [{name: f}], tool_choice: g")
+                .find("agents[0].tool_choice: no tool is named \"g\" (line 2)"),
+            std::string::npos);
+  EXPECT_NE(agent("alone.yaml", "tool_choice: required")
+                .find("agents[0].tool_choice needs 'tools' (line 2)"),
+            std::string::npos);
+  EXPECT_NE(agent("both.yaml", "tools: [{name: f}], json_schema: {type: string}")
+                .find("agents[0]: give 'tools' or 'json_schema', not both"),
+            std::string::npos);
+  EXPECT_NE(agent("name.yaml", "tools: [{name: 'a b'}]")
+                .find("agents[0].tools[0].name: must be 1 to 64 of a-z, A-Z, 0-9, _ and - (got "
+                      "\"a b\") (line 2)"),
+            std::string::npos)
+      << agent("name.yaml", "tools: [{name: 'a b'}]");
+  EXPECT_NE(agent("twice.yaml", "tools: [{name: f}, {type: function, function: {name: f}}]")
+                .find("agents[0].tools[1].function.name: names another tool's function too"),
+            std::string::npos);
+  EXPECT_NE(agent("params.yaml", "tools: [{name: f, parameters: [1]}]")
+                .find("agents[0].tools[0].parameters: must be a JSON Schema object (got [1])"),
+            std::string::npos);
+  EXPECT_NE(agent("field.yaml", "tools: [{name: f, params: {}}]")
+                .find("agents[0].tools[0].params: is not a function's field"),
+            std::string::npos);
+  // A placeholder takes the call's fields, checked against its schema.
+  const std::string field = error_of(write("arg.yaml", R"(document: {text: x}
+agents:
+  - {name: a, prompt: q, tools: [{name: f, parameters: {type: object, properties: {n: {}}}}]}
+  - {name: b, prompt: "{{a.arguments.m}}", depends_on: [a]}
+)"));
+  EXPECT_NE(field.find("agent 'b': placeholder {{a.arguments.m}}"), std::string::npos) << field;
+  EXPECT_EQ(error_of(write("arg.yaml", R"(document: {text: x}
+agents:
+  - {name: a, prompt: q, tools: [{name: f, parameters: {type: object, properties: {n: {}}}}]}
+  - {name: b, prompt: "{{a.arguments.n}} {{a.name}}", depends_on: [a]}
+)")),
+            "no error");
+  EXPECT_NE(agent("empty.yaml", "tools: []").find("agents[0].tools is empty"), std::string::npos);
+  EXPECT_NE(agent("stop.yaml", "tools: [{name: f}], stop: [x]")
+                .find("agent 'a': stop strings and a json_schema do not mix"),
+            std::string::npos);
+  // A C++ caller that sets tools without their schema is told how.
+  PipelineSpec bare = spec;
+  bare.agents[1].json_schema.clear();
+  EXPECT_THROW(
+      {
+        try {
+          validate_pipeline(bare);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("set them with call_tools"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+}
+
 TEST_F(PipelineFileTest, MistakesAreNamed) {
   EXPECT_EQ(error_of((dir_ / "missing.yaml").string()),
             "not_found: pipeline file '" + (dir_ / "missing.yaml").string() + "' does not exist");

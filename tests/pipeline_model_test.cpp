@@ -305,12 +305,60 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
   field.depends_on = {"agent0"};
   field.max_tokens = 8;
   spec.agents.push_back(field);
+  // Tools: the answer is a call of one of them, a downstream agent takes
+  // one of its arguments.
+  const ToolFunction flag_clause = {
+      "flag_clause", "Flags the riskiest clause",
+      R"({"type":"object","properties":{"clause":{"type":"string","maxLength":24},)"
+      R"("severity":{"enum":["low","high"]}},"required":["clause","severity"]})"};
+  AgentSpec any_tool;
+  any_tool.name = "any_tool";
+  any_tool.prompt = "Which clause carries the most risk?";
+  any_tool.max_tokens = 96;
+  call_tools(any_tool, {flag_clause, {"no_risk", "Says there is none", "{}"}});
+  spec.agents.push_back(any_tool);
+  AgentSpec one_tool = any_tool;
+  one_tool.name = "one_tool";
+  call_tools(one_tool, {flag_clause});
+  spec.agents.push_back(one_tool);
+  AgentSpec argument;
+  argument.name = "argument";
+  argument.prompt = "Why is the risk {{one_tool.arguments.severity}}?";
+  argument.depends_on = {"one_tool"};
+  argument.max_tokens = 8;
+  spec.agents.push_back(argument);
+  validate_pipeline(spec);  // the field is checked against the call's schema
   const auto run = [&](ForkMode fork) {
     spec.fork = fork;
     return run_pipeline(spec, model_);
   };
   const PipelineResult reference = run(ForkMode::kNone);
-  ASSERT_EQ(reference.agents.size(), 5u);
+  ASSERT_EQ(reference.agents.size(), 8u);
+  for (const size_t i : {5, 6}) {
+    const AgentResult& a = reference.agents[i];
+    ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error) << "\n" << a.answer;
+    ASSERT_TRUE(a.answer_is_json) << a.answer;
+    EXPECT_EQ(a.prompt_rendered,
+              "Which clause carries the most risk?\n\n" + tools_prompt(spec.agents[i].tools));
+    const nlohmann::json call = nlohmann::json::parse(a.answer);
+    ASSERT_TRUE(call.contains("name") && call.contains("arguments")) << a.answer;
+    if (i == 6 || call["name"] == "flag_clause") {
+      EXPECT_EQ(call["name"], "flag_clause") << a.answer;
+      const nlohmann::json& args = call["arguments"];
+      ASSERT_TRUE(args.contains("clause") && args["clause"].is_string()) << a.answer;
+      EXPECT_LE(args["clause"].get<std::string>().size(), 24u) << a.answer;
+      EXPECT_TRUE(args["severity"] == "low" || args["severity"] == "high") << a.answer;
+    } else {
+      EXPECT_EQ(call, nlohmann::json::parse(R"({"name": "no_risk", "arguments": {}})"));
+    }
+    // OpenAI's shape for a caller that executes it.
+    EXPECT_EQ(tool_calls_of(a.answer, "c")[0]["function"]["name"], call["name"]);
+  }
+  EXPECT_EQ(reference.agents[7].prompt_rendered,
+            "Why is the risk " +
+                nlohmann::json::parse(reference.agents[6].answer)["arguments"]["severity"]
+                    .get<std::string>() +
+                "?");
   for (const size_t i : {0, 2}) {
     const AgentResult& a = reference.agents[i];
     ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error) << "\n" << a.answer;
@@ -345,7 +393,7 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
                 "?");
   for (const ForkMode fork : {ForkMode::kHost, ForkMode::kShared}) {
     const PipelineResult forked = run(fork);
-    for (size_t i = 0; i < 5; ++i) {
+    for (size_t i = 0; i < reference.agents.size(); ++i) {
       const AgentResult& f = forked.agents[i];
       const AgentResult& r = reference.agents[i];
       EXPECT_EQ(f.status, r.status) << to_string(fork) << " " << f.name;

@@ -70,7 +70,15 @@ inline PipelineSpec spec_with_every_field_set() {
   c.prompt = "And then?";
   c.fork_from = "d";
   c.sampling.grammar = "root ::= \"yes\" | \"no\"\n";
-  spec.agents = {a, b, d, c};
+  // Tools: the answer a call; parameters keep their order (zeta before alpha).
+  AgentSpec e;
+  e.name = "e";
+  e.prompt = "Flag it.";
+  call_tools(e, {{"flag", "Flags a clause",
+                  R"({"type":"object","properties":{"zeta":{"type":"string"},)"
+                  R"("alpha":{"enum":["1","true",null]}},"required":["zeta"]})"},
+                 {"noop", "", "{}"}});
+  spec.agents = {a, b, d, c, e};
   return spec;
 }
 

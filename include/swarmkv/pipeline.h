@@ -24,6 +24,7 @@
 #include "swarmkv/error.h"
 #include "swarmkv/measure.h"
 #include "swarmkv/snapshot.h"
+#include "swarmkv/tools.h"
 
 namespace swarmkv {
 
@@ -77,6 +78,12 @@ struct AgentSpec {
   // (AgentResult::answer_is_json). An agent may have a grammar without a
   // schema (`grammar:` in a pipeline file): its answer is text that matches.
   std::string json_schema;
+  // The functions the answer is a call of (a pipeline file's `tools:`,
+  // narrowed by `tool_choice:`); empty = none. json_schema is then
+  // tool_call_schema(tools) and the agent's turn ends with
+  // tools_prompt(tools) (agent_turn): the answer is {"name", "arguments"},
+  // for the caller or a downstream agent to execute.
+  std::vector<ToolFunction> tools;
   std::vector<std::string> stop;        // stop strings
   std::vector<std::string> depends_on;  // other agents that must finish first
   // Admission order among ready agents: higher first, then file order.
@@ -105,6 +112,13 @@ std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt);
 // `prompt` with each placeholder replaced by answers.at(name), in one pass.
 std::string render_prompt(std::string_view prompt,
                           const std::map<std::string, std::string>& answers);
+// Makes `agent`'s answer a call of one of `tools` (non-empty): sets tools,
+// json_schema (tool_call_schema) and sampling.grammar. Throws
+// Error(kInvalidArgument) for a schema the converter cannot handle.
+void call_tools(AgentSpec& agent, std::vector<ToolFunction> tools);
+// The text of an agent's user turn: its prompt rendered with `answers`
+// (render_prompt), then, with tools, tools_prompt(tools) after a blank line.
+std::string agent_turn(const AgentSpec& agent, const std::map<std::string, std::string>& answers);
 // Whether an agent's branch is known only when it starts: placeholders
 // (other agents' answers) or fork_from (its parent's conversation).
 bool renders_at_start(const AgentSpec& agent);

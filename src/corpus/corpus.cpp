@@ -335,7 +335,7 @@ void check_reduce_budget(const CorpusSpec& corpus, const Model& model, uint32_t 
       parts += fmt::format(" + {{{{{}}}}} {}", h.name, n);
     }
     const int64_t prompt =
-        static_cast<int64_t>(model.tokenize(render_prompt(a.prompt, empty), false, false).size());
+        static_cast<int64_t>(model.tokenize(agent_turn(a, empty), false, false).size());
     const int64_t need = system + prompt + inserted + a.max_tokens;
     if (need > (server ? server_n_ctx : train)) {
       const std::string cap =

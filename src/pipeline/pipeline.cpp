@@ -313,6 +313,13 @@ void validate_agent(const AgentSpec& a, size_t i) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("agent '{}': max_tokens must be >= 1 (got {})", a.name, a.max_tokens));
   }
+  if (!a.tools.empty() && (a.json_schema != tool_call_schema(a.tools) ||
+                           a.sampling.grammar != grammar_from_json_schema(a.json_schema))) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("agent '{}': its json_schema and grammar are not those of a call of "
+                            "its tools (set them with call_tools)",
+                            a.name));
+  }
   if (!a.sampling.grammar.empty() && !a.stop.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("agent '{}': stop strings and a {} do not mix (a stop string would "
@@ -594,6 +601,19 @@ std::string render_prompt(std::string_view prompt,
   return out;
 }
 
+void call_tools(AgentSpec& agent, std::vector<ToolFunction> tools) {
+  if (tools.empty()) throw Error(ErrorCode::kInvalidArgument, "call_tools: no tools");
+  agent.tools = std::move(tools);
+  agent.json_schema = tool_call_schema(agent.tools);
+  agent.sampling.grammar = grammar_from_json_schema(agent.json_schema);
+}
+
+std::string agent_turn(const AgentSpec& agent, const std::map<std::string, std::string>& answers) {
+  std::string turn = render_prompt(agent.prompt, answers);
+  if (!agent.tools.empty()) turn += "\n\n" + tools_prompt(agent.tools);
+  return turn;
+}
+
 Percentiles percentiles(std::vector<double> values) {
   if (values.empty()) return {};
   std::sort(values.begin(), values.end());
@@ -669,7 +689,7 @@ std::vector<int64_t> own_prompt_tokens(const PipelineSpec& spec, const Model& mo
           resolve_placeholder(h.name, [&](std::string_view name) { return index.contains(name); });
       answers += spec.agents[index.at(ref->agent)].max_tokens;
     }
-    std::vector<Token> tokens = detail::tokenize_branch(model, out, render_prompt(a.prompt, empty));
+    std::vector<Token> tokens = detail::tokenize_branch(model, out, agent_turn(a, empty));
     if (a.needs.any()) tokens.insert(tokens.begin(), out.doc_close.begin(), out.doc_close.end());
     own.push_back(static_cast<int64_t>(tokens.size()) + answers);
     out.branches.push_back(renders_at_start(a) ? std::vector<Token>{} : std::move(tokens));
@@ -978,7 +998,7 @@ std::vector<Token> branch_tokens(const RunInputs& in, size_t agent, PipelineResu
       placeholder_values(in.spec, spec.prompt,
                          [&](size_t k) -> const std::string& { return result.agents[k].answer; });
   AgentResult& out = result.agents[agent];
-  out.prompt_rendered = render_prompt(spec.prompt, answers);
+  out.prompt_rendered = agent_turn(spec, answers);
   std::vector<Token> tokens = finished_branch(in, agent, result);
   out.prompt_tokens = static_cast<int32_t>(tokens.size());
   const int32_t budgeted = in.prepared.budgeted_prompt_tokens[agent];
@@ -1017,7 +1037,7 @@ PipelineResult result_before_the_run(const PipelineSpec& asked, const PipelineSp
     result.agents[i].needs = spec.agents[i].needs;
     result.agents[i].prompt_tokens = static_cast<int32_t>(prepared.branches[i].size());
     if (prompt_placeholders(spec.agents[i].prompt).empty())
-      result.agents[i].prompt_rendered = spec.agents[i].prompt;
+      result.agents[i].prompt_rendered = agent_turn(spec.agents[i], {});
   }
   return result;
 }

@@ -341,9 +341,10 @@ class AgentReader {
   AgentSpec agent(const YAML::Node& a, size_t i, const AgentSpec& defaults) const {
     const std::string where = fmt::format("agents[{}]", i);
     if (!a.IsMap()) r_.bad(fmt::format("{} must be a mapping{}", where, Reader::at(a)));
-    std::set<std::string> agent_keys = {"name",        "prompt",   "max_tokens", "stop",
-                                        "depends_on",  "priority", "fork_from",  "needs",
-                                        "json_schema", "grammar",  "logit_bias", "scope"};
+    std::set<std::string> agent_keys = {"name",        "prompt",     "max_tokens", "stop",
+                                        "depends_on",  "priority",   "fork_from",  "needs",
+                                        "json_schema", "grammar",    "logit_bias", "scope",
+                                        "tools",       "tool_choice"};
     agent_keys.insert(sampling_keys_.begin(), sampling_keys_.end());
     r_.check_keys(a, agent_keys, where);
     AgentSpec agent = defaults;
@@ -362,6 +363,7 @@ class AgentReader {
         static_cast<int32_t>(r_.integer(a, "max_tokens", agent.max_tokens, 1, kMaxInt32, where));
     sampling(a, agent.sampling, where);
     structure(a, agent, where);
+    tools(a, agent, where);
     if (a["stop"]) agent.stop = stop(a, where);
     agent.depends_on = r_.list(a, "depends_on", where);
     agent.fork_from = r_.text(a, "fork_from", "", where);
@@ -471,6 +473,60 @@ class AgentReader {
       if (agent.sampling.grammar.find_first_not_of(" \t\r\n") == std::string::npos)
         r_.bad(fmt::format("{} is empty{}", key, Reader::at(grammar)));
     }
+  }
+
+  // `tools:` (a list of functions, OpenAI's {type: function, function:
+  // {...}} or the inner {name, description, parameters}; or their JSON text,
+  // as pipeline_json writes them) and `tool_choice:` (`required`, the
+  // default: a call of any of them; or one's name): the answer is a call
+  // (call_tools), so neither json_schema nor grammar may be given beside.
+  void tools(const YAML::Node& n, AgentSpec& agent, const std::string& where) const {
+    const YAML::Node list = n["tools"];
+    const YAML::Node choice = n["tool_choice"];
+    if (choice && (!list || list.IsNull())) {
+      r_.bad(fmt::format("{}.tool_choice needs 'tools'{}", where, Reader::at(choice)));
+    }
+    if (!list || list.IsNull()) return;
+    const std::string key = where + ".tools";
+    if (n["json_schema"] || n["grammar"]) {
+      r_.bad(fmt::format("{}: give 'tools' or '{}', not both (tools make the answer a call){}",
+                         where, n["json_schema"] ? "json_schema" : "grammar", Reader::at(list)));
+    }
+    nlohmann::ordered_json value;
+    if (list.IsScalar() && list.Tag() == "!") {
+      value = nlohmann::ordered_json::parse(list.Scalar(), nullptr, /*allow_exceptions=*/false);
+    } else {
+      value = json_value(list);
+    }
+    // The shared functions' errors name the field; the line is added here.
+    const auto checked = [&](const YAML::Node& at, auto&& f) {
+      try {
+        return f();
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kInvalidArgument) throw;
+        r_.bad(fmt::format("{}{}", e.message(), Reader::at(at)));
+      }
+    };
+    std::vector<ToolFunction> functions =
+        checked(list, [&] { return tools_from_json(value, key); });
+    if (functions.empty()) r_.bad(fmt::format("{} is empty{}", key, Reader::at(list)));
+    if (choice) {
+      const std::string chosen = r_.scalar(choice, where + ".tool_choice").Scalar();
+      if (chosen == "auto" || chosen == "none") {
+        r_.bad(
+            fmt::format("{}.tool_choice: '{}' is not supported in a pipeline (the answer is "
+                        "always a call): give 'required' or a tool's name{}",
+                        where, chosen, Reader::at(choice)));
+      }
+      if (chosen != "required") {
+        functions =
+            checked(choice, [&] { return tool_named(functions, chosen, where + ".tool_choice"); });
+      }
+    }
+    checked(list, [&] {
+      call_tools(agent, std::move(functions));
+      return 0;
+    });
   }
 
   // {file: PATH} (relative to the pipeline file): the file's text; nullopt
@@ -771,7 +827,10 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
         {"stop", a.stop}, {"depends_on", a.depends_on}, {"priority", a.priority}};
     for_each_sampling_field(
         a.sampling, [&](const char* key, const auto& value, int64_t) { agent[key] = value; });
-    if (!a.json_schema.empty()) {
+    if (!a.tools.empty()) {
+      // As text, as json_schema below: the parameters keep their order.
+      agent["tools"] = tools_json(a.tools).dump();
+    } else if (!a.json_schema.empty()) {
       // As text: a JSON object here would sort the schema's keys, and its
       // properties are generated in their order.
       agent["json_schema"] = a.json_schema;

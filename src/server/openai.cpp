@@ -265,49 +265,11 @@ void refuse_unsupported(const json& body) {
   }
 }
 
-// "tools": each {"type": "function", "function": {"name", "description",
-// "parameters"}}.
+// "tools" (tools_from_json), the schemas' properties in the client's order.
 std::vector<ToolFunction> tools_of(const json& body, const ordered_json& ordered) {
-  std::vector<ToolFunction> tools;
   const auto it = body.find("tools");
-  if (it == body.end() || it->is_null()) return tools;
-  if (!it->is_array()) refuse("tools", fmt::format("must be an array (got {})", shown(*it)));
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& t = (*it)[i];
-    const std::string at = fmt::format("tools[{}]", i);
-    if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
-        !t["function"].is_object()) {
-      refuse(at, fmt::format("must be {{\"type\": \"function\", \"function\": {{...}}}} (got {})",
-                             shown(t)));
-    }
-    const json& f = t["function"];
-    ToolFunction tool;
-    if (!f.contains("name") || !f["name"].is_string()) {
-      refuse(at + ".function.name", "is missing");
-    }
-    tool.name = f["name"].get<std::string>();
-    if (tool.name.empty() || tool.name.size() > 64 ||
-        tool.name.find_first_not_of(
-            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
-            std::string::npos) {
-      refuse(at + ".function.name",
-             fmt::format("must be 1 to 64 of a-z, A-Z, 0-9, _ and - (got {})", shown(f["name"])));
-    }
-    for (const ToolFunction& other : tools) {
-      if (other.name == tool.name)
-        refuse(at + ".function.name", "names another tool's function too");
-    }
-    if (f.contains("description") && f["description"].is_string()) {
-      tool.description = f["description"].get<std::string>();
-    }
-    tool.parameters = ordered["tools"][i]["function"].value("parameters", ordered_json::object());
-    if (!tool.parameters.is_object()) {
-      refuse(at + ".function.parameters",
-             fmt::format("must be a JSON Schema object (got {})", shown(tool.parameters)));
-    }
-    tools.push_back(std::move(tool));
-  }
-  return tools;
+  if (it == body.end() || it->is_null()) return {};
+  return tools_from_json(ordered["tools"], "tools");
 }
 
 // "tool_choice" over "tools": the functions the answer must call one of
@@ -334,13 +296,8 @@ std::vector<ToolFunction> called_tools(const json& body, std::vector<ToolFunctio
                        "{{\"name\": ...}}}} (got {})",
                        shown(choice)));
   }
-  const std::string name = choice["function"]["name"].get<std::string>();
-  const auto named = std::find_if(tools.begin(), tools.end(),
-                                  [&](const ToolFunction& t) { return t.name == name; });
-  if (named == tools.end()) {
-    refuse("tool_choice.function.name", fmt::format("no tool is named {}", shown(json(name))));
-  }
-  return {*named};
+  return tool_named(tools, choice["function"]["name"].get<std::string>(),
+                    "tool_choice.function.name");
 }
 
 // "logit_bias": OpenAI's {"token id": bias in [-100, 100]} (ids as strings;
@@ -552,60 +509,6 @@ ChatRequest parse_completion_request(std::string_view body_text, const RequestLi
   r.stop = stops_of(body, limits);
   read_stream(body, r);
   return r;
-}
-
-std::string tool_call_schema(std::span<const ToolFunction> tools) {
-  ordered_json calls = ordered_json::array();
-  for (const ToolFunction& t : tools) {
-    // "name" first: the call is sampled in this order, the name deciding
-    // which arguments follow.
-    calls.push_back({{"type", "object"},
-                     {"properties", {{"name", {{"const", t.name}}}, {"arguments", t.parameters}}},
-                     {"required", {"name", "arguments"}},
-                     {"additionalProperties", false}});
-  }
-  if (calls.size() == 1) return calls[0].dump();
-  return ordered_json{{"anyOf", calls}}.dump();
-}
-
-std::string tools_prompt(std::span<const ToolFunction> tools) {
-  std::string text = tools.size() == 1
-                         ? "Call this tool (its arguments follow the JSON Schema given):"
-                         : "Call one of these tools (their arguments follow the JSON Schemas "
-                           "given):";
-  for (const ToolFunction& t : tools) {
-    ordered_json entry = {{"name", t.name}};
-    if (!t.description.empty()) entry["description"] = t.description;
-    entry["parameters"] = t.parameters;
-    text += '\n';
-    text += entry.dump();
-  }
-  text +=
-      "\nAnswer with the call alone, as one JSON object: {\"name\": \"<the tool's name>\", "
-      "\"arguments\": {...}}.";
-  return text;
-}
-
-json tool_calls_of(const std::string& answer, const std::string& call_id) {
-  ordered_json call;  // the arguments go back in the order they were generated
-  try {
-    call = ordered_json::parse(answer);
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::kInternal,
-                fmt::format("a tool call sampled under its grammar is not JSON ({})", e.what()));
-  }
-  if (!call.is_object() || !call.contains("name") || !call["name"].is_string() ||
-      !call.contains("arguments")) {
-    throw Error(
-        ErrorCode::kInternal,
-        fmt::format("a tool call sampled under its grammar lacks its name or arguments ({})",
-                    answer.substr(0, 40)));
-  }
-  return json::array(
-      {{{"id", call_id},
-        {"type", "function"},
-        {"function",
-         {{"name", call["name"].get<std::string>()}, {"arguments", call["arguments"].dump()}}}}});
 }
 
 json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens) {

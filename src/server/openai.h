@@ -15,6 +15,7 @@
 
 #include "swarmkv/engine.h"
 #include "swarmkv/error.h"
+#include "swarmkv/tools.h"
 
 namespace swarmkv::server {
 
@@ -24,15 +25,6 @@ struct RequestLimits {
   int32_t max_tokens = 4096;  // the most max_tokens a request may ask for
   int32_t max_n = 8;          // completions per request
   int32_t max_stop = 4;       // OpenAI's own limit
-};
-
-// A function a request offers the model ("tools": {"type": "function",
-// "function": {...}}).
-struct ToolFunction {
-  std::string name;
-  std::string description;
-  nlohmann::ordered_json
-      parameters;  // a JSON Schema of its arguments ({} when not given), as given
 };
 
 // Which OpenAI route a request came by: its body, and the answer's shape.
@@ -78,17 +70,6 @@ ChatRequest parse_chat_request(std::string_view body, const RequestLimits& limit
 // "best_of" other than n are refused by name.
 ChatRequest parse_completion_request(std::string_view body, const RequestLimits& limits);
 
-// The field path an error message of parse_chat_request starts with ("" if
-// none): OpenAI's error "param".
-// The JSON Schema of a call of one of `tools`: {"name": <one's name>,
-// "arguments": <its parameters>}, name first.
-std::string tool_call_schema(std::span<const ToolFunction> tools);
-// The system prompt's part that tells the model its tools and the call's form.
-std::string tools_prompt(std::span<const ToolFunction> tools);
-// OpenAI's "tool_calls" of an answer sampled under tool_call_schema's
-// grammar. Throws Error(kInternal) for one that is not such a call.
-nlohmann::json tool_calls_of(const std::string& answer, const std::string& call_id);
-
 // OpenAI's choice "logprobs": {"content": [{"token", "logprob", "bytes",
 // "top_logprobs": [...]}], "refusal": null}.
 nlohmann::json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens);
@@ -100,6 +81,8 @@ nlohmann::json logprobs_json(const Model& model, std::span<const SampledLogprobs
 nlohmann::json completion_logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens,
                                         size_t prompt_chars, bool top);
 
+// The field path an error message of parse_chat_request starts with ("" if
+// none): OpenAI's error "param".
 std::string param_of(const std::string& message);
 
 // An error as HTTP: the status, OpenAI's error "type" and "code".

@@ -387,7 +387,7 @@ struct Server::Impl {
     }
     return {{"role", "assistant"},
             {"content", nullptr},
-            {"tool_calls", server::tool_calls_of(text, call_id(id, choice))}};
+            {"tool_calls", tool_calls_of(text, call_id(id, choice))}};
   }
   static std::string call_id(const std::string& id, int32_t choice) {
     return fmt::format("call-{}-{}", id, choice);
