@@ -206,7 +206,7 @@ ensure_browser_python() {
   key=$(sha256sum "$reqs" | cut -c1-16)
   venv="$SWARMKV_CACHE/venvs/browser-$key"
   if [ ! -f "$venv/.complete" ]; then
-    log "installing the Python tests' packages (Playwright, PyYAML, openai) into $venv"
+    log "installing the Python tests' packages (Playwright, PyYAML, openai, LangChain) into $venv"
     rm -rf "$venv"
     python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \

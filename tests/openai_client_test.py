@@ -18,7 +18,11 @@ Checks, against one server (exact mode, its default):
     BadRequestError naming it;
   - completions.create (the legacy endpoint): the prompt continued, its
     logprobs (tokens, text_offset from the prompt's start, top_logprobs),
-    streamed the same; echo a BadRequestError naming it.
+    streamed the same; echo a BadRequestError naming it;
+  - LangChain's ChatOpenAI: with_structured_output by json_schema and by
+    function_calling parses into the Pydantic model, by json_mode gives a
+    JSON object; bind_tools with tool_choice "required" and a named tool
+    gives tool_calls with arguments valid for the tool.
 """
 
 import json
@@ -27,6 +31,8 @@ import tempfile
 from typing import Literal
 
 import openai
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from serve_process import served
@@ -185,6 +191,45 @@ def text_completions(client):
     print(f"completion {prompt!r} -> {choice.text!r}")
 
 
+@tool
+def get_weather(city: str, unit: Literal["C", "F"]) -> str:
+    """The weather now in a city."""
+    return f"-3 {unit} in {city}"
+
+
+@tool
+def get_time(zone: str) -> str:
+    """The time now in a time zone."""
+    return f"12:00 in {zone}"
+
+
+def langchain_calls(port):
+    llm = ChatOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", model="swarmkv",
+                     temperature=0, max_tokens=96, max_retries=0, timeout=300)
+    ask = "Clause 4 lets the vendor raise prices at will. Rate the risk."
+    for method in ("json_schema", "function_calling"):
+        out = llm.with_structured_output(Risk, method=method, include_raw=True).invoke(ask)
+        expect(out["parsing_error"] is None and isinstance(out["parsed"], Risk),
+               f"with_structured_output {method}: {out}")
+        if method == "function_calling":
+            expect(out["raw"].tool_calls[0]["name"] == "Risk", f"{method}: {out['raw']}")
+        print(f"langchain {method}: {out['parsed']!r}")
+    # json_mode promises a JSON object, not the schema (as OpenAI's).
+    raw = llm.with_structured_output(Risk, method="json_mode", include_raw=True).invoke(ask)["raw"]
+    expect(isinstance(json.loads(raw.content), dict), f"json_mode: {raw.content!r}")
+
+    where = "What is the weather in Oslo?"
+    for choice, names in (("required", {"get_weather", "get_time"}), ("get_time", {"get_time"})):
+        message = llm.bind_tools([get_weather, get_time], tool_choice=choice).invoke(where)
+        expect(len(message.tool_calls) == 1, f"bind_tools {choice}: {message}")
+        call = message.tool_calls[0]
+        expect(call["name"] in names, f"bind_tools {choice}: {call}")
+        chosen = get_weather if call["name"] == "get_weather" else get_time
+        chosen.args_schema.model_validate(call["args"])  # raises unless valid for the tool
+        print(f"langchain bind_tools {choice}: {call['name']}({call['args']}) -> "
+              f"{chosen.invoke(call['args'])!r}")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(f"usage: {sys.argv[0]} SWARMKV MODEL")
@@ -197,6 +242,7 @@ def main():
         tool_calls(client)
         seeds_and_fields(client)
         text_completions(client)
+        langchain_calls(port)
 
 
 if __name__ == "__main__":
