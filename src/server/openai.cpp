@@ -511,12 +511,11 @@ ChatRequest parse_completion_request(std::string_view body_text, const RequestLi
   return r;
 }
 
-json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens) {
+json logprobs_json(std::span<const SampledLogprobs> tokens) {
   const auto entry = [&](const TokenLogprob& t) {
-    const std::string piece = model.token_to_piece(t.token);
     json bytes = json::array();
-    for (const char c : piece) bytes.push_back(static_cast<uint8_t>(c));
-    return json{{"token", piece}, {"logprob", t.logprob}, {"bytes", std::move(bytes)}};
+    for (const char c : t.text) bytes.push_back(static_cast<uint8_t>(c));
+    return json{{"token", t.text}, {"logprob", t.logprob}, {"bytes", std::move(bytes)}};
   };
   json content = json::array();
   for (const SampledLogprobs& s : tokens) {
@@ -529,15 +528,15 @@ json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens) 
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-json completion_logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens,
-                              size_t prompt_chars, bool top) {
+json completion_logprobs_json(std::span<const SampledLogprobs> tokens, size_t prompt_chars,
+                              bool top) {
   json pieces = json::array();
   json logprobs = json::array();
   json tops = json::array();
   json offsets = json::array();
   size_t offset = prompt_chars;
   for (const SampledLogprobs& s : tokens) {
-    const std::string piece = model.token_to_piece(s.sampled.token);
+    const std::string& piece = s.sampled.text;
     pieces.push_back(piece);
     logprobs.push_back(s.sampled.logprob);
     offsets.push_back(offset);
@@ -545,8 +544,7 @@ json completion_logprobs_json(const Model& model, std::span<const SampledLogprob
     if (!top) continue;
     json likeliest = json::object();  // two tokens of one text: the likelier one's
     for (const TokenLogprob& t : s.top) {
-      const std::string text = model.token_to_piece(t.token);
-      if (!likeliest.contains(text)) likeliest[text] = t.logprob;
+      if (!likeliest.contains(t.text)) likeliest[t.text] = t.logprob;
     }
     tops.push_back(std::move(likeliest));
   }

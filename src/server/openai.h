@@ -72,13 +72,13 @@ ChatRequest parse_completion_request(std::string_view body, const RequestLimits&
 
 // OpenAI's choice "logprobs": {"content": [{"token", "logprob", "bytes",
 // "top_logprobs": [...]}], "refusal": null}.
-nlohmann::json logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens);
+nlohmann::json logprobs_json(std::span<const SampledLogprobs> tokens);
 
 // The completions endpoint's "logprobs": {"tokens", "token_logprobs",
 // "top_logprobs" (a {piece: logprob} object per token, null without `top`),
 // "text_offset"}, each token's offset counted from the prompt's start
 // (`prompt_chars` before the first), as OpenAI's are.
-nlohmann::json completion_logprobs_json(const Model& model, std::span<const SampledLogprobs> tokens,
+nlohmann::json completion_logprobs_json(std::span<const SampledLogprobs> tokens,
                                         size_t prompt_chars, bool top);
 
 // The field path an error message of parse_chat_request starts with ("" if

@@ -447,8 +447,8 @@ struct Server::Impl {
   // top_logprobs and text_offset (counted from the prompt's start).
   json choice_logprobs(const server::ChatRequest& request,
                        std::span<const SampledLogprobs> tokens) const {
-    if (request.endpoint == server::Endpoint::kChat) return server::logprobs_json(*model, tokens);
-    return server::completion_logprobs_json(*model, tokens, request.prompt.size(),
+    if (request.endpoint == server::Endpoint::kChat) return server::logprobs_json(tokens);
+    return server::completion_logprobs_json(tokens, request.prompt.size(),
                                             request.sampling.top_logprobs > 0);
   }
 
