@@ -776,8 +776,9 @@ def fork_from_on_workers_equal_local(c):
 @case
 def placeholders_on_workers_equal_local(c):
     """Agents that use other agents' answers ({{name}}, and a field of a
-    structured one, {{f.licence}}): the coordinator renders their prompts and
-    the workers run them, a schema agent under its grammar; every answer
+    structured one, {{f.licence}}, and of a tool call, {{t.arguments.zeta}}):
+    the coordinator renders their prompts and the workers run them, a schema
+    or tool agent under its grammar; every answer
     equals a local run's, token for token, under both fork strategies."""
     c.use_pipeline("chain", "defaults: {max_tokens: 24}\nagents:\n"
                 "  - {name: a, prompt: \"What is this text about?\"}\n"
@@ -787,7 +788,11 @@ def placeholders_on_workers_equal_local(c):
                 "  - {name: e, depends_on: [c], prompt: \"Check this: {{c}}\"}\n"
                 "  - {name: f, prompt: \"Is this a licence?\", json_schema: {type: object, "
                 "properties: {licence: {type: boolean}}, required: [licence]}}\n"
-                "  - {name: g, depends_on: [f], prompt: \"Someone answered {{f.licence}}. Why?\"}\n")
+                "  - {name: g, depends_on: [f], prompt: \"Someone answered {{f.licence}}. Why?\"}\n"
+                "  - {name: t, prompt: \"Who grants it?\", max_tokens: 48, tools: [{name: party, "
+                "parameters: {type: object, properties: {zeta: {type: string, maxLength: 16}, "
+                "alpha: {type: boolean}}, required: [zeta, alpha]}}]}\n"
+                "  - {name: u, depends_on: [t], prompt: \"Is {{t.arguments.zeta}} a person?\"}\n")
     c.start_redis()
     c.start_worker("w1")
     c.start_worker("w2")
@@ -802,6 +807,11 @@ def placeholders_on_workers_equal_local(c):
         assert isinstance(by["f"]["answer_json"]["licence"], bool), by["f"]
         assert by["g"]["prompt_rendered"] == \
             f"Someone answered {json.dumps(by['f']['answer_json']['licence'])}. Why?", by["g"]
+        # A tool agent's call, its arguments in their schema's order.
+        assert by["t"]["answer_json"]["name"] == "party", by["t"]
+        assert list(json.loads(by["t"]["answer"])["arguments"]) == ["zeta", "alpha"], by["t"]
+        assert by["u"]["prompt_rendered"] == \
+            f"Is {by['t']['answer_json']['arguments']['zeta']} a person?", by["u"]
         assert all(a["worker"] in ("w1", "w2") for a in remote["agents"]), out
 
 

@@ -1024,7 +1024,11 @@ TEST_P(ServerExactTest, APostedPipelineIsExactByDefaultAndAnswersAsTheSameRunInP
                     {{"name", "is"}, {"prompt", "Is this a licence?"}, {"json_schema", schema}},
                     {{"name", "why"},
                      {"depends_on", {"is"}},
-                     {"prompt", "Someone answered {{is.licence}}. Why?"}}})}};
+                     {"prompt", "Someone answered {{is.licence}}. Why?"}},
+                    json::parse(R"({"name": "call", "prompt": "Who grants the licence?",
+                        "max_tokens": 48, "tools": [{"name": "name_party", "parameters":
+                        {"type": "object", "properties": {"party": {"type": "string",
+                        "maxLength": 20}}, "required": ["party"]}}]})")})}};
   const PipelineResult local = run_pipeline(parse_pipeline(pipeline.dump(), "test", ""), model_);
   ASSERT_TRUE(local.ok());
   EXPECT_TRUE(local.exact);
@@ -1048,6 +1052,11 @@ TEST_P(ServerExactTest, APostedPipelineIsExactByDefaultAndAnswersAsTheSameRunInP
   EXPECT_TRUE(is["answer_json"]["licence"].is_boolean()) << is;
   EXPECT_EQ(result["agents"][3]["prompt_rendered"],
             "Someone answered " + is["answer_json"]["licence"].dump() + ". Why?");
+  // A tool agent's answer is the call, as in process.
+  const json& call = result["agents"][4];
+  ASSERT_EQ(call["status"], "ok") << call;
+  EXPECT_EQ(call["answer_json"]["name"], "name_party") << call;
+  EXPECT_TRUE(call["answer_json"]["arguments"]["party"].is_string()) << call;
 }
 
 // A document prefix an exact prefill stored is restored whole (no cut to
