@@ -1361,8 +1361,9 @@ TEST_F(ServerTest, LogitBiasAndMinPAreApplied) {
 
 // tool_choice "required" or a named function: the answer is a call, in
 // OpenAI's tool_calls shape, whose arguments satisfy the function's schema;
-// streamed, the same call in one delta. A later turn reads the call and its
-// result.
+// streamed, the same call in one delta. "auto" (the default): a call or
+// text, the text as the message's content. A later turn reads the call and
+// its result.
 TEST_F(ServerTest, ToolChoiceMakesTheAnswerACallInOpenAIsShape) {
   Running server(model_, small_options());
   auto c = server.client();
@@ -1413,6 +1414,53 @@ TEST_F(ServerTest, ToolChoiceMakesTheAnswerACallInOpenAIsShape) {
   EXPECT_EQ(any["finish_reason"], "tool_calls");
   const std::string name = any["message"]["tool_calls"][0]["function"]["name"];
   EXPECT_TRUE(name == "get_weather" || name == "get_time") << name;
+
+  // "auto" (no tool_choice): a call, or text ({"response": ...}) given as
+  // the message's content with finish_reason "stop"; streamed the same.
+  json automatic = body;
+  automatic.erase("tool_choice");
+  int calls = 0;
+  int texts = 0;
+  for (const char* ask : {"What is the weather in Oslo?", "Write one short sentence about cats.",
+                          "Reply in words: say hello, no tool."}) {
+    automatic["messages"] = json::array({{{"role", "user"}, {"content", ask}}});
+    const json a = post_chat(*c, automatic)["choices"][0];
+    const Streamed sa = post_stream(*c, automatic, 1);
+    if (a["finish_reason"] == "tool_calls") {
+      ++calls;
+      const std::string called = a["message"]["tool_calls"][0]["function"]["name"];
+      EXPECT_TRUE(called == "get_weather" || called == "get_time") << a;
+      EXPECT_TRUE(a["message"]["content"].is_null()) << a;
+      ASSERT_EQ(sa.tool_calls[0].size(), 1u) << ask;
+      EXPECT_EQ(sa.tool_calls[0][0]["function"], a["message"]["tool_calls"][0]["function"]);
+    } else {
+      ++texts;
+      EXPECT_EQ(a["finish_reason"], "stop") << a;
+      EXPECT_FALSE(a["message"].contains("tool_calls")) << a;
+      ASSERT_TRUE(a["message"]["content"].is_string()) << a;
+      EXPECT_EQ(a["message"]["content"].get<std::string>().find("\"response\""), std::string::npos)
+          << "the envelope leaked: " << a;
+      EXPECT_EQ(sa.texts[0], a["message"]["content"]) << ask;
+      EXPECT_TRUE(sa.tool_calls[0].empty()) << ask;
+    }
+    EXPECT_EQ(sa.finish[0], a["finish_reason"]) << ask;
+  }
+  EXPECT_EQ(calls + texts, 3);
+  // The text branch, made certain (SmolLM2 calls a tool for every question
+  // above): the call's key is banned, so the envelope's is the way on.
+  for (const std::string& key : {std::string("name"), std::string("\"name")}) {
+    const std::vector<Token> ids = model_->tokenize(key, false, false);
+    if (ids.size() == 1) automatic["logit_bias"][std::to_string(ids[0])] = -100;
+  }
+  ASSERT_TRUE(automatic.contains("logit_bias")) << "no one-token key to ban";
+  automatic["messages"] = json::array({{{"role", "user"}, {"content", "Say hello."}}});
+  const json said = post_chat(*c, automatic)["choices"][0];
+  EXPECT_EQ(said["finish_reason"], "stop") << said;
+  ASSERT_TRUE(said["message"]["content"].is_string()) << said;
+  EXPECT_FALSE(said["message"].contains("tool_calls")) << said;
+  const Streamed st_said = post_stream(*c, automatic, 1);
+  EXPECT_EQ(st_said.texts[0], said["message"]["content"]);
+  EXPECT_EQ(st_said.finish[0], "stop");
 
   // Cut by max_tokens inside the call: text, "length", no tool_calls.
   body["max_tokens"] = 3;

@@ -187,7 +187,8 @@ TEST(ChatRequestTest, JsonResponseFormatsBecomeTheAnswersGrammar) {
 
 // tool_choice "required" or a named function makes the answer a call: the
 // grammar of {"name", "arguments"} over the offered schemas and a system
-// prompt naming them; "auto" and the legacy "functions" are refused by name;
+// prompt naming them; "auto" lets it answer in text instead; the legacy
+// "functions" are refused by name;
 // a conversation's earlier calls and their results are read.
 TEST(ChatRequestTest, ToolsMakeTheAnswerACallOfTheChosenOnes) {
   const std::string tools = R"("tools": [
@@ -219,10 +220,19 @@ TEST(ChatRequestTest, ToolsMakeTheAnswerACallOfTheChosenOnes) {
   EXPECT_TRUE(parse_chat_request(m + R"(, "tool_choice": "none"})", {}).tools.empty());
   EXPECT_TRUE(parse_chat_request(m + R"(, "tool_choice": "none"})", {}).sampling.grammar.empty());
 
-  EXPECT_EQ(refusal(m + "}").rfind("tool_choice: \"auto\" (the default with tools) is not "
-                                   "supported",
-                                   0),
-            0u);
+  // "auto", the default with tools: a call or text, {"response": ...}.
+  for (const std::string& body : {m + "}", m + R"x(, "tool_choice": "auto"})x"}) {
+    const ChatRequest automatic = parse_chat_request(body, {});
+    EXPECT_TRUE(automatic.tool_or_text);
+    ASSERT_EQ(automatic.tools.size(), 2u);
+    EXPECT_EQ(automatic.sampling.grammar,
+              grammar_from_json_schema(tool_call_schema(automatic.tools, true)));
+    EXPECT_EQ(automatic.messages[0].content, tools_prompt(automatic.tools, true));
+  }
+  EXPECT_FALSE(all.tool_or_text);
+  EXPECT_NE(tool_call_schema(all.tools, true).find(R"("response":{"type":"string"})"),
+            std::string::npos);
+  EXPECT_EQ(tool_call_schema(all.tools).find("response"), std::string::npos);
   EXPECT_EQ(refusal(m + R"(, "tool_choice": {"type": "function", "function": {"name": "x"}}})"),
             "tool_choice.function.name: no tool is named \"x\"");
   EXPECT_EQ(refusal(m + R"(, "tool_choice": "required", "response_format": {"type":
@@ -272,6 +282,11 @@ TEST(ChatRequestTest, AnAnswerUnderTheCallGrammarBecomesOpenAIsToolCalls) {
             R"({"zeta":1,"alpha":2})");
   EXPECT_THROW((void)tool_calls_of(R"({"name": "get_weather")", "c7"), Error);
   EXPECT_THROW((void)tool_calls_of(R"({"arguments": {}})", "c7"), Error);
+  // Under "auto" an answer may be text instead.
+  EXPECT_EQ(response_of(R"({"response": "It is sunny."})"), "It is sunny.");
+  EXPECT_EQ(response_of(R"({"name": "f", "arguments": {}})"), std::nullopt);
+  EXPECT_EQ(response_of(R"({"response": 3})"), std::nullopt);
+  EXPECT_EQ(response_of("not json"), std::nullopt);
 }
 
 // POST /v1/completions: a prompt continued as written, the sampling fields

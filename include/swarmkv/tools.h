@@ -4,6 +4,7 @@
 // One implementation for serve's "tools" and a pipeline agent's `tools:`.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,10 +39,16 @@ std::vector<ToolFunction> tool_named(std::span<const ToolFunction> tools, std::s
 
 // The JSON Schema of a call of one of `tools`: {"name": <one's name>,
 // "arguments": <its parameters>}, name first; a function without
-// parameters (or with {}) takes none: its arguments are {}.
-std::string tool_call_schema(std::span<const ToolFunction> tools);
-// The instruction that tells the model its tools and the call's form.
-std::string tools_prompt(std::span<const ToolFunction> tools);
+// parameters (or with {}) takes none: its arguments are {}. With `or_text`
+// (OpenAI's tool_choice "auto") the answer may instead be {"response":
+// "<text>"}: a call or text, the model's choice.
+std::string tool_call_schema(std::span<const ToolFunction> tools, bool or_text = false);
+// The instruction that tells the model its tools and the call's form (and,
+// with `or_text`, the text answer's).
+std::string tools_prompt(std::span<const ToolFunction> tools, bool or_text = false);
+// The text of an answer sampled under tool_call_schema(..., true) that chose
+// to answer in text ({"response": ...}); nullopt for a call.
+std::optional<std::string> response_of(const std::string& answer);
 // OpenAI's "tool_calls" of an answer sampled under tool_call_schema's
 // grammar. Throws Error(kInternal) for one that is not such a call.
 nlohmann::json tool_calls_of(const std::string& answer, const std::string& call_id);

@@ -94,7 +94,7 @@ std::vector<ToolFunction> tool_named(std::span<const ToolFunction> tools, std::s
   return {*named};
 }
 
-std::string tool_call_schema(std::span<const ToolFunction> tools) {
+std::string tool_call_schema(std::span<const ToolFunction> tools, bool or_text) {
   ordered_json calls = ordered_json::array();
   for (const ToolFunction& t : tools) {
     // No parameters (or {}) is OpenAI's empty parameter list: the arguments
@@ -112,15 +112,31 @@ std::string tool_call_schema(std::span<const ToolFunction> tools) {
                      {"required", {"name", "arguments"}},
                      {"additionalProperties", false}});
   }
+  if (or_text) {
+    calls.push_back({{"type", "object"},
+                     {"properties", {{"response", {{"type", "string"}}}}},
+                     {"required", {"response"}},
+                     {"additionalProperties", false}});
+  }
   if (calls.size() == 1) return calls[0].dump();
   return ordered_json{{"anyOf", calls}}.dump();
 }
 
-std::string tools_prompt(std::span<const ToolFunction> tools) {
-  std::string text = tools.size() == 1
-                         ? "Call this tool (its arguments follow the JSON Schema given):"
-                         : "Call one of these tools (their arguments follow the JSON Schemas "
-                           "given):";
+std::optional<std::string> response_of(const std::string& answer) {
+  const json j = json::parse(answer, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.size() != 1 || !j.contains("response") || !j["response"].is_string()) {
+    return std::nullopt;
+  }
+  return j["response"].get<std::string>();
+}
+
+std::string tools_prompt(std::span<const ToolFunction> tools, bool or_text) {
+  std::string text =
+      or_text ? "You may call a tool (its arguments follow the JSON Schema given) or answer in "
+                "text. The tools:"
+      : tools.size() == 1
+          ? "Call this tool (its arguments follow the JSON Schema given):"
+          : "Call one of these tools (their arguments follow the JSON Schemas given):";
   for (const ToolFunction& t : tools) {
     ordered_json entry = {{"name", t.name}};
     if (!t.description.empty()) entry["description"] = t.description;
@@ -131,6 +147,9 @@ std::string tools_prompt(std::span<const ToolFunction> tools) {
   text +=
       "\nAnswer with the call alone, as one JSON object: {\"name\": \"<the tool's name>\", "
       "\"arguments\": {...}}.";
+  if (or_text) {
+    text += " Without a call, answer as one JSON object: {\"response\": \"<your answer>\"}.";
+  }
   return text;
 }
 

@@ -272,10 +272,11 @@ std::vector<ToolFunction> tools_of(const json& body, const ordered_json& ordered
   return tools_from_json(ordered["tools"], "tools");
 }
 
-// "tool_choice" over "tools": the functions the answer must call one of
-// (empty: the answer is text). "auto" would need the model's own tool-call
-// format read back out of free text; it is refused.
-std::vector<ToolFunction> called_tools(const json& body, std::vector<ToolFunction> tools) {
+// "tool_choice" over "tools": the functions the answer may call (empty: the
+// answer is text); `or_text` is set for "auto" (the default with tools): a
+// call or text ({"response": ...}), the model's choice.
+std::vector<ToolFunction> called_tools(const json& body, std::vector<ToolFunction> tools,
+                                       bool& or_text) {
   const auto it = body.find("tool_choice");
   const json choice =
       it == body.end() || it->is_null() ? json(tools.empty() ? "none" : "auto") : *it;
@@ -283,10 +284,8 @@ std::vector<ToolFunction> called_tools(const json& body, std::vector<ToolFunctio
   if (tools.empty()) refuse("tool_choice", fmt::format("{} needs \"tools\"", shown(choice)));
   if (choice == "required") return tools;
   if (choice == "auto") {
-    refuse("tool_choice",
-           "\"auto\" (the default with tools) is not supported: swarmkv serve does not read "
-           "calls out of free text; send \"required\" (the answer is a call of one of the tools) "
-           "or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    or_text = true;
+    return tools;
   }
   if (!choice.is_object() || choice.value("type", json()) != "function" ||
       !choice.contains("function") || !choice["function"].is_object() ||
@@ -439,7 +438,7 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
                            ? ordered_json::parse(body_text)
                            : ordered_json();
   r.sampling.grammar = grammar_of(body, ordered);
-  r.tools = called_tools(body, tools_of(body, ordered));
+  r.tools = called_tools(body, tools_of(body, ordered), r.tool_or_text);
   if (!r.tools.empty()) {
     if (!r.sampling.grammar.empty()) {
       refuse("response_format",
@@ -447,11 +446,11 @@ ChatRequest parse_chat_request(std::string_view body_text, const RequestLimits& 
              "a call)");
     }
     try {
-      r.sampling.grammar = grammar_from_json_schema(tool_call_schema(r.tools));
+      r.sampling.grammar = grammar_from_json_schema(tool_call_schema(r.tools, r.tool_or_text));
     } catch (const Error& e) {
       refuse("tools", e.value().message);
     }
-    const std::string prompt = tools_prompt(r.tools);
+    const std::string prompt = tools_prompt(r.tools, r.tool_or_text);
     if (r.messages.front().role == "system") {
       r.messages.front().content += "\n\n" + prompt;
     } else {

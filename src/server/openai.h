@@ -49,8 +49,12 @@ struct ChatRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // The functions the answer is a call of (tool_choice "required" or a named
-  // one); empty: the answer is text. The grammar and the system prompt say so.
+  // one, or "auto": see tool_or_text); empty: the answer is text. The grammar
+  // and the system prompt say so.
   std::vector<ToolFunction> tools;
+  // tool_choice "auto": the answer is a call of one of `tools` or text, as
+  // {"response": ...} (tool_call_schema's `or_text`).
+  bool tool_or_text = false;
 };
 
 // Throws Error(kInvalidArgument) "<field>: <what>", the shape of every

@@ -379,11 +379,15 @@ struct Server::Impl {
   }
 
   // A choice's message: its text, or with tools its call (a call cut by
-  // max_tokens stays text, finish_reason "length").
+  // max_tokens stays text, finish_reason "length"; under tool_choice "auto"
+  // an answer that chose text is that text).
   static json message_json(const std::string& id, int32_t choice, const std::string& text,
                            StopReason reason, bool calls_tool) {
     if (!calls_tool || reason == StopReason::kMaxTokens) {
       return {{"role", "assistant"}, {"content", text}};
+    }
+    if (const std::optional<std::string> response = response_of(text)) {
+      return {{"role", "assistant"}, {"content", *response}};
     }
     return {{"role", "assistant"},
             {"content", nullptr},
@@ -392,9 +396,11 @@ struct Server::Impl {
   static std::string call_id(const std::string& id, int32_t choice) {
     return fmt::format("call-{}-{}", id, choice);
   }
-  static std::string_view finish_reason(StopReason reason, bool calls_tool) {
-    return calls_tool && reason != StopReason::kMaxTokens ? "tool_calls"
-                                                          : server::finish_reason(reason);
+  static std::string_view finish_reason(StopReason reason, bool calls_tool,
+                                        const std::string& text) {
+    return calls_tool && reason != StopReason::kMaxTokens && !response_of(text)
+               ? "tool_calls"
+               : server::finish_reason(reason);
   }
 
   json response_json(const std::string& id, const server::ChatRequest& request,
@@ -412,7 +418,7 @@ struct Server::Impl {
         c["message"] = message_json(id, choice, texts[i], reasons[i], calls_tool);
       }
       c["logprobs"] = logprobs[i];
-      c["finish_reason"] = finish_reason(reasons[i], calls_tool);
+      c["finish_reason"] = finish_reason(reasons[i], calls_tool, texts[i]);
       choices.push_back(std::move(c));
     }
     return {{"id", id},
@@ -790,7 +796,10 @@ class Server::Impl::ChatStream {
         if (calls_tool_ && !send_call(sink, e)) return false;
         // A choice's log probabilities go out with its last chunk.
         return send(
-            sink, choice_chunk(e.choice, json::object(), finish_reason(e.stop_reason, calls_tool_),
+            sink, choice_chunk(e.choice, json::object(),
+                               finish_reason(e.stop_reason, calls_tool_,
+                                             calls_tool_ ? calls_[static_cast<size_t>(e.choice)]
+                                                         : std::string()),
                                logprobs_ ? server_.choice_logprobs(request_, e.logprobs) : json()));
       case Event::Kind::kFinished: {
         bool ok = true;
@@ -817,7 +826,8 @@ class Server::Impl::ChatStream {
     return true;
   }
 
-  // A choice's tool call as one delta (or, cut by max_tokens, its text).
+  // A choice's tool call as one delta (or, cut by max_tokens or chosen
+  // under "auto", its text).
   bool send_call(httplib::DataSink& sink, const Event& e) {
     const std::string& text = calls_[static_cast<size_t>(e.choice)];
     json delta;
@@ -843,7 +853,7 @@ class Server::Impl::ChatStream {
   const int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   const int32_t n_;
   const bool include_usage_;
-  const bool calls_tool_;  // the answers are tool calls, sent whole
+  const bool calls_tool_;  // the answers are tool calls (or, under "auto", text), sent whole
   const bool logprobs_;    // "logprobs": true
   const Clock::time_point t0_;
   std::vector<std::string> calls_;  // with tools: each choice's text so far
