@@ -434,10 +434,21 @@ agents:
     return error_of(
         write(name, "document: {text: x}\nagents: [{name: a, prompt: q, " + keys + "}]\n"));
   };
-  EXPECT_EQ(agent("auto.yaml", "tools: [{name: f}], tool_choice: auto"),
-            "invalid_argument: " + (dir_ / "auto.yaml").string() +
-                ": agents[0].tool_choice: 'auto' is not supported in a pipeline (the answer is "
-                "always a call): give 'required' or a tool's name (line 2)");
+  EXPECT_EQ(agent("none.yaml", "tools: [{name: f}], tool_choice: none"),
+            "invalid_argument: " + (dir_ / "none.yaml").string() +
+                ": agents[0].tool_choice: 'none' would make the tools pointless: leave 'tools' "
+                "out for a text answer (line 2)");
+  // auto: a call or text.
+  const PipelineSpec automatic = load_pipeline_file(
+      write("auto.yaml",
+            "document: {text: x}\nagents: [{name: a, prompt: q, tools: [{name: f}], "
+            "tool_choice: auto}]\n"));
+  EXPECT_TRUE(automatic.agents[0].tool_or_text);
+  EXPECT_EQ(automatic.agents[0].json_schema, tool_call_schema(automatic.agents[0].tools, true));
+  EXPECT_EQ(agent_turn(automatic.agents[0], {}),
+            "q\n\n" + tools_prompt(automatic.agents[0].tools, true));
+  EXPECT_EQ(parse_pipeline_json(pipeline_json(automatic), "json", ""), automatic);
+  EXPECT_FALSE(any.tool_or_text);
   EXPECT_NE(agent("unnamed.yaml", "tools: [{name: f}], tool_choice: g")
                 .find("agents[0].tool_choice: no tool is named \"g\" (line 2)"),
             std::string::npos);

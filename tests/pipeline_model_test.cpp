@@ -317,6 +317,9 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
   any_tool.max_tokens = 96;
   call_tools(any_tool, {flag_clause, {"no_risk", "Says there is none", "{}"}});
   spec.agents.push_back(any_tool);
+  AgentSpec call_or_text = any_tool;  // tool_choice auto
+  call_or_text.name = "call_or_text";
+  call_tools(call_or_text, {flag_clause}, /*or_text=*/true);
   AgentSpec one_tool = any_tool;
   one_tool.name = "one_tool";
   call_tools(one_tool, {flag_clause});
@@ -327,13 +330,23 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
   argument.depends_on = {"one_tool"};
   argument.max_tokens = 8;
   spec.agents.push_back(argument);
+  spec.agents.push_back(call_or_text);
   validate_pipeline(spec);  // the field is checked against the call's schema
   const auto run = [&](ForkMode fork) {
     spec.fork = fork;
     return run_pipeline(spec, model_);
   };
   const PipelineResult reference = run(ForkMode::kNone);
-  ASSERT_EQ(reference.agents.size(), 8u);
+  ASSERT_EQ(reference.agents.size(), 9u);
+  {
+    const AgentResult& a = reference.agents[8];
+    ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error) << "\n" << a.answer;
+    ASSERT_TRUE(a.answer_is_json) << a.answer;
+    const nlohmann::json j = nlohmann::json::parse(a.answer);
+    EXPECT_TRUE((j.contains("response") && j["response"].is_string()) ||
+                j.value("name", "") == "flag_clause")
+        << a.answer;
+  }
   for (const size_t i : {5, 6}) {
     const AgentResult& a = reference.agents[i];
     ASSERT_EQ(a.status, NodeStatus::kOk) << a.name << ": " << describe(a.error) << "\n" << a.answer;

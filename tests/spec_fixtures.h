@@ -74,10 +74,12 @@ inline PipelineSpec spec_with_every_field_set() {
   AgentSpec e;
   e.name = "e";
   e.prompt = "Flag it.";
-  call_tools(e, {{"flag", "Flags a clause",
-                  R"({"type":"object","properties":{"zeta":{"type":"string"},)"
-                  R"("alpha":{"enum":["1","true",null]}},"required":["zeta"]})"},
-                 {"noop", "", "{}"}});
+  call_tools(e,
+             {{"flag", "Flags a clause",
+               R"({"type":"object","properties":{"zeta":{"type":"string"},)"
+               R"("alpha":{"enum":["1","true",null]}},"required":["zeta"]})"},
+              {"noop", "", "{}"}},
+             /*or_text=*/true);
   spec.agents = {a, b, d, c, e};
   return spec;
 }

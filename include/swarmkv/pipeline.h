@@ -84,6 +84,9 @@ struct AgentSpec {
   // tools_prompt(tools) (agent_turn): the answer is {"name", "arguments"},
   // for the caller or a downstream agent to execute.
   std::vector<ToolFunction> tools;
+  // `tool_choice: auto`: the answer is a call of one of `tools` or text, as
+  // {"response": ...} (tool_call_schema's `or_text`).
+  bool tool_or_text = false;
   std::vector<std::string> stop;        // stop strings
   std::vector<std::string> depends_on;  // other agents that must finish first
   // Admission order among ready agents: higher first, then file order.
@@ -112,10 +115,11 @@ std::vector<PromptPlaceholder> prompt_placeholders(std::string_view prompt);
 // `prompt` with each placeholder replaced by answers.at(name), in one pass.
 std::string render_prompt(std::string_view prompt,
                           const std::map<std::string, std::string>& answers);
-// Makes `agent`'s answer a call of one of `tools` (non-empty): sets tools,
-// json_schema (tool_call_schema) and sampling.grammar. Throws
-// Error(kInvalidArgument) for a schema the converter cannot handle.
-void call_tools(AgentSpec& agent, std::vector<ToolFunction> tools);
+// Makes `agent`'s answer a call of one of `tools` (non-empty), or with
+// `or_text` a call or text: sets tools, tool_or_text, json_schema
+// (tool_call_schema) and sampling.grammar. Throws Error(kInvalidArgument)
+// for a schema the converter cannot handle.
+void call_tools(AgentSpec& agent, std::vector<ToolFunction> tools, bool or_text = false);
 // The text of an agent's user turn: its prompt rendered with `answers`
 // (render_prompt), then, with tools, tools_prompt(tools) after a blank line.
 std::string agent_turn(const AgentSpec& agent, const std::map<std::string, std::string>& answers);

@@ -313,7 +313,7 @@ void validate_agent(const AgentSpec& a, size_t i) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("agent '{}': max_tokens must be >= 1 (got {})", a.name, a.max_tokens));
   }
-  if (!a.tools.empty() && (a.json_schema != tool_call_schema(a.tools) ||
+  if (!a.tools.empty() && (a.json_schema != tool_call_schema(a.tools, a.tool_or_text) ||
                            a.sampling.grammar != grammar_from_json_schema(a.json_schema))) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("agent '{}': its json_schema and grammar are not those of a call of "
@@ -601,16 +601,17 @@ std::string render_prompt(std::string_view prompt,
   return out;
 }
 
-void call_tools(AgentSpec& agent, std::vector<ToolFunction> tools) {
+void call_tools(AgentSpec& agent, std::vector<ToolFunction> tools, bool or_text) {
   if (tools.empty()) throw Error(ErrorCode::kInvalidArgument, "call_tools: no tools");
   agent.tools = std::move(tools);
-  agent.json_schema = tool_call_schema(agent.tools);
+  agent.tool_or_text = or_text;
+  agent.json_schema = tool_call_schema(agent.tools, or_text);
   agent.sampling.grammar = grammar_from_json_schema(agent.json_schema);
 }
 
 std::string agent_turn(const AgentSpec& agent, const std::map<std::string, std::string>& answers) {
   std::string turn = render_prompt(agent.prompt, answers);
-  if (!agent.tools.empty()) turn += "\n\n" + tools_prompt(agent.tools);
+  if (!agent.tools.empty()) turn += "\n\n" + tools_prompt(agent.tools, agent.tool_or_text);
   return turn;
 }
 

@@ -478,8 +478,9 @@ class AgentReader {
   // `tools:` (a list of functions, OpenAI's {type: function, function:
   // {...}} or the inner {name, description, parameters}; or their JSON text,
   // as pipeline_json writes them) and `tool_choice:` (`required`, the
-  // default: a call of any of them; or one's name): the answer is a call
-  // (call_tools), so neither json_schema nor grammar may be given beside.
+  // default: a call of any of them; `auto`: a call or text; or one's name):
+  // the answer is a call (call_tools), so neither json_schema nor grammar
+  // may be given beside.
   void tools(const YAML::Node& n, AgentSpec& agent, const std::string& where) const {
     const YAML::Node list = n["tools"];
     const YAML::Node choice = n["tool_choice"];
@@ -510,21 +511,23 @@ class AgentReader {
     std::vector<ToolFunction> functions =
         checked(list, [&] { return tools_from_json(value, key); });
     if (functions.empty()) r_.bad(fmt::format("{} is empty{}", key, Reader::at(list)));
+    bool or_text = false;
     if (choice) {
       const std::string chosen = r_.scalar(choice, where + ".tool_choice").Scalar();
-      if (chosen == "auto" || chosen == "none") {
+      if (chosen == "none") {
         r_.bad(
-            fmt::format("{}.tool_choice: '{}' is not supported in a pipeline (the answer is "
-                        "always a call): give 'required' or a tool's name{}",
-                        where, chosen, Reader::at(choice)));
+            fmt::format("{}.tool_choice: 'none' would make the tools pointless: leave 'tools' "
+                        "out for a text answer{}",
+                        where, Reader::at(choice)));
       }
-      if (chosen != "required") {
+      or_text = chosen == "auto";
+      if (chosen != "required" && !or_text) {
         functions =
             checked(choice, [&] { return tool_named(functions, chosen, where + ".tool_choice"); });
       }
     }
     checked(list, [&] {
-      call_tools(agent, std::move(functions));
+      call_tools(agent, std::move(functions), or_text);
       return 0;
     });
   }
@@ -830,6 +833,7 @@ nlohmann::json pipeline_json(const PipelineSpec& spec) {
     if (!a.tools.empty()) {
       // As text, as json_schema below: the parameters keep their order.
       agent["tools"] = tools_json(a.tools).dump();
+      if (a.tool_or_text) agent["tool_choice"] = "auto";
     } else if (!a.json_schema.empty()) {
       // As text: a JSON object here would sort the schema's keys, and its
       // properties are generated in their order.
