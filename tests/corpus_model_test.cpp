@@ -78,10 +78,6 @@ class CorpusModelTest : public ::testing::Test {
 // shared (the default) == none for the documents and the reduce agents,
 // and each document == its own pipeline re-prefilled, token for token.
 TEST_F(CorpusModelTest, EachDocumentEqualsItsOwnReprefillAndReduceAgentsSeeEveryAnswerInOrder) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics, not memory: the release build runs it; the sanitizers run the "
-                  "corpus's threads and failures below";
-#endif
   const CorpusResult shared = run_corpus(corpus_, model_);
   ASSERT_TRUE(shared.ok());
   EXPECT_EQ(shared.documents_run, 3u);

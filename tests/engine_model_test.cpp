@@ -181,9 +181,6 @@ TEST_F(EngineModelTest, AnswerStopsOnEndOfGenerationOrStopString) {
 // 1024; on its F16 (the default model) they are within the tolerance below. The tolerance still
 // allows for BLAS/GPU builds whose summation order depends on the matrix shape.
 TEST_F(EngineModelTest, PrefillChunkSizeDoesNotChangeNextTokenOrLogits) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread uses this context: release and ASan run it";
-#endif
   const std::string doc =
       read_file(std::string(SWARMKV_SOURCE_DIR) + "/examples/documents/apache-2.0.txt");
   auto tokens = model_->tokenize(doc, true);
@@ -350,9 +347,6 @@ class EngineModelForkTest : public ::testing::TestWithParam<test::TestModel> {
 // window-masked cells (max differences 0.46-1.17 on all four prompts). The
 // seq_pos_min check shows (2) directly: the restored prefix keeps position 0.
 TEST_P(EngineModelForkTest, WholeContextRestoreDecodesLikeTheOriginalBitForBit) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread uses this context: release and ASan run it";
-#endif
   PipelineSpec spec = load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) +
                                          "/examples/pipelines/apache-license.yaml");
   const PreparedPipeline p = prepare_pipeline(spec, *model_);
@@ -399,9 +393,6 @@ TEST_P(EngineModelForkTest, WholeContextRestoreDecodesLikeTheOriginalBitForBit) 
 // nothing leaks across sequences). TestModel::shared_logit_bound feeds the near-tie
 // margin of ForkEquivalenceTest.SharedForkEqualsRecomputeUpToMeasuredNearTies.
 TEST_P(EngineModelForkTest, UnifiedBatchedLogitsStayWithinBound) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread uses this context: release and ASan run it";
-#endif
   const float bound = GetParam().shared_logit_bound;
 
   const std::string doc =
@@ -475,9 +466,6 @@ TEST_P(EngineModelForkTest, UnifiedBatchedLogitsStayWithinBound) {
 class ExactKernelTest : public ::testing::TestWithParam<test::TestModel> {};
 
 TEST_P(ExactKernelTest, ARowDecodesTheSameAloneAndBesideAnother) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread uses this context: release and ASan run it";
-#endif
   PipelineSpec spec = load_pipeline_file(std::string(SWARMKV_SOURCE_DIR) +
                                          "/examples/pipelines/apache-license.yaml");
   spec.exact = true;

@@ -178,16 +178,9 @@ class ForkEquivalenceTest : public ::testing::TestWithParam<test::TestModel> {
 //
 // Release runs the same comparison in ExactForkTest.SharedAndHostEqual-
 // RecomputeOnTwoDocuments (two documents, shared and host against none) and
-// skips this one to stay within the suite's time; ASan runs it, as the host
-// fork for it to watch (one thread drives it: nothing for TSan).
+// leaves this one out to stay within the suite's time; ASan runs it, as the
+// host fork for it to watch (tests/test_scope.cmake).
 TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheApacheLicence) {
-#ifndef SWARMKV_SANITIZED
-  GTEST_SKIP() << "release: ExactForkTest.SharedAndHostEqualRecomputeOnTwoDocuments compares host "
-                  "with none";
-#endif
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives this fork: ASan runs it";
-#endif
   PipelineSpec spec = apache_spec(48);
   expect_host_equals_recompute(spec, 32);
 }
@@ -197,9 +190,6 @@ TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheApacheLicence) {
 // f16 and a q8_0 KV cache, host == none token for token; a q8_0 cache holds 34/64 of f16's bytes (a
 // q8_0 block is 32 values in 34 bytes), and the snapshot binds to the settings.
 TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeUnderEveryEngineSetting) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics only: the release preset runs it";
-#endif
   struct Setting {
     bool exact;
     bool flash_attn;
@@ -244,9 +234,6 @@ TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeUnderEveryEngineSetting) {
 // one (the penalties really act). The README pipeline test above runs four
 // agents with its penalties on (host == none).
 TEST_P(ForkEquivalenceTest, RepetitionControlAppliesIdenticallyInEveryFork) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   PipelineSpec spec = document_spec("apache-2.0.txt", 3000, 32,
                                     {"Repeat the first sentence of the licence five times."});
   const auto run = [&](ForkMode fork) {
@@ -273,14 +260,8 @@ TEST_P(ForkEquivalenceTest, RepetitionControlAppliesIdenticallyInEveryFork) {
 // parsed into answer_json, and an answer that reaches max_tokens inside its
 // structure fails as incomplete instead of passing as JSON.
 TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   // A short cut of the document: what is tested is the sampler, not the
-  // prefix; the sanitizer presets look at it on SmolLM2 only.
-#ifdef SWARMKV_SANITIZED
-  if (std::string_view(GetParam().name) == "gemma3") GTEST_SKIP() << "SmolLM2 runs it";
-#endif
+  // prefix.
   PipelineSpec spec =
       document_spec("apache-2.0.txt", 1200, 64,
                     {"Name the licence and the year it dates from.",
@@ -421,9 +402,6 @@ TEST_P(ForkEquivalenceTest, StructuredAnswersAreEqualInEveryForkAndComplete) {
 // a recompute: the answer must be identical token for token. This pins the
 // decoder's positions, sampling and stop handling exactly.
 TEST_P(ForkEquivalenceTest, SharedForkWithOneAgentEqualsRecomputeExactly) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   PipelineSpec spec =
       document_spec("apache-2.0.txt", 8000, 40,
                     {"Explain in detail what the Grant of Copyright License allows."});
@@ -464,9 +442,6 @@ class InexactForkTest : public ForkEquivalenceTest {
 // Branches differ in prompt length and max_tokens; one stops at max_tokens
 // early, one at a stop string, while the others continue.
 TEST_P(InexactForkTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   const float tie_margin = 2 * GetParam().shared_logit_bound;
   PipelineSpec spec = apache_spec(40);
   spec.exact = false;
@@ -514,9 +489,6 @@ TEST_P(InexactForkTest, SharedForkEqualsRecomputeUpToMeasuredNearTies) {
 // text, and the agent reading it answers as a re-prefill of the document and
 // its rendered prompt does, token for token.
 TEST_P(ForkEquivalenceTest, PlaceholderAgentEqualsRecomputeOfItsRenderedPrompt) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   PipelineSpec spec = document_spec("apache-2.0.txt", kChainChars, 32,
                                     {"What does the Grant of Copyright License allow?",
                                      "What does the Grant of Patent License cover?"});
@@ -563,9 +535,6 @@ TEST_P(ForkEquivalenceTest, PlaceholderAgentEqualsRecomputeOfItsRenderedPrompt) 
 // cells) equal the full recompute (none) token for token, exact mode being
 // the default.
 TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   // The conversation's cells are kept the same way on every architecture;
   // Gemma 3's sliding window in a fork is ExactForkTest's two documents and
   // the watermark test's. Its run here was the suite's longest (~90 s).
@@ -638,9 +607,6 @@ TEST_P(ForkEquivalenceTest, ForkTreeChildrenEqualRecomputeOfTheWholeConversation
 // before the document's prefill ends, and, exact mode being the default,
 // it equals a recompute of that token sequence token for token too.
 TEST_P(ForkEquivalenceTest, WatermarkAgentsEqualRecomputeOfTheCutDocument) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   PipelineSpec spec = document_spec("apache-2.0.txt", kChainChars, 24,
                                     {"What is this document?", "Which terms does it define?",
                                      "What does the Grant of Copyright License allow?"});
@@ -746,9 +712,6 @@ class ExactForkTest : public ::testing::TestWithParam<test::TestModel> {
 // agent that asks for none gets none; 0 alternatives, the sampled token's
 // alone.
 TEST_P(ExactForkTest, LogprobsAreTheSameUnderEveryForkAndThroughTheResultJson) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics, not memory: the release build runs it on both models";
-#endif
   PipelineSpec spec = document_spec("apache-2.0.txt", 1200, 12,
                                     {"Who is the Licensor?", "Name the parties.", "What is this?"});
   spec.exact = true;
@@ -813,9 +776,6 @@ constexpr const char* kLongPrompt =
 // cells) for one-row steps to take flash attention's split-KV path on
 // several threads, the path exact mode avoids.
 TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics, not memory: the release build runs it on both models";
-#endif
   for (const char* file : {"apache-2.0.txt", "mpl-2.0.txt"}) {
     SCOPED_TRACE(file);
     PipelineSpec spec = document_spec(
@@ -874,9 +834,6 @@ TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
 // kernel, and 63 + 7 rows without it. Host is the reference
 // here (the test above shows host == none; 70 re-prefills would be slow).
 TEST_P(ExactForkTest, SharedEqualsHostWithMoreLiveBranchesThanOneMicroBatch) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics, not memory: the release build runs it on both models";
-#endif
   const char* topics[] = {"copyright", "patents", "trademarks",    "warranty",       "liability",
                           "notices",   "sources", "contributions", "redistribution", "termination"};
   PipelineSpec spec = document_spec("apache-2.0.txt", 1500, 6, {});
@@ -1178,9 +1135,6 @@ TEST_F(PipelineModelTest, ACallbackThatThrowsFailsTheAgentItReportsOn) {
 // the host fork's document fails (its agents never run), the streaming
 // fork's agents fail with the thrown error.
 TEST_F(PipelineModelTest, ThePrefillReportsItsProgressAndAThrowStopsEveryAgent) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread drives these forks: release and ASan run it";
-#endif
   PipelineSpec spec = license_spec();
   spec.document = spec.document.substr(0, 3000);
   spec.agents.resize(2);

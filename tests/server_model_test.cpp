@@ -745,7 +745,6 @@ TEST_P(ServerExactTest, ConcurrentAgentsAnswerAsAReprefillBitForBit) {
 TEST_P(ServerExactTest, JsonResponseFormatsAnswerAsAConstrainedReprefill) {
   const ServerOptions options = exact_options(4096);
 #ifdef SWARMKV_SANITIZED
-  if (std::string_view(GetParam().name) == "gemma3") GTEST_SKIP() << "SmolLM2 runs it";
   const std::string doc = document(600);
 #else
   const std::string doc = document(1500);
@@ -894,10 +893,6 @@ TEST_P(ServerExactTest, LogprobsAreTheSameAloneAndInABatch) {
 // re-prefill's token for token; logprobs in the endpoint's own shape;
 // n = 2 greedy gives two equal choices. OpenAI's default max_tokens is 16.
 TEST_P(ServerExactTest, TextCompletionsContinueTheirPromptAsAReprefill) {
-#ifdef SWARMKV_SANITIZED
-  // The sanitizers check the route's code, the same for both models.
-  if (std::string_view(GetParam().name) == "gemma3") GTEST_SKIP() << "SmolLM2 runs it";
-#endif
   const ServerOptions options = exact_options(4096);
   const std::string doc = document(1200);
   const int max_tokens = 12;

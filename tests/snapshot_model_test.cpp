@@ -136,9 +136,6 @@ class SnapshotModelTest : public ::testing::TestWithParam<TestModel> {
 // forks answer exactly as they did cold; host also equals the re-prefill
 // reference, which never touches the store. One snapshot serves both forks.
 TEST_P(SnapshotModelTest, WarmRunRestoresTheStoreAndAnswersExactlyAsCold) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread uses the store here: release and ASan run it";
-#endif
   PipelineSpec spec = licence_spec(4000, 24);
   spec.fork = ForkMode::kHost;
   const PipelineResult cold = run(spec, cached());
@@ -187,9 +184,6 @@ TEST_P(SnapshotModelTest, WarmRunRestoresTheStoreAndAnswersExactlyAsCold) {
 // it and answers the same. A sliding-window model's per-sequence export
 // keeps only the window: it publishes nothing and streams again.
 TEST_P(SnapshotModelTest, AStreamedPrefillPublishesAPlainPrefillsStateForTheNextRun) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics only: the release preset runs it";
-#endif
   PipelineSpec spec = licence_spec(4000, 12);
   spec.fork = ForkMode::kShared;
   spec.agents[0].needs.tokens = 64;
@@ -231,9 +225,6 @@ TEST_P(SnapshotModelTest, AStreamedPrefillPublishesAPlainPrefillsStateForTheNext
 // sliding-window model cannot cut its state and prefills all of it. Either
 // way the answers equal a cold run of the longer document.
 TEST_P(SnapshotModelTest, AppendedDocumentReusesTheCommonPrefixAndAnswersAsACold) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "numerics only: the release preset runs it";
-#endif
   PipelineSpec spec = licence_spec(4000, 24);
   spec.fork = ForkMode::kHost;
   const PipelineResult first = run(spec, cached());
@@ -263,9 +254,6 @@ TEST_P(SnapshotModelTest, AppendedDocumentReusesTheCommonPrefixAndAnswersAsACold
 // and a run as good as a cold one. The format and the store are the same for
 // every model, so one model runs the matrix.
 TEST_P(SnapshotModelTest, DamagedStoreEntriesAreSkippedAndTheRunSucceeds) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread uses the store here: release and ASan run it";
-#endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "model-independent; smollm2 runs it";
   PipelineSpec spec = licence_spec(1000, 4);
@@ -336,9 +324,6 @@ TEST_P(SnapshotModelTest, DamagedStoreEntriesAreSkippedAndTheRunSucceeds) {
 // reads it, without the 2 GiB it allocated and zeroed for the name (peak
 // RSS rose by that much, and the restore took seconds), on both forks.
 TEST_P(SnapshotModelTest, AHugeArchitectureNameInThePayloadIsRefusedBeforeAllocating) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread restores here: release and ASan run it";
-#endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "model-independent; smollm2 runs it";
   PipelineSpec spec = licence_spec(1000, 4);
@@ -372,9 +357,6 @@ TEST_P(SnapshotModelTest, AHugeArchitectureNameInThePayloadIsRefusedBeforeAlloca
 // document at the wrong positions. Refused after the restore, naming the
 // file, on both forks.
 TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread restores here: release and ASan run it";
-#endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
   PipelineSpec spec = licence_spec(1000, 4);
@@ -400,9 +382,6 @@ TEST_P(SnapshotModelTest, ASnapshotWhoseCellsSitElsewhereIsCorruptionNamingIt) {
 // so the run was "ok" with answers from a document with holes. Refused
 // before the restore by its cell count, naming the file, on both forks.
 TEST_P(SnapshotModelTest, ASnapshotMissingCellsIsCorruptionNamingIt) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread restores here: release and ASan run it";
-#endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
   PipelineSpec spec = licence_spec(1000, 4);
@@ -428,9 +407,6 @@ TEST_P(SnapshotModelTest, ASnapshotMissingCellsIsCorruptionNamingIt) {
 // out answered from a document with holes), and the next run prefills and
 // answers as a cold run does. On both forks.
 TEST_P(SnapshotModelTest, AStoreEntryWhoseStateFailsIsRemoved) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread restores here: release and ASan run it";
-#endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
   const std::pair<uint32_t (*)(std::vector<uint8_t>&), const char*> forgeries[] = {
@@ -474,9 +450,6 @@ TEST_P(SnapshotModelTest, AStoreEntryWhoseStateFailsIsRemoved) {
 // token with kCorruption, on both forks. The payload ends with the last
 // layer's V cells (llama.cpp writes the KV cache last), F16 here.
 TEST_P(SnapshotModelTest, NonFiniteKvValuesFailTheAgentsInsteadOfAnEmptyAnswer) {
-#ifdef SWARMKV_SANITIZED_THREAD
-  GTEST_SKIP() << "one thread restores here: release and ASan run it";
-#endif
   if (GetParam().name != std::string("smollm2"))
     GTEST_SKIP() << "the payload's layout is SmolLM2's; smollm2 runs it";
   PipelineSpec spec = licence_spec(1000, 4);
