@@ -18,7 +18,8 @@ Checks, against one server (exact mode, its default):
     BadRequestError naming it;
   - completions.create (the legacy endpoint): the prompt continued, its
     logprobs (tokens, text_offset from the prompt's start, top_logprobs),
-    streamed the same; echo a BadRequestError naming it;
+    streamed the same; two prompts in one request, from the client and
+    from LangChain's OpenAI LLM; echo a BadRequestError naming it;
   - LangChain's ChatOpenAI: with_structured_output by json_schema and by
     function_calling parses into the Pydantic model, by json_mode gives a
     JSON object; bind_tools with its default tool_choice ("auto"), "required" and a named tool
@@ -32,7 +33,7 @@ from typing import Literal
 
 import openai
 from langchain_core.tools import tool
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import BaseModel, Field
 
 from serve_process import served
@@ -189,7 +190,21 @@ def text_completions(client):
         raise AssertionError("echo was accepted")
     except openai.BadRequestError as e:
         expect(e.body.get("param") == "echo", f"echo: {e.body}")
-    print(f"completion {prompt!r} -> {choice.text!r}")
+    # Several prompts in one request, as LangChain's OpenAI LLM batches them:
+    # one choice per prompt, in order, each its prompt's own answer.
+    other = "Water boils at a temperature of"
+    alone = client.completions.create(model="swarmkv", prompt=other, max_tokens=6, temperature=0)
+    both = client.completions.create(model="swarmkv", prompt=[prompt, other], max_tokens=6,
+                                     temperature=0)
+    expect([c.index for c in both.choices] == [0, 1]
+           and [c.text for c in both.choices] == [choice.text, alone.choices[0].text],
+           f"two prompts: {both}")
+    llm = OpenAI(base_url=str(client.base_url), api_key="k", model="swarmkv", max_tokens=6,
+                 temperature=0)
+    batched = llm.generate([prompt, other])
+    expect([g[0].text for g in batched.generations] == [choice.text, alone.choices[0].text],
+           f"LangChain OpenAI batch: {batched}")
+    print(f"completion {prompt!r} -> {choice.text!r}; with {other!r} in one request too")
 
 
 @tool

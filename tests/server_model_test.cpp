@@ -962,6 +962,33 @@ TEST_P(ServerExactTest, TextCompletionsContinueTheirPromptAsAReprefill) {
       *c, {{"prompt", prompts[0]}, {"max_tokens", max_tokens}, {"temperature", 0}, {"logprobs", 2}},
       1, "/v1/completions");
   EXPECT_EQ(st.logprobs[0], lp);
+  // Several prompts in one request (as LangChain's OpenAI LLM batches
+  // them): prompt p's choice j is choice p * n + j, each the prompt's own
+  // re-prefill; usage counts every prompt; streamed the same.
+  const json batch = {{"prompt", prompts},
+                      {"max_tokens", max_tokens},
+                      {"temperature", 0},
+                      {"logprobs", 0},
+                      {"n", 2}};
+  const json all = post_chat(*c, batch, "/v1/completions");
+  ASSERT_EQ(all["choices"].size(), 2 * prompts.size()) << all;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    prompt_tokens += static_cast<int64_t>(refs[p].prompt.size());
+    completion_tokens += 2 * static_cast<int64_t>(refs[p].tokens.size());
+    for (size_t k = 0; k < 2; ++k) {
+      const json& choice = all["choices"][2 * p + k];
+      EXPECT_EQ(choice["index"], 2 * p + k);
+      EXPECT_EQ(choice["text"], refs[p].text) << "prompt " << p << ", choice " << k;
+      EXPECT_EQ(choice["logprobs"]["text_offset"][0], prompts[p].size());
+    }
+  }
+  EXPECT_EQ(all["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(all["usage"]["completion_tokens"], completion_tokens);
+  const Streamed streamed =
+      post_stream(*c, batch, static_cast<int>(2 * prompts.size()), "/v1/completions");
+  for (size_t i = 0; i < 2 * prompts.size(); ++i) EXPECT_EQ(streamed.texts[i], refs[i / 2].text);
   // Without max_tokens: OpenAI's 16.
   const json dflt =
       post_chat(*c, {{"prompt", "Once upon a time"}, {"temperature", 0}}, "/v1/completions");

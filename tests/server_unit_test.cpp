@@ -291,8 +291,8 @@ TEST(ChatRequestTest, AnAnswerUnderTheCallGrammarBecomesOpenAIsToolCalls) {
 
 // POST /v1/completions: a prompt continued as written, the sampling fields
 // read as chat's, OpenAI's legacy logprobs (an integer) and default of 16
-// tokens; what it cannot do (echo, suffix, ranking best_of, several
-// prompts) refused by name.
+// tokens; several prompts, n choices each; what it cannot do (echo, suffix,
+// ranking best_of) refused by name.
 TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   const ChatRequest r = parse_completion_request(
       R"({"model": "m", "prompt": "Once", "temperature": 0.5, "seed": 7, "n": 2, "best_of": 2,
@@ -300,7 +300,8 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
           "user": "u"})",
       RequestLimits{});
   EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
-  EXPECT_EQ(r.prompt, "Once");
+  EXPECT_EQ(r.prompts, std::vector<std::string>{"Once"});
+  EXPECT_EQ(r.choices(), 2);
   EXPECT_EQ(r.model, "m");
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
   EXPECT_EQ(r.sampling.seed, 7u);
@@ -312,15 +313,30 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   EXPECT_EQ(r.max_tokens, 16);  // OpenAI's default here
   EXPECT_TRUE(r.messages.empty());
   const ChatRequest one = parse_completion_request(R"({"prompt": ["Twice"]})", RequestLimits{});
-  EXPECT_EQ(one.prompt, "Twice");
+  EXPECT_EQ(one.prompts, std::vector<std::string>{"Twice"});
   EXPECT_EQ(one.sampling.top_logprobs, -1);
+  const ChatRequest three =
+      parse_completion_request(R"({"prompt": ["A", "B", "C"], "n": 2})", RequestLimits{});
+  EXPECT_EQ(three.prompts, (std::vector<std::string>{"A", "B", "C"}));
+  EXPECT_EQ(three.choices(), 6);
+  EXPECT_EQ(refusal(R"({"prompt": ["a", ""]})", true), "prompt[1]: is empty");
+  EXPECT_EQ(refusal(R"({"prompt": []})", true),
+            "prompt: must be a string or a list of strings (got []); token arrays are not taken");
+  RequestLimits two;
+  two.max_prompts = 2;
+  try {
+    (void)parse_completion_request(R"({"prompt": ["a", "b", "c"]})", two);
+    ADD_FAILURE() << "three prompts over a limit of two were taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.value().message, "prompt: has 3 prompts; at most 2 per request");
+  }
   EXPECT_EQ(refusal(R"({})", true), "prompt: is missing (a string)");
   EXPECT_EQ(refusal(R"({"prompt": ""})", true), "prompt: is empty");
   EXPECT_EQ(refusal(R"({"prompt": [1, 2]})", true),
-            "prompt: has 2 prompts; send one per request (requests run at once, and their "
-            "shared beginnings are prefilled once)");
+            "prompt[0]: must be a string (got 1); token arrays are not taken");
   EXPECT_EQ(refusal(R"({"prompt": 5})", true),
-            "prompt: must be a string (got 5); token arrays are not taken");
+            "prompt: must be a string or a list of strings (got 5); token arrays are not "
+            "taken");
   EXPECT_EQ(refusal(R"({"prompt": "a", "echo": true})", true),
             "echo: is not supported: the answer does not repeat the prompt, and prompt "
             "tokens' log probabilities are not computed");

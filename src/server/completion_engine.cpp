@@ -95,7 +95,7 @@ class CompletionEngine::Scheduler {
   std::pair<int, size_t> best_source(const std::vector<Token>& prompt) const;
   bool admit_one();
   void start_choices(Pending& p, int source, size_t shared, size_t restored);
-  void fail_job(const std::shared_ptr<Job>& job, const ErrorValue& error);
+  void fail_job(std::shared_ptr<Job> job, const ErrorValue& error);
   void send_text(Slot& s, bool done);
   void finish(size_t index);
 
@@ -224,12 +224,15 @@ int CompletionEngine::Scheduler::victim(int keep) const {
   return best;
 }
 
-void CompletionEngine::Scheduler::fail_job(const std::shared_ptr<Job>& job,
-                                           const ErrorValue& error) {
+// `job` by value: a caller's reference into a slot would be emptied by
+// free_slot() below, and the job never told.
+void CompletionEngine::Scheduler::fail_job(std::shared_ptr<Job> job, const ErrorValue& error) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].job == job) free_slot(i);
   }
-  // Once per job, however many of its choices were in the failed batch.
+  // Once per job, however many of its choices were in the failed batch; its
+  // parts not admitted yet go too (nothing follows kFailed).
+  std::erase_if(queue_, [&](const Pending& q) { return q.job == job; });
   if (requests_.erase(job.get()) > 0 && !job->cancelled_.load()) emit(job, failed(error));
 }
 
@@ -317,7 +320,8 @@ std::pair<int, size_t> CompletionEngine::Scheduler::best_source(
 bool CompletionEngine::Scheduler::admit_one() {
   Pending& p = queue_.front();
   if (p.job->cancelled_.load()) {
-    local_.cancelled += 1;
+    // Once per job: its first part (a later one's job was counted already).
+    if (p.first_choice == 0) local_.cancelled += 1;
     queue_.pop_front();
     return true;
   }
@@ -398,10 +402,12 @@ bool CompletionEngine::Scheduler::admit_one() {
 void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t shared,
                                                 size_t restored) {
   const CompletionRequest& req = p.request;
-  Request& r = requests_[p.job.get()];
-  r.remaining = req.n;
-  r.usage.prompt_tokens = static_cast<int32_t>(req.prompt.size());
-  r.usage.cached_tokens = static_cast<int32_t>(shared + restored);
+  // A job's first part to start counts down all of its parts' choices.
+  const auto [it_r, first_part] = requests_.try_emplace(p.job.get());
+  Request& r = it_r->second;
+  if (first_part) r.remaining = p.job_choices;
+  r.usage.prompt_tokens += static_cast<int32_t>(req.prompt.size());
+  r.usage.cached_tokens += static_cast<int32_t>(shared + restored);
   local_.requests += 1;
   local_.prompt_tokens += req.prompt.size();
   local_.reused_tokens += shared + restored;
@@ -414,7 +420,7 @@ void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t s
     s.step.tokens = req.prompt;
     s.prompt_len = req.prompt.size();
     s.job = p.job;
-    s.choice = c;
+    s.choice = p.first_choice + c;
     SamplingOptions sampling = req.sampling;
     sampling.seed += static_cast<uint32_t>(c);
     GenerateOptions gen;
@@ -672,7 +678,7 @@ void CompletionEngine::wake() {
   work_.notify_all();
 }
 
-std::shared_ptr<Job> CompletionEngine::submit(CompletionRequest request) {
+void CompletionEngine::check(const CompletionRequest& request) const {
   if (request.prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "the prompt is empty");
   if (request.n < 1 || request.n > options_.max_live) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -699,11 +705,36 @@ std::shared_ptr<Job> CompletionEngine::submit(CompletionRequest request) {
                 fmt::format("{} = {} > n_ctx {}; shorten the messages or lower max_tokens{}", sum,
                             required, options_.context.n_ctx, request.n == 1 ? "" : " or n"));
   }
+}
+
+std::shared_ptr<Job> CompletionEngine::submit(CompletionRequest request) {
+  std::vector<CompletionRequest> parts;
+  parts.push_back(std::move(request));
+  return submit(std::move(parts));
+}
+
+std::shared_ptr<Job> CompletionEngine::submit(std::vector<CompletionRequest> parts) {
+  if (parts.empty()) throw Error(ErrorCode::kInvalidArgument, "no prompt");
+  int32_t choices = 0;
+  for (const CompletionRequest& part : parts) {
+    check(part);
+    choices += part.n;
+  }
   auto job = std::shared_ptr<Job>(new Job(this));
   {
     std::lock_guard lock(mutex_);
     if (stopping_) throw Error(ErrorCode::kAborted, stop_reason_);
-    inbox_.push_back({.job = job, .request = std::move(request), .looked_up = false, .stored = {}});
+    int32_t first = 0;
+    for (CompletionRequest& part : parts) {
+      const int32_t n = part.n;
+      inbox_.push_back({.job = job,
+                        .request = std::move(part),
+                        .first_choice = first,
+                        .job_choices = choices,
+                        .looked_up = false,
+                        .stored = {}});
+      first += n;
+    }
     stats_.queued = static_cast<int32_t>(inbox_.size());
   }
   work_.notify_all();

@@ -162,6 +162,12 @@ class CompletionEngine {
   // an empty prompt, n outside 1..max_live or bad sampling, and
   // Error(kAborted) once shutdown() began.
   std::shared_ptr<Job> submit(CompletionRequest request);
+  // Several prompts as one job (/v1/completions with a list of prompts):
+  // part p's choice j is the job's choice (n_0 + ... + n_(p-1)) + j; each
+  // part is admitted as a request of its own (checked as submit() checks
+  // one, before any is queued); kFinished comes once every choice is done,
+  // with the parts' usage summed; a part that fails fails the job.
+  std::shared_ptr<Job> submit(std::vector<CompletionRequest> parts);
   // Fails every queued and live request with kAborted `reason` (they get
   // kFailed) and stops the thread; idempotent.
   void shutdown(const std::string& reason = "the server is shutting down");
@@ -173,11 +179,14 @@ class CompletionEngine {
   struct Pending {
     std::shared_ptr<Job> job;
     CompletionRequest request;
+    int32_t first_choice = 0;  // the job's index of this part's choice 0
+    int32_t job_choices = 0;   // every part's choices together
     // The store's answer, kept while the request waits for room, so that a
     // request at the head of a full queue reads the store once.
     bool looked_up = false;
     std::optional<StoredPrefix> stored;
   };
+  void check(const CompletionRequest& request) const;  // throws what submit() does
   void wake();
   friend class Job;
 

@@ -476,19 +476,28 @@ ChatRequest parse_completion_request(std::string_view body_text, const RequestLi
   }
   const auto prompt = body.find("prompt");
   if (prompt == body.end() || prompt->is_null()) refuse("prompt", "is missing (a string)");
-  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-    r.prompt = (*prompt)[0].get<std::string>();
-  } else if (prompt->is_string()) {
-    r.prompt = prompt->get<std::string>();
-  } else if (prompt->is_array() && prompt->size() > 1) {
-    refuse("prompt", fmt::format("has {} prompts; send one per request (requests run at once, "
-                                 "and their shared beginnings are prefilled once)",
-                                 prompt->size()));
+  if (prompt->is_string()) {
+    r.prompts.push_back(prompt->get<std::string>());
+  } else if (prompt->is_array() && !prompt->empty()) {
+    if (prompt->size() > static_cast<size_t>(limits.max_prompts)) {
+      refuse("prompt", fmt::format("has {} prompts; at most {} per request", prompt->size(),
+                                   limits.max_prompts));
+    }
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      const json& p = (*prompt)[i];
+      if (!p.is_string()) {
+        refuse(fmt::format("prompt[{}]", i),
+               fmt::format("must be a string (got {}); token arrays are not taken", shown(p)));
+      }
+      r.prompts.push_back(p.get<std::string>());
+      if (r.prompts.back().empty()) refuse(fmt::format("prompt[{}]", i), "is empty");
+    }
   } else {
-    refuse("prompt",
-           fmt::format("must be a string (got {}); token arrays are not taken", shown(*prompt)));
+    refuse("prompt", fmt::format("must be a string or a list of strings (got {}); token arrays "
+                                 "are not taken",
+                                 shown(*prompt)));
   }
-  if (r.prompt.empty()) refuse("prompt", "is empty");
+  if (r.prompts.front().empty()) refuse("prompt", "is empty");
   read_generation(body, limits, r);
   // OpenAI's default for this endpoint.
   if (r.max_tokens == 0) r.max_tokens = std::min(16, limits.max_tokens);

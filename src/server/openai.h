@@ -23,7 +23,8 @@ namespace swarmkv::server {
 struct RequestLimits {
   int32_t max_messages = 256;
   int32_t max_tokens = 4096;  // the most max_tokens a request may ask for
-  int32_t max_n = 8;          // completions per request
+  int32_t max_n = 8;          // completions per request (per prompt on /v1/completions)
+  int32_t max_prompts = 32;   // prompts in one /v1/completions request
   int32_t max_stop = 4;       // OpenAI's own limit
 };
 
@@ -37,7 +38,9 @@ enum class Endpoint {
 // instead of messages, continued as it is (no chat template).
 struct ChatRequest {
   Endpoint endpoint = Endpoint::kChat;
-  std::string prompt;  // kCompletions: the text to continue
+  // kCompletions: the texts to continue (one or more); prompt p's choice j
+  // is the answer's choice p * n + j.
+  std::vector<std::string> prompts;
   std::string model;  // "" when not given; the server answers 404 model_not_found to a name it does
                       // not list
   std::vector<ChatMessage> messages;
@@ -55,6 +58,9 @@ struct ChatRequest {
   // tool_choice "auto": the answer is a call of one of `tools` or text, as
   // {"response": ...} (tool_call_schema's `or_text`).
   bool tool_or_text = false;
+
+  // The answer's choices: n, or n for each prompt.
+  int32_t choices() const { return prompts.empty() ? n : n * static_cast<int32_t>(prompts.size()); }
 };
 
 // Throws Error(kInvalidArgument) "<field>: <what>", the shape of every
@@ -69,7 +75,7 @@ nlohmann::json parse_body(std::string_view body);
 // \"tool\")" or "body: not JSON (...)"; param_of() recovers the path.
 ChatRequest parse_chat_request(std::string_view body, const RequestLimits& limits);
 // Parses and checks a /v1/completions body the same way: "prompt" (a string,
-// or an array of one), max_tokens (default 16, as OpenAI's), the sampling
+// or an array of up to max_prompts strings), max_tokens (default 16, as OpenAI's), the sampling
 // fields, "logprobs" (an integer, 0 to 5), "stream"; "echo", "suffix" and a
 // "best_of" other than n are refused by name.
 ChatRequest parse_completion_request(std::string_view body, const RequestLimits& limits);

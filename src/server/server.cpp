@@ -451,10 +451,11 @@ struct Server::Impl {
   // A choice's log probabilities as its endpoint shows them: chat's
   // "content" list, or the completions endpoint's tokens, token_logprobs,
   // top_logprobs and text_offset (counted from the prompt's start).
-  json choice_logprobs(const server::ChatRequest& request,
+  json choice_logprobs(const server::ChatRequest& request, int32_t choice,
                        std::span<const SampledLogprobs> tokens) const {
     if (request.endpoint == server::Endpoint::kChat) return server::logprobs_json(tokens);
-    return server::completion_logprobs_json(tokens, request.prompt.size(),
+    const std::string& prompt = request.prompts.at(static_cast<size_t>(choice / request.n));
+    return server::completion_logprobs_json(tokens, prompt.size(),
                                             request.sampling.top_logprobs > 0);
   }
 
@@ -638,24 +639,35 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
     // OpenAI's do; the one used goes back in a header, so that a sampled
     // answer can be had again.
     if (!chat.seed_given) chat.sampling.seed = std::random_device{}();
-    server::CompletionRequest c;
     // A text completion continues its prompt as written: control-token
     // texts in it are those tokens (a client may write a template's markup
-    // itself), as llama-server reads them.
-    c.prompt = endpoint == server::Endpoint::kChat
-                   ? chat_tokens(*model, chat.messages)
-                   : model->tokenize(chat.prompt, /*add_special=*/true, /*parse_special=*/true);
-    c.sampling = chat.sampling;
-    c.stop = chat.stop;
-    c.n = chat.n;
-    c.max_tokens = chat.max_tokens > 0 ? chat.max_tokens : options.default_max_tokens;
-    if (chat.max_tokens == 0) {
-      // No max_tokens: whatever the context leaves, up to the default.
-      const int64_t room = static_cast<int64_t>(engine->options().context.n_ctx) -
-                           static_cast<int64_t>(c.prompt.size());
-      c.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(room, 1, c.max_tokens));
+    // itself), as llama-server reads them. Several prompts are one job's
+    // parts, each with n choices.
+    std::vector<std::vector<Token>> prompts;
+    if (endpoint == server::Endpoint::kChat) {
+      prompts.push_back(chat_tokens(*model, chat.messages));
+    } else {
+      for (const std::string& text : chat.prompts) {
+        prompts.push_back(model->tokenize(text, /*add_special=*/true, /*parse_special=*/true));
+      }
     }
-    auto job = engine->submit(std::move(c));
+    std::vector<server::CompletionRequest> parts;
+    for (std::vector<Token>& prompt : prompts) {
+      server::CompletionRequest c;
+      c.prompt = std::move(prompt);
+      c.sampling = chat.sampling;
+      c.stop = chat.stop;
+      c.n = chat.n;
+      c.max_tokens = chat.max_tokens > 0 ? chat.max_tokens : options.default_max_tokens;
+      if (chat.max_tokens == 0) {
+        // No max_tokens: whatever the context leaves, up to the default.
+        const int64_t room = static_cast<int64_t>(engine->options().context.n_ctx) -
+                             static_cast<int64_t>(c.prompt.size());
+        c.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(room, 1, c.max_tokens));
+      }
+      parts.push_back(std::move(c));
+    }
+    auto job = engine->submit(std::move(parts));
     res.set_header("X-SwarmKV-Seed", std::to_string(chat.sampling.seed));
     return job;
   } catch (const Error& e) {
@@ -667,7 +679,7 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
 void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& chat,
                                 const std::string& id, Clock::time_point t0,
                                 httplib::Response& res) {
-  const int32_t n = chat.n;
+  const int32_t n = chat.choices();
   std::vector<std::string> texts(static_cast<size_t>(n));
   std::vector<StopReason> reasons(static_cast<size_t>(n), StopReason::kMaxTokens);
   std::vector<json> logprobs(static_cast<size_t>(n));
@@ -690,7 +702,7 @@ void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& cha
     } else if (e->kind == Event::Kind::kChoiceDone) {
       reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
       if (chat.sampling.top_logprobs >= 0) {
-        logprobs[static_cast<size_t>(e->choice)] = choice_logprobs(chat, e->logprobs);
+        logprobs[static_cast<size_t>(e->choice)] = choice_logprobs(chat, e->choice, e->logprobs);
       }
     } else if (e->kind == Event::Kind::kFinished) {
       try {
@@ -723,7 +735,7 @@ class Server::Impl::ChatStream {
         guard_(std::move(guard)),
         request_(chat),
         id_(std::move(id)),
-        n_(chat.n),
+        n_(chat.choices()),
         include_usage_(chat.include_usage),
         calls_tool_(!chat.tools.empty()),
         logprobs_(chat.sampling.top_logprobs >= 0),
@@ -796,11 +808,12 @@ class Server::Impl::ChatStream {
         if (calls_tool_ && !send_call(sink, e)) return false;
         // A choice's log probabilities go out with its last chunk.
         return send(
-            sink, choice_chunk(e.choice, json::object(),
-                               finish_reason(e.stop_reason, calls_tool_,
-                                             calls_tool_ ? calls_[static_cast<size_t>(e.choice)]
-                                                         : std::string()),
-                               logprobs_ ? server_.choice_logprobs(request_, e.logprobs) : json()));
+            sink,
+            choice_chunk(
+                e.choice, json::object(),
+                finish_reason(e.stop_reason, calls_tool_,
+                              calls_tool_ ? calls_[static_cast<size_t>(e.choice)] : std::string()),
+                logprobs_ ? server_.choice_logprobs(request_, e.choice, e.logprobs) : json()));
       case Event::Kind::kFinished: {
         bool ok = true;
         if (include_usage_) {
