@@ -30,6 +30,7 @@ import sys
 
 sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
 from swarmbench import MODEL, ROOT, report  # noqa: E402
+from swarmbench.builds import requantised  # noqa: E402
 from swarmbench.trials import log, run  # noqa: E402
 
 CACHE = os.environ.get("SWARMKV_CACHE", os.path.expanduser("~/.cache/swarmkv"))
@@ -80,11 +81,7 @@ def weight_file(src, qtype):
     if qtype is None:
         return src
     out = os.path.join(args.cache, f"{os.path.basename(src).rsplit('.gguf', 1)[0]}.to-{qtype}.gguf")
-    if not os.path.exists(out):
-        run([os.path.join(llama, "bin", "llama-quantize"), "--allow-requantize", src, out + ".part", qtype,
-             str(args.threads)])
-        os.replace(out + ".part", out)
-    return out
+    return requantised(os.path.join(llama, "bin"), src, qtype, out, args.threads)
 
 
 def perplexity(path, text, arm):

@@ -64,14 +64,8 @@ def model_file(shape, weights, lib, cache):
         subprocess.run([sys.executable, SKELETON, "shape", shape, two_builds.MODEL, q8], check=True)
     if weights == "Q8_0":
         return q8
-    out = os.path.join(cache, f"{shape}.{weights}.gguf")
-    if not os.path.exists(out):
-        log(f"quantising {out}")
-        quantize = os.path.join(os.path.dirname(lib), "bin", "llama-quantize")
-        subprocess.run([quantize, "--allow-requantize", q8, out + ".part", weights], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.replace(out + ".part", out)
-    return out
+    return two_builds.requantised(os.path.join(os.path.dirname(lib), "bin"), q8, weights,
+                                  os.path.join(cache, f"{shape}.{weights}.gguf"))
 
 
 def llama_bench(lib, model, doc_tokens):

@@ -3,7 +3,9 @@ share (bench/prefix_attention.py, bench/streaming_prefill.py,
 bench/every_cpu.py, bench/sgemm_rows.py, bench/real_sizes.py): their common
 arguments, the command.sh that reproduces a run, the environment that
 points the binary at one build's lib/ folder (its RUNPATH overridden with
-LD_LIBRARY_PATH), and one `swarmkv bench` run on a build.
+LD_LIBRARY_PATH), one `swarmkv bench` run on a build, and a model
+requantised once by a build's llama-quantize (bench/real_sizes.py,
+bench/perplexity.py).
 """
 import argparse
 import json
@@ -69,3 +71,15 @@ def bench_run(binary, lib, arm, agents, doc_tokens, n_predict, tmp, extra=(), mo
             "step_ms": steps[0]["median_ms"] if steps else None,
             "steps": steps[0]["steps"] if steps else 0,
             "answers": [b["tokens"] for b in t["branches"]]}
+
+
+def requantised(bin_dir, src, weights, out, threads=None):
+    """`out`: `src` in `weights` (a llama-quantize type), made once with
+    `bin_dir`/llama-quantize --allow-requantize and published atomically."""
+    if not os.path.exists(out):
+        cmd = [os.path.join(bin_dir, "llama-quantize"), "--allow-requantize", src, out + ".part", weights]
+        if threads:
+            cmd.append(str(threads))
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.replace(out + ".part", out)
+    return out
