@@ -19,7 +19,7 @@ Checks, against one server (exact mode, its default):
   - completions.create (the legacy endpoint): the prompt continued, its
     logprobs (tokens, text_offset from the prompt's start, top_logprobs),
     streamed the same; two prompts in one request, from the client and
-    from LangChain's OpenAI LLM; echo a BadRequestError naming it;
+    from LangChain's OpenAI LLM; echo with the prompt's logprobs;
   - LangChain's ChatOpenAI: with_structured_output by json_schema and by
     function_calling parses into the Pydantic model, by json_mode gives a
     JSON object; bind_tools with its default tool_choice ("auto"), "required" and a named tool
@@ -185,11 +185,16 @@ def text_completions(client):
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model="swarmkv", prompt=prompt, max_tokens=6, temperature=0, stream=True) if c.choices)
     expect(streamed == choice.text, f"streamed {streamed!r} vs {choice.text!r}")
-    try:
-        client.completions.create(model="swarmkv", prompt=prompt, max_tokens=6, echo=True)
-        raise AssertionError("echo was accepted")
-    except openai.BadRequestError as e:
-        expect(e.body.get("param") == "echo", f"echo: {e.body}")
+    # echo: the prompt repeated, its tokens scored first (the first one,
+    # with nothing before it, None), as lm-eval-style scorers read them.
+    echoed = client.completions.create(model="swarmkv", prompt=prompt, max_tokens=6,
+                                       temperature=0, logprobs=1, echo=True).choices[0]
+    lp = echoed.logprobs
+    expect(echoed.text == prompt + choice.text and "".join(lp.tokens) == echoed.text
+           and lp.text_offset[0] == 0 and lp.token_logprobs[0] is None
+           and all(v <= 0 for v in lp.token_logprobs[1:])
+           and lp.token_logprobs[-len(choice.logprobs.tokens):] == choice.logprobs.token_logprobs,
+           f"echo: {echoed}")
     # Several prompts in one request, as LangChain's OpenAI LLM batches them:
     # one choice per prompt, in order, each its prompt's own answer.
     other = "Water boils at a temperature of"

@@ -330,6 +330,32 @@ Reference reprefill_tokens(const std::shared_ptr<const Model>& model, const Serv
   return ref;
 }
 
+// Each prompt token's log probability after the tokens before it, with the
+// `top` likeliest beside it (from the second token on): a lone prefill with
+// every row's logits, in chunks of 100 (the server scores 64 a step; in
+// exact mode a row does not depend on what else its batch holds).
+std::vector<SampledLogprobs> prompt_scores(const std::shared_ptr<const Model>& model,
+                                           const ServerOptions& options,
+                                           const std::vector<Token>& prompt, int32_t top) {
+  ContextOptions o = options.context;
+  o.n_seq_max = static_cast<uint32_t>(options.max_live + options.max_cached);
+  o.kv_unified = true;
+  Context ctx(model, o);
+  std::vector<SampledLogprobs> out;
+  constexpr size_t kChunk = 100;
+  for (size_t from = 0; from + 1 < prompt.size(); from += kChunk) {
+    std::vector<BatchToken> batch;
+    for (size_t i = from; i < std::min(from + kChunk, prompt.size() - 1); ++i) {
+      batch.push_back({.token = prompt[i], .pos = static_cast<Pos>(i), .seq = 0, .logits = true});
+    }
+    ctx.decode(batch);
+    for (size_t r = 0; r < batch.size(); ++r) {
+      out.push_back(score_token(*model, ctx, static_cast<int32_t>(r), prompt[from + r + 1], top));
+    }
+  }
+  return out;
+}
+
 Reference reprefill(const std::shared_ptr<const Model>& model, const ServerOptions& options,
                     const std::string& system, const std::string& user, int max_tokens) {
   return reprefill_tokens(model, options, render(*model, system, user), max_tokens);
@@ -993,6 +1019,62 @@ TEST_P(ServerExactTest, TextCompletionsContinueTheirPromptAsAReprefill) {
   const json dflt =
       post_chat(*c, {{"prompt", "Once upon a time"}, {"temperature", 0}}, "/v1/completions");
   EXPECT_LE(dflt["usage"]["completion_tokens"].get<int>(), 16);
+
+  // Echo: each choice's text starts with its prompt; with logprobs the
+  // prompt's tokens come first (a BOS the tokenizer added left out, a first
+  // token with nothing before it null), each scored as a lone prefill
+  // scores it, bit for bit, though the cache holds this prompt (a prefix of
+  // the others): an echoed prompt is prefilled whole, 64 rows a step.
+  const std::string echoed = prompts[1].substr(0, 700);
+  const std::vector<Token> echoed_tokens = model_->tokenize(echoed, true, true);
+  ASSERT_GT(echoed_tokens.size(), 2u * 64);  // three steps of scored rows
+  const Reference echo_ref = reprefill_tokens(model_, options, echoed_tokens, max_tokens);
+  const std::vector<SampledLogprobs> scores = prompt_scores(model_, options, echoed_tokens, 2);
+  const size_t added = echoed_tokens.size() - model_->tokenize(echoed, false, true).size();
+  const json echo_body = {{"prompt", echoed}, {"max_tokens", max_tokens},
+                          {"temperature", 0}, {"logprobs", 2},
+                          {"echo", true},     {"n", 2}};
+  const json e = post_chat(*c, echo_body, "/v1/completions");
+  ASSERT_EQ(e["choices"].size(), 2u) << e;
+  for (const json& choice : e["choices"]) {
+    EXPECT_EQ(choice["text"], echoed + echo_ref.text);
+    const json& elp = choice["logprobs"];
+    ASSERT_EQ(elp["tokens"].size(), echoed_tokens.size() - added + echo_ref.tokens.size()) << elp;
+    std::string all_text;
+    for (size_t k = 0; k < elp["tokens"].size(); ++k) {
+      EXPECT_EQ(elp["text_offset"][k], all_text.size()) << k;
+      all_text += elp["tokens"][k].get<std::string>();
+      const size_t token = k + added;  // in echoed_tokens, then the answer's
+      if (token == 0) {
+        EXPECT_TRUE(elp["token_logprobs"][k].is_null());
+        EXPECT_TRUE(elp["top_logprobs"][k].is_null());
+      } else if (token < echoed_tokens.size()) {
+        const SampledLogprobs& want = scores[token - 1];
+        EXPECT_EQ(elp["tokens"][k], want.sampled.text) << k;
+        EXPECT_EQ(elp["token_logprobs"][k].get<float>(), want.sampled.logprob) << k;
+        ASSERT_EQ(want.top.size(), 2u);
+        EXPECT_EQ(elp["top_logprobs"][k][want.top[0].text].get<float>(), want.top[0].logprob);
+      } else {
+        EXPECT_EQ(elp["tokens"][k], echo_ref.pieces[token - echoed_tokens.size()]) << k;
+      }
+    }
+    EXPECT_EQ(all_text, echoed + echo_ref.text);
+  }
+  EXPECT_EQ(e["usage"]["prompt_tokens"], echoed_tokens.size());
+  EXPECT_EQ(e["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const Streamed echo_stream = post_stream(*c, echo_body, 2, "/v1/completions");
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(echo_stream.texts[k], echoed + echo_ref.text);
+    EXPECT_EQ(echo_stream.logprobs[k], e["choices"][k]["logprobs"]);
+  }
+  // Without logprobs the prompt is repeated and forked from the cache as
+  // any other.
+  const json plain_echo = post_chat(
+      *c, {{"prompt", echoed}, {"max_tokens", max_tokens}, {"temperature", 0}, {"echo", true}},
+      "/v1/completions");
+  EXPECT_EQ(plain_echo["choices"][0]["text"], echoed + echo_ref.text);
+  EXPECT_TRUE(plain_echo["choices"][0]["logprobs"].is_null());
+  EXPECT_GT(plain_echo["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
 }
 
 TEST_P(ServerExactTest, TheCacheStartsOverWhenItsCellsRunOut) {

@@ -166,6 +166,36 @@ TEST(ChatRequestTest, FieldsAreAppliedOrRefusedNeverIgnored) {
   EXPECT_EQ(refusal(m + R"("repeat_penalty": 0})"), "repeat_penalty: must be in (0, 10] (got 0)");
 }
 
+// The completions endpoint's logprobs: the answer's tokens from the
+// prompt's end, or with echo the prompt's tokens first from offset 0, a
+// first token with nothing before it null.
+TEST(CompletionLogprobsTest, EchoedPromptTokensComeFirstFromOffsetZero) {
+  const auto scored = [](Token t, std::string text, float lp) {
+    SampledLogprobs s;
+    s.sampled = {t, lp, std::move(text)};
+    s.top = {{t, lp, s.sampled.text}, {9, lp - 1, "z"}};
+    return s;
+  };
+  const std::vector<SampledLogprobs> answer = {scored(5, " c", -0.5f)};
+  const json plain = completion_logprobs_json(answer, 4, true);
+  EXPECT_EQ(plain["tokens"], json({" c"}));
+  EXPECT_EQ(plain["text_offset"], json({4}));
+  const std::vector<SampledLogprobs> prompt = {scored(3, " b", -2.0f)};
+  PromptLogprobs first_unscored{.unscored = "aa", .scored = prompt};
+  const json echoed = completion_logprobs_json(answer, 4, true, &first_unscored);
+  EXPECT_EQ(echoed["tokens"], json({"aa", " b", " c"}));
+  EXPECT_EQ(echoed["token_logprobs"], json({nullptr, -2.0, -0.5}));
+  EXPECT_EQ(echoed["text_offset"], json({0, 2, 4}));
+  EXPECT_EQ(echoed["top_logprobs"][0], nullptr);
+  EXPECT_EQ(echoed["top_logprobs"][1], json({{" b", -2.0}, {"z", -3.0}}));
+  // After a BOS every listed token has a logprob; without top, no tops.
+  PromptLogprobs after_bos{.unscored = std::nullopt, .scored = prompt};
+  const json bos = completion_logprobs_json(answer, 2, false, &after_bos);
+  EXPECT_EQ(bos["token_logprobs"], json({-2.0, -0.5}));
+  EXPECT_EQ(bos["text_offset"], json({0, 2}));
+  EXPECT_EQ(bos["top_logprobs"], nullptr);
+}
+
 TEST(ChatRequestTest, JsonResponseFormatsBecomeTheAnswersGrammar) {
   const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
   EXPECT_EQ(parse_chat_request(m + R"("response_format": {"type": "text"}})", {}).sampling.grammar,
@@ -291,7 +321,7 @@ TEST(ChatRequestTest, AnAnswerUnderTheCallGrammarBecomesOpenAIsToolCalls) {
 
 // POST /v1/completions: a prompt continued as written, the sampling fields
 // read as chat's, OpenAI's legacy logprobs (an integer) and default of 16
-// tokens; several prompts, n choices each; what it cannot do (echo, suffix,
+// tokens; several prompts, n choices each; echo; what it cannot do (suffix,
 // ranking best_of) refused by name.
 TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   const ChatRequest r = parse_completion_request(
@@ -312,9 +342,12 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   EXPECT_TRUE(r.stream);
   EXPECT_EQ(r.max_tokens, 16);  // OpenAI's default here
   EXPECT_TRUE(r.messages.empty());
+  EXPECT_FALSE(r.echo);
   const ChatRequest one = parse_completion_request(R"({"prompt": ["Twice"]})", RequestLimits{});
   EXPECT_EQ(one.prompts, std::vector<std::string>{"Twice"});
   EXPECT_EQ(one.sampling.top_logprobs, -1);
+  EXPECT_FALSE(one.echo);
+  EXPECT_TRUE(parse_completion_request(R"({"prompt": "a", "echo": true})", RequestLimits{}).echo);
   const ChatRequest three =
       parse_completion_request(R"({"prompt": ["A", "B", "C"], "n": 2})", RequestLimits{});
   EXPECT_EQ(three.prompts, (std::vector<std::string>{"A", "B", "C"}));
@@ -337,9 +370,7 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   EXPECT_EQ(refusal(R"({"prompt": 5})", true),
             "prompt: must be a string or a list of strings (got 5); token arrays are not "
             "taken");
-  EXPECT_EQ(refusal(R"({"prompt": "a", "echo": true})", true),
-            "echo: is not supported: the answer does not repeat the prompt, and prompt "
-            "tokens' log probabilities are not computed");
+  EXPECT_EQ(refusal(R"({"prompt": "a", "echo": 1})", true), "echo: must be true or false (got 1)");
   EXPECT_EQ(refusal(R"({"prompt": "a", "suffix": "b"})", true),
             "suffix: is not supported (no fill-in-the-middle)");
   EXPECT_EQ(refusal(R"({"prompt": "a", "best_of": 3})", true),

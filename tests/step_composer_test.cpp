@@ -18,13 +18,14 @@ namespace swarmkv::detail {
 namespace {
 
 // "o1:g@12*" = owner 1's generated token at position 12 (its logits
-// sampled); "o2:p3@7" = owner 2's prompt token 3 at position 7.
+// sampled); "o2:p3@7" = owner 2's prompt token 3 at position 7 ("s": its
+// row scores the prompt token after it).
 std::vector<std::string> describe(const StepComposer& step) {
   std::vector<std::string> out;
   for (const StepToken& t : step.tokens()) {
-    out.push_back(fmt::format("o{}:{}@{}{}", t.owner,
+    out.push_back(fmt::format("o{}:{}@{}{}{}", t.owner,
                               t.prompt_index < 0 ? "g" : fmt::format("p{}", t.prompt_index), t.pos,
-                              t.logits ? "*" : ""));
+                              t.logits ? "*" : "", t.score ? "s" : ""));
   }
   return out;
 }
@@ -59,6 +60,19 @@ TEST(StepComposerTest, ABranchPromptThenTheStreamedDocumentInTheRoomLeft) {
   EXPECT_EQ(step.prefill(99, 0, 0, 28, 100, -1), 2);
   EXPECT_EQ(describe(step), (std::vector<std::string>{"o0:g@40*", "o1:p0@30", "o1:p1@31*",
                                                       "o99:p28@28", "o99:p29@29"}));
+}
+
+// An echoed prompt's logprobs (serve's /v1/completions): every row scores
+// the token after it but the sampling row, in each chunk.
+TEST(StepComposerTest, AScoredPromptHasEveryRowButItsLastScoringInEachChunk) {
+  StepComposer step(4);
+  EXPECT_EQ(step.prefill(0, 0, 0, 0, 3, 2, /*score=*/true), 3);
+  EXPECT_EQ(step.prefill(1, 1, 0, 0, 3, 2), 1);
+  EXPECT_EQ(describe(step),
+            (std::vector<std::string>{"o0:p0@0s", "o0:p1@1s", "o0:p2@2*", "o1:p0@0"}));
+  StepComposer next(2);
+  EXPECT_EQ(next.prefill(5, 5, 0, 4, 9, 8, /*score=*/true), 2);
+  EXPECT_EQ(describe(next), (std::vector<std::string>{"o5:p4@4s", "o5:p5@5s"}));
 }
 
 TEST(StepComposerTest, AFullStepTakesNothingAndAGeneratedTokenAfterAPromptIsABug) {

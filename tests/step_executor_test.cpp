@@ -41,8 +41,20 @@ class ScriptedDecoder final : public StepDecoder {
     return 100 + row;
   }
   bool accept(StepSequence&, Token token) override { return token == done_token; }
+  // Row r scores `token` at -(r + token / 1000); the top alternatives are
+  // the tokens 0.. with -1 - rank each.
+  SampledLogprobs score(int32_t row, Token token, int32_t top) override {
+    scored.push_back(fmt::format("{}@{}", token, row));
+    if (token == fail_score_of) throw Error(ErrorCode::kCorruption, "scripted NaN row");
+    SampledLogprobs s;
+    s.sampled = {token, -(static_cast<float>(row) + static_cast<float>(token) / 1000.0f), ""};
+    for (int32_t i = 0; i < top; ++i) s.top.push_back({i, -1.0f - static_cast<float>(i), ""});
+    return s;
+  }
 
   std::vector<std::string> batches;
+  std::vector<std::string> scored;
+  Token fail_score_of = -1;
   std::vector<int32_t> rows;
   bool fail_next = false;
   Token done_token = -1;
@@ -174,6 +186,78 @@ TEST(StepExecutorTest, AnOwnerThatLeftIsSkippedAndDecodedCanStopTheSampling) {
   EXPECT_FALSE(h.executor.run(plan, h.owners(), on));
   EXPECT_TRUE(h.events.empty());
   EXPECT_EQ(h.table.length(0), 2U);  // the decode happened: its cells are recorded
+}
+
+TEST(StepExecutorTest, ScoringRowsScoreTheirNextPromptTokenBeforeAnythingIsSampled) {
+  Harness h;
+  h.seqs[0].tokens = {11, 12, 13, 14};
+  h.seqs[0].prompt_scores = std::make_shared<std::vector<SampledLogprobs>>();
+  h.seqs[0].score_top = 2;
+  h.seqs[1].tokens = {7};
+  h.seqs[1].next = 42;
+  // Owner 0's first chunk (rows 1, 2 score tokens 12, 13), then its second
+  // with the sampling row.
+  std::vector<StepToken> plan = {
+      {.owner = 1, .seq = 1, .pos = 1, .prompt_index = -1, .logits = true},
+      {.owner = 0, .seq = 0, .pos = 0, .prompt_index = 0, .score = true},
+      {.owner = 0, .seq = 0, .pos = 1, .prompt_index = 1, .score = true},
+  };
+  h.table.decoded(1, 1);
+  EXPECT_TRUE(h.executor.run(plan, h.owners(), h.callbacks()));
+  EXPECT_EQ(h.decoder.batches, (std::vector<std::string>{"42@1:1* 11@0:0* 12@0:1* "}));
+  EXPECT_EQ(h.decoder.scored, (std::vector<std::string>{"12@1", "13@2"}));
+  EXPECT_EQ(h.decoder.rows, (std::vector<int32_t>{0}));  // the scoring rows are not sampled
+  EXPECT_EQ(h.events, (std::vector<std::string>{"decoded", "sampled 1 100"}));
+  plan = {
+      {.owner = 0, .seq = 0, .pos = 2, .prompt_index = 2, .score = true},
+      {.owner = 0, .seq = 0, .pos = 3, .prompt_index = 3, .logits = true},
+  };
+  EXPECT_TRUE(h.executor.run(plan, h.owners(), h.callbacks()));
+  EXPECT_EQ(h.decoder.scored.back(), "14@0");
+  const std::vector<SampledLogprobs>& scores = *h.seqs[0].prompt_scores;
+  ASSERT_EQ(scores.size(), 3U);  // tokens 1..3: the first has nothing before it
+  EXPECT_EQ(scores[0].sampled.token, 12);
+  EXPECT_FLOAT_EQ(scores[0].sampled.logprob, -1.012f);
+  EXPECT_EQ(scores[2].sampled.token, 14);
+  EXPECT_EQ(scores[2].top.size(), 2U);
+  EXPECT_EQ(h.events.back(), "sampled 0 101");
+}
+
+TEST(StepExecutorTest, AFailedScoreFailsItsOwnerAloneWhichThenSamplesNothing) {
+  Harness h;
+  h.seqs[0].tokens = {11, 12};
+  h.seqs[0].prompt_scores = std::make_shared<std::vector<SampledLogprobs>>();
+  h.seqs[1].tokens = {5};
+  h.decoder.fail_score_of = 12;
+  const std::vector<StepToken> plan = {
+      {.owner = 0, .seq = 0, .pos = 0, .prompt_index = 0, .score = true},
+      {.owner = 0, .seq = 0, .pos = 1, .prompt_index = 1, .logits = true},
+      {.owner = 1, .seq = 1, .pos = 0, .prompt_index = 0, .logits = true},
+  };
+  EXPECT_TRUE(h.executor.run(plan, h.owners(), h.callbacks()));
+  EXPECT_EQ(h.events, (std::vector<std::string>{"decoded", "sample_failed 0 (scripted NaN row)",
+                                                "sampled 1 102"}));
+  EXPECT_TRUE(h.seqs[0].prompt_scores->empty());
+}
+
+TEST(StepExecutorTest, AScoringRowWithoutANextPromptTokenOrAPlaceIsAnInternalError) {
+  Harness h;
+  h.seqs[0].tokens = {11, 12};
+  const std::vector<StepToken> no_place = {
+      {.owner = 0, .seq = 0, .pos = 0, .prompt_index = 0, .score = true}};
+  h.seqs[0].prompt_scores = std::make_shared<std::vector<SampledLogprobs>>();
+  const std::vector<StepToken> last = {
+      {.owner = 0, .seq = 0, .pos = 1, .prompt_index = 1, .score = true}};
+  for (const auto* plan : {&last, &no_place}) {
+    if (plan == &no_place) h.seqs[0].prompt_scores.reset();
+    try {
+      h.executor.run(*plan, h.owners(), h.callbacks());
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal) << e.what();
+    }
+  }
+  EXPECT_TRUE(h.decoder.batches.empty());
 }
 
 TEST(StepExecutorTest, APlannedTokenOfAnOwnerWithoutASequenceIsAnInternalError) {

@@ -592,6 +592,14 @@ struct SampledLogprobs {
   bool operator==(const SampledLogprobs&) const = default;
 };
 
+// The log probability of `token` at output row `i` of ctx's last decode,
+// and the `top` (0..20) likeliest tokens' beside it, as Sampler records a
+// sampled token's, with control tokens' texts rendered: how a prompt's own
+// tokens are scored (each at the row before it; `/v1/completions`' echo).
+// Throws what Sampler::sample throws for the row, Error(kInvalidArgument)
+// for `top` out of range or a token outside the vocabulary.
+SampledLogprobs score_token(const Model& model, Context& ctx, int32_t i, Token token, int32_t top);
+
 // A token sampler (llama_sampler chain). Thread-confined.
 class Sampler {
  public:

@@ -1105,10 +1105,13 @@ Sampler::Sampler(const Model& model, const SamplingOptions& options) : model_(&m
 
 Sampler::~Sampler() = default;
 
-Token Sampler::sample(Context& ctx, int32_t i) {
-  // Validates the row first, so a bad index is an Error, not a crash inside
-  // llama.cpp, and a NaN or +Inf logit (K/V cells or weights that hold
-  // non-finite values) an Error, not an arbitrary token or an empty answer.
+namespace {
+
+// Output row `i` of ctx's last decode, checked first, so a bad index is an
+// Error, not a crash inside llama.cpp, and a NaN or +Inf logit (K/V cells
+// or weights that hold non-finite values) an Error, not an arbitrary token
+// or an empty answer.
+std::span<const float> checked_row(Context& ctx, int32_t i) {
   const std::span<const float> row = ctx.logits(i);
   const auto bad = std::find_if(row.begin(), row.end(), [](float v) {
     return std::isnan(v) || v == std::numeric_limits<float>::infinity();
@@ -1120,6 +1123,53 @@ Token Sampler::sample(Context& ctx, int32_t i) {
                             "snapshot or model file)",
                             i, *bad, bad - row.begin()));
   }
+  return row;
+}
+
+// log softmax of the raw row, in double: the same bits for a row whatever
+// else the batch held (the row itself is, in exact mode). `token`'s and
+// the `top` likeliest tokens' (the lower id first among equals).
+void logprobs_of(const Model& model, std::span<const float> row, Token token, int32_t top,
+                 bool special, SampledLogprobs& out) {
+  const float most = *std::max_element(row.begin(), row.end());
+  double sum = 0.0;
+  for (const float v : row) sum += std::exp(static_cast<double>(v) - most);
+  const double log_sum = most + std::log(sum);
+  const auto logprob = [&](Token t) {
+    return static_cast<float>(static_cast<double>(row[static_cast<size_t>(t)]) - log_sum);
+  };
+  out.sampled = {token, logprob(token), model.token_to_piece(token, special)};
+  out.top.clear();
+  if (top <= 0) return;
+  std::vector<Token> best(static_cast<size_t>(top));
+  std::vector<Token> ids(row.size());
+  for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<Token>(t);
+  std::partial_sort_copy(ids.begin(), ids.end(), best.begin(), best.end(), [&](Token a, Token b) {
+    const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  });
+  for (const Token t : best) out.top.push_back({t, logprob(t), model.token_to_piece(t, special)});
+}
+
+}  // namespace
+
+SampledLogprobs score_token(const Model& model, Context& ctx, int32_t i, Token token, int32_t top) {
+  if (top < 0 || top > 20) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("top_logprobs: must be in [0, 20] (got {})", top));
+  }
+  const std::span<const float> row = checked_row(ctx, i);
+  if (token < 0 || static_cast<size_t>(token) >= row.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("token {} is outside the vocabulary (n_vocab {})", token, row.size()));
+  }
+  SampledLogprobs out;
+  logprobs_of(model, row, token, top, /*special=*/true, out);
+  return out;
+}
+
+Token Sampler::sample(Context& ctx, int32_t i) {
+  const std::span<const float> row = checked_row(ctx, i);
   // llama_sampler_sample also accepts the token into the chain's history.
   const Token token =
       grammar_ ? sample_with_grammar(row)
@@ -1136,27 +1186,8 @@ void Sampler::keep_logprobs(int32_t top) {
   top_logprobs_ = top;
 }
 
-// log softmax of the raw row, in double: the same bits for a row whatever
-// else the batch held (the row itself is, in exact mode).
 void Sampler::record_logprobs(std::span<const float> row, Token token) {
-  const float most = *std::max_element(row.begin(), row.end());
-  double sum = 0.0;
-  for (const float v : row) sum += std::exp(static_cast<double>(v) - most);
-  const double log_sum = most + std::log(sum);
-  const auto logprob = [&](Token t) {
-    return static_cast<float>(static_cast<double>(row[static_cast<size_t>(t)]) - log_sum);
-  };
-  logprobs_.sampled = {token, logprob(token), model_->token_to_piece(token)};
-  logprobs_.top.clear();
-  if (top_logprobs_ == 0) return;
-  std::vector<Token> best(static_cast<size_t>(top_logprobs_));
-  std::vector<Token> ids(row.size());
-  for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<Token>(t);
-  std::partial_sort_copy(ids.begin(), ids.end(), best.begin(), best.end(), [&](Token a, Token b) {
-    const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
-    return la > lb || (la == lb && a < b);
-  });
-  for (const Token t : best) logprobs_.top.push_back({t, logprob(t), model_->token_to_piece(t)});
+  logprobs_of(*model_, row, token, top_logprobs_, /*special=*/false, logprobs_);
 }
 
 // Greedy under a grammar: the answer is the allowed token of highest logit

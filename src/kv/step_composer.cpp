@@ -19,16 +19,16 @@ bool StepComposer::generating(size_t owner, SeqId seq, Pos pos) {
                 "step composer: a generated token after prompt tokens (they come first)");
   }
   if (!has_room()) return false;
-  tokens_.push_back({owner, seq, pos, -1, true});
+  tokens_.push_back({owner, seq, pos, -1, true, false});
   return true;
 }
 
 int32_t StepComposer::prefill(size_t owner, SeqId seq, Pos pos0, int32_t next, int32_t end,
-                              int32_t logits_at) {
+                              int32_t logits_at, bool score) {
   prompts_started_ = true;
   int32_t added = 0;
   for (int32_t i = next; i < end && has_room(); ++i, ++added) {
-    tokens_.push_back({owner, seq, pos0 + i, i, i == logits_at});
+    tokens_.push_back({owner, seq, pos0 + i, i, i == logits_at, score && i != logits_at});
   }
   return added;
 }

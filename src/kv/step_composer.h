@@ -25,6 +25,7 @@ struct StepToken {
   Pos pos = 0;
   int32_t prompt_index = -1;  // the prompt token to decode; -1: the owner's last sampled token
   bool logits = false;        // the owner samples from this token's output row
+  bool score = false;         // the owner scores its next prompt token from this token's output row
 };
 
 class StepComposer {
@@ -39,8 +40,11 @@ class StepComposer {
   bool generating(size_t owner, SeqId seq, Pos pos);
   // Prompt tokens `next` .. `end` - 1 of a prefilling sequence, token i at
   // position pos0 + i, as many as fit; the token at `logits_at` (-1: none)
-  // has its logits. Returns how many were added.
-  int32_t prefill(size_t owner, SeqId seq, Pos pos0, int32_t next, int32_t end, int32_t logits_at);
+  // has its logits. With `score` every other one has its output row too,
+  // to score the prompt token after it (StepToken::score). Returns how many
+  // were added.
+  int32_t prefill(size_t owner, SeqId seq, Pos pos0, int32_t next, int32_t end, int32_t logits_at,
+                  bool score = false);
 
   bool has_room() const noexcept { return static_cast<int32_t>(tokens_.size()) < capacity_; }
   // In batch order: the logits rows count up in this order.

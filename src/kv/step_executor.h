@@ -35,6 +35,10 @@ struct StepSequence {
   // The engine side (ContextStepDecoder); unset for an owner without logits.
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GenerationTracker> tracker;
+  // Set: each prompt token a step scores (StepToken::score) is appended here
+  // (StepDecoder::score), the `score_top` likeliest tokens beside it.
+  std::shared_ptr<std::vector<SampledLogprobs>> prompt_scores;
+  int32_t score_top = 0;
 
   // A sampler and a tracker for a new answer.
   void start(const Model& model, const SamplingOptions& sampling, const GenerateOptions& gen);
@@ -52,6 +56,9 @@ class StepDecoder {
   virtual Token sample(StepSequence& s, int32_t row) = 0;
   // Records `token` in `s`'s answer: true when the answer is complete.
   virtual bool accept(StepSequence& s, Token token) = 0;
+  // `token`'s log probability at output row `row` of the last decode, the
+  // `top` likeliest tokens' beside it.
+  virtual SampledLogprobs score(int32_t row, Token token, int32_t top) = 0;
 };
 
 // StepDecoder on a real context.
@@ -62,6 +69,9 @@ class ContextStepDecoder final : public StepDecoder {
   Token sample(StepSequence& s, int32_t row) override { return s.sampler->sample(ctx_, row); }
   bool accept(StepSequence& s, Token token) override {
     return s.tracker->accept(token, s.sampler->kept_logprobs());
+  }
+  SampledLogprobs score(int32_t row, Token token, int32_t top) override {
+    return score_token(ctx_.model(), ctx_, row, token, top);
   }
 
  private:
@@ -90,8 +100,11 @@ class StepExecutor {
   StepExecutor(StepDecoder& decoder, SequenceTable& table) : decoder_(decoder), table_(table) {}
 
   // Decodes `plan` (batch order), records one cell per token on its
-  // sequence, then samples each logits row: in `order` (owners without a
-  // row skipped) when given, else in batch order. Returns false when the
+  // sequence, scores the prompt tokens after its scoring rows (in batch
+  // order, into their owners' prompt_scores), then samples each logits
+  // row: in `order` (owners without a row skipped) when given, else in
+  // batch order. A scoring or sampling failure is the owner's alone
+  // (sample_failed; it samples nothing more this step). Returns false when the
   // decode failed (callbacks.failed) or callbacks.decoded said stop.
   bool run(std::span<const StepToken> plan, const Owners& owners, const Callbacks& callbacks,
            std::span<const size_t> order = {});
@@ -100,7 +113,8 @@ class StepExecutor {
   StepDecoder& decoder_;
   SequenceTable& table_;
   std::vector<BatchToken> inputs_;
-  std::vector<std::pair<size_t, int32_t>> rows_;  // owner, logits row; batch order
+  std::vector<std::pair<size_t, int32_t>> rows_;              // owner, logits row; batch order
+  std::vector<std::pair<const StepToken*, int32_t>> scored_;  // scoring token, its row
   std::unordered_map<size_t, int32_t> row_of_;
   std::vector<size_t> in_step_;
 };

@@ -255,6 +255,7 @@ void CompletionEngine::Scheduler::finish(size_t index) {
   done.choice = s.choice;
   done.stop_reason = g.stop_reason;
   done.logprobs = std::move(g.logprobs);  // the answer's tokens', when asked for
+  if (s.step.prompt_scores) done.prompt_logprobs = *s.step.prompt_scores;
   emit(s.job, std::move(done));
   Request& r = requests_[s.job.get()];
   r.usage.completion_tokens += static_cast<int32_t>(g.tokens.size());
@@ -274,6 +275,7 @@ void CompletionEngine::Scheduler::finish(size_t index) {
   s.job.reset();
   s.step.sampler.reset();
   s.step.tracker.reset();
+  s.step.prompt_scores.reset();
   s.state = Slot::State::kCached;
   s.last_used = ++clock_;
   // The slots are max_live + max_cached: with few completions live, more
@@ -331,12 +333,16 @@ bool CompletionEngine::Scheduler::admit_one() {
     if (live_count() > 0) return false;
     start_over();
   }
-  const std::pair<int, size_t> best = best_source(req.prompt);
+  // A scored prompt is prefilled whole: forked or restored cells have no
+  // output rows.
+  const bool scored = req.prompt_logprobs >= 0;
+  const std::pair<int, size_t> best =
+      scored ? std::pair<int, size_t>{-1, 0} : best_source(req.prompt);
   int source = best.first;
   size_t shared = best.second;
   // The store, when it could save at least one more micro-batch than the
   // cache: a restored prefix is a sequence of its own (new cells).
-  if (engine_.store_ && !p.looked_up &&
+  if (engine_.store_ && !p.looked_up && !scored &&
       req.prompt.size() - 1 - shared >= options_.context.n_ubatch) {
     p.looked_up = true;
     try {
@@ -413,6 +419,9 @@ void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t s
   local_.reused_tokens += shared + restored;
   local_.restored_tokens += restored;
   int first = -1;
+  // The first choice scores the prompt; every choice reports it.
+  const auto scores = req.prompt_logprobs >= 0 ? std::make_shared<std::vector<SampledLogprobs>>()
+                                               : std::shared_ptr<std::vector<SampledLogprobs>>();
   for (int32_t c = 0; c < req.n; ++c) {
     const auto it = std::find_if(slots_.begin(), slots_.end(),
                                  [](const Slot& s) { return s.state == Slot::State::kFree; });
@@ -427,6 +436,8 @@ void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t s
     gen.max_tokens = req.max_tokens;
     gen.stop = req.stop;
     s.step.start(*engine_.model_, sampling, gen);
+    s.step.prompt_scores = scores;
+    s.step.score_top = std::max(req.prompt_logprobs, 0);
     s.sent = TextStream(req.stop);
     s.max_tokens = req.max_tokens;
     s.admitted = ++clock_;
@@ -544,9 +555,11 @@ size_t CompletionEngine::Scheduler::plan_step() {
         end = std::min(end, w.fork_len);
       }
     }
+    const bool scores = s.step.prompt_scores != nullptr;
+    if (scores) end = std::min(end, decoded(s) + static_cast<size_t>(kScoredRowsPerStep));
     prefilled += static_cast<size_t>(step.prefill(i, s.seq, 0, static_cast<int32_t>(decoded(s)),
                                                   static_cast<int32_t>(end),
-                                                  static_cast<int32_t>(s.prompt_len) - 1));
+                                                  static_cast<int32_t>(s.prompt_len) - 1, scores));
   }
   plan_ = step.tokens();
   return prefilled;
@@ -689,6 +702,11 @@ void CompletionEngine::check(const CompletionRequest& request) const {
                 fmt::format("max_tokens must be >= 1 (got {})", request.max_tokens));
   }
   validate_sampling(request.sampling, model_->n_vocab());
+  if (request.prompt_logprobs < -1 || request.prompt_logprobs > 20) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("prompt_logprobs: must be in [-1, 20] (got {})", request.prompt_logprobs));
+  }
   // Each further choice forks the prompt but its last token, which it
   // decodes itself.
   const uint64_t required = request.prompt.size() +

@@ -76,7 +76,17 @@ struct CompletionRequest {
   int32_t max_tokens = 128;
   std::vector<std::string> stop;
   int32_t n = 1;
+  // >= 0 (0..20): score every prompt token after the first too, with this
+  // many likeliest tokens beside each (`/v1/completions` echo with
+  // logprobs): the prompt is then prefilled whole (no prefix of it forked
+  // from the cache or restored: their cells have no output rows), at most
+  // kScoredRowsPerStep tokens a step.
+  int32_t prompt_logprobs = -1;
 };
+
+// A scored prompt's tokens per step: each output row is a vocabulary's
+// logits (Gemma 3: 1 MiB), so a 512-token chunk would hold half a GiB.
+inline constexpr int32_t kScoredRowsPerStep = 64;
 
 struct Usage {
   int32_t prompt_tokens = 0;
@@ -97,6 +107,9 @@ struct Event {
   StopReason stop_reason = StopReason::kMaxTokens;  // kChoiceDone
   // kChoiceDone, with sampling.top_logprobs >= 0: one per answer token, in order.
   std::vector<SampledLogprobs> logprobs;
+  // kChoiceDone, with CompletionRequest::prompt_logprobs >= 0: one per
+  // prompt token after the first, in order (scored at the row before it).
+  std::vector<SampledLogprobs> prompt_logprobs;
   Usage usage;       // kFinished
   ErrorValue error;  // kFailed
 };

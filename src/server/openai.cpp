@@ -503,11 +503,7 @@ ChatRequest parse_completion_request(std::string_view body_text, const RequestLi
   if (r.max_tokens == 0) r.max_tokens = std::min(16, limits.max_tokens);
   if (const auto top = integer(body, "logprobs", 0, 5))
     r.sampling.top_logprobs = static_cast<int32_t>(*top);
-  if (boolean(body, "echo")) {
-    refuse("echo",
-           "is not supported: the answer does not repeat the prompt, and prompt tokens' "
-           "log probabilities are not computed");
-  }
+  r.echo = boolean(body, "echo");
   if (const auto it = body.find("suffix"); it != body.end() && !it->is_null() && *it != json("")) {
     refuse("suffix", "is not supported (no fill-in-the-middle)");
   }
@@ -537,25 +533,33 @@ json logprobs_json(std::span<const SampledLogprobs> tokens) {
 }
 
 json completion_logprobs_json(std::span<const SampledLogprobs> tokens, size_t prompt_chars,
-                              bool top) {
+                              bool top, const PromptLogprobs* prompt) {
   json pieces = json::array();
   json logprobs = json::array();
   json tops = json::array();
   json offsets = json::array();
-  size_t offset = prompt_chars;
-  for (const SampledLogprobs& s : tokens) {
-    const std::string& piece = s.sampled.text;
+  size_t offset = prompt ? 0 : prompt_chars;
+  const auto add = [&](const std::string& piece, json logprob, const SampledLogprobs* s) {
     pieces.push_back(piece);
-    logprobs.push_back(s.sampled.logprob);
+    logprobs.push_back(std::move(logprob));
     offsets.push_back(offset);
     offset += piece.size();
-    if (!top) continue;
+    if (!top) return;
+    if (s == nullptr) {
+      tops.push_back(nullptr);
+      return;
+    }
     json likeliest = json::object();  // two tokens of one text: the likelier one's
-    for (const TokenLogprob& t : s.top) {
+    for (const TokenLogprob& t : s->top) {
       if (!likeliest.contains(t.text)) likeliest[t.text] = t.logprob;
     }
     tops.push_back(std::move(likeliest));
+  };
+  if (prompt) {
+    if (prompt->unscored) add(*prompt->unscored, nullptr, nullptr);
+    for (const SampledLogprobs& s : prompt->scored) add(s.sampled.text, s.sampled.logprob, &s);
   }
+  for (const SampledLogprobs& s : tokens) add(s.sampled.text, s.sampled.logprob, &s);
   return {{"tokens", std::move(pieces)},
           {"token_logprobs", std::move(logprobs)},
           {"top_logprobs", top ? std::move(tops) : json()},

@@ -58,6 +58,18 @@ struct ChatRequest {
   // tool_choice "auto": the answer is a call of one of `tools` or text, as
   // {"response": ...} (tool_call_schema's `or_text`).
   bool tool_or_text = false;
+  // kCompletions "echo": each choice's text (and logprobs) starts with its
+  // prompt's.
+  bool echo = false;
+  // With echo and logprobs, per prompt as tokenised (the server fills it):
+  // the tokens the tokenizer put before the text (BOS), which are not
+  // listed, and the first listed token's text when nothing came before it
+  // (its logprob is then null, as OpenAI's first token's).
+  struct EchoedPrompt {
+    size_t added = 0;
+    std::string first_text;
+  };
+  std::vector<EchoedPrompt> echoed;
 
   // The answer's choices: n, or n for each prompt.
   int32_t choices() const { return prompts.empty() ? n : n * static_cast<int32_t>(prompts.size()); }
@@ -76,7 +88,7 @@ nlohmann::json parse_body(std::string_view body);
 ChatRequest parse_chat_request(std::string_view body, const RequestLimits& limits);
 // Parses and checks a /v1/completions body the same way: "prompt" (a string,
 // or an array of up to max_prompts strings), max_tokens (default 16, as OpenAI's), the sampling
-// fields, "logprobs" (an integer, 0 to 5), "stream"; "echo", "suffix" and a
+// fields, "logprobs" (an integer, 0 to 5), "stream", "echo"; "suffix" and a
 // "best_of" other than n are refused by name.
 ChatRequest parse_completion_request(std::string_view body, const RequestLimits& limits);
 
@@ -87,9 +99,17 @@ nlohmann::json logprobs_json(std::span<const SampledLogprobs> tokens);
 // The completions endpoint's "logprobs": {"tokens", "token_logprobs",
 // "top_logprobs" (a {piece: logprob} object per token, null without `top`),
 // "text_offset"}, each token's offset counted from the prompt's start
-// (`prompt_chars` before the first), as OpenAI's are.
+// (`prompt_chars` before the first), as OpenAI's are. With `prompt` (echo)
+// the prompt's tokens come first, from offset 0: `unscored` (the text of a
+// first token with nothing before it: logprob and top_logprobs null), then
+// `scored`.
+struct PromptLogprobs {
+  std::optional<std::string> unscored;
+  std::span<const SampledLogprobs> scored;
+};
 nlohmann::json completion_logprobs_json(std::span<const SampledLogprobs> tokens,
-                                        size_t prompt_chars, bool top);
+                                        size_t prompt_chars, bool top,
+                                        const PromptLogprobs* prompt = nullptr);
 
 // The field path an error message of parse_chat_request starts with ("" if
 // none): OpenAI's error "param".

@@ -413,7 +413,8 @@ struct Server::Impl {
       const auto choice = static_cast<int32_t>(i);
       json c = {{"index", i}};
       if (text) {
-        c["text"] = texts[i];
+        c["text"] = request.echo ? request.prompts.at(i / static_cast<size_t>(request.n)) + texts[i]
+                                 : texts[i];
       } else {
         c["message"] = message_json(id, choice, texts[i], reasons[i], calls_tool);
       }
@@ -451,12 +452,38 @@ struct Server::Impl {
   // A choice's log probabilities as its endpoint shows them: chat's
   // "content" list, or the completions endpoint's tokens, token_logprobs,
   // top_logprobs and text_offset (counted from the prompt's start).
+  // With echo, the prompt's tokens first (`prompt_scores`: its tokens
+  // after the first).
   json choice_logprobs(const server::ChatRequest& request, int32_t choice,
-                       std::span<const SampledLogprobs> tokens) const {
+                       std::span<const SampledLogprobs> tokens,
+                       std::span<const SampledLogprobs> prompt_scores) const {
     if (request.endpoint == server::Endpoint::kChat) return server::logprobs_json(tokens);
-    const std::string& prompt = request.prompts.at(static_cast<size_t>(choice / request.n));
-    return server::completion_logprobs_json(tokens, prompt.size(),
-                                            request.sampling.top_logprobs > 0);
+    const auto p = static_cast<size_t>(choice / request.n);
+    const std::string& prompt = request.prompts.at(p);
+    const bool top = request.sampling.top_logprobs > 0;
+    if (request.echoed.empty()) return server::completion_logprobs_json(tokens, prompt.size(), top);
+    const server::ChatRequest::EchoedPrompt& echoed = request.echoed.at(p);
+    server::PromptLogprobs listed;
+    if (echoed.added == 0) listed.unscored = echoed.first_text;
+    const size_t from = std::min(echoed.added == 0 ? 0 : echoed.added - 1, prompt_scores.size());
+    listed.scored = prompt_scores.subspan(from);
+    return server::completion_logprobs_json(tokens, prompt.size(), top, &listed);
+  }
+  // What an echoed prompt's logprobs need of its tokens: how many the
+  // tokenizer put before the text (BOS; its own tokens are those of the
+  // text alone when they end the prompt), and the first text token's text.
+  server::ChatRequest::EchoedPrompt echoed_prompt(const std::vector<Token>& prompt,
+                                                  const std::string& text) const {
+    const std::vector<Token> own =
+        model->tokenize(text, /*add_special=*/false, /*parse_special=*/true);
+    server::ChatRequest::EchoedPrompt e;
+    if (own.size() <= prompt.size() &&
+        std::equal(own.begin(), own.end(),
+                   prompt.end() - static_cast<std::ptrdiff_t>(own.size()))) {
+      e.added = prompt.size() - own.size();
+    }
+    if (e.added == 0) e.first_text = model->token_to_piece(prompt.front(), /*special=*/true);
+    return e;
   }
 
   // The run with this id, or nullptr after answering 404.
@@ -649,6 +676,9 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
     } else {
       for (const std::string& text : chat.prompts) {
         prompts.push_back(model->tokenize(text, /*add_special=*/true, /*parse_special=*/true));
+        if (chat.echo && chat.sampling.top_logprobs >= 0) {
+          chat.echoed.push_back(echoed_prompt(prompts.back(), text));
+        }
       }
     }
     std::vector<server::CompletionRequest> parts;
@@ -658,6 +688,7 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
       c.sampling = chat.sampling;
       c.stop = chat.stop;
       c.n = chat.n;
+      if (!chat.echoed.empty()) c.prompt_logprobs = chat.sampling.top_logprobs;
       c.max_tokens = chat.max_tokens > 0 ? chat.max_tokens : options.default_max_tokens;
       if (chat.max_tokens == 0) {
         // No max_tokens: whatever the context leaves, up to the default.
@@ -702,7 +733,8 @@ void Server::Impl::answer_whole(server::Job& job, const server::ChatRequest& cha
     } else if (e->kind == Event::Kind::kChoiceDone) {
       reasons[static_cast<size_t>(e->choice)] = e->stop_reason;
       if (chat.sampling.top_logprobs >= 0) {
-        logprobs[static_cast<size_t>(e->choice)] = choice_logprobs(chat, e->choice, e->logprobs);
+        logprobs[static_cast<size_t>(e->choice)] =
+            choice_logprobs(chat, e->choice, e->logprobs, e->prompt_logprobs);
       }
     } else if (e->kind == Event::Kind::kFinished) {
       try {
@@ -747,6 +779,7 @@ class Server::Impl::ChatStream {
     if (!started_) {
       started_ = true;
       if (!text_ && !send(sink, roles())) return cancel();
+      if (text_ && request_.echo && !send_prompts(sink)) return cancel();
     }
     const std::optional<Event> e = job_->next(std::chrono::milliseconds(200));
     if (!e) return sink.is_writable() || cancel();
@@ -768,6 +801,15 @@ class Server::Impl::ChatStream {
   }
   bool send_done(httplib::DataSink& sink) {
     return sink.write(kStreamDone.data(), kStreamDone.size());
+  }
+  // Echo: each choice's first chunk is its prompt (its logprobs go out with
+  // the answer's, in the last).
+  bool send_prompts(httplib::DataSink& sink) {
+    for (int32_t i = 0; i < n_; ++i) {
+      const std::string& prompt = request_.prompts.at(static_cast<size_t>(i / request_.n));
+      if (!send(sink, choice_chunk(i, {{"content", prompt}}, nullptr))) return false;
+    }
+    return true;
   }
   // The first chunk: every choice's role.
   json roles() const {
@@ -807,13 +849,14 @@ class Server::Impl::ChatStream {
       case Event::Kind::kChoiceDone:
         if (calls_tool_ && !send_call(sink, e)) return false;
         // A choice's log probabilities go out with its last chunk.
-        return send(
-            sink,
-            choice_chunk(
-                e.choice, json::object(),
-                finish_reason(e.stop_reason, calls_tool_,
-                              calls_tool_ ? calls_[static_cast<size_t>(e.choice)] : std::string()),
-                logprobs_ ? server_.choice_logprobs(request_, e.choice, e.logprobs) : json()));
+        return send(sink,
+                    choice_chunk(e.choice, json::object(),
+                                 finish_reason(e.stop_reason, calls_tool_,
+                                               calls_tool_ ? calls_[static_cast<size_t>(e.choice)]
+                                                           : std::string()),
+                                 logprobs_ ? server_.choice_logprobs(request_, e.choice, e.logprobs,
+                                                                     e.prompt_logprobs)
+                                           : json()));
       case Event::Kind::kFinished: {
         bool ok = true;
         if (include_usage_) {
