@@ -177,7 +177,7 @@ class ForkEquivalenceTest : public ::testing::TestWithParam<test::TestModel> {
 // (NOTES.md, "Exact host fork on sliding-window models").
 //
 // Release runs the same comparison in ExactForkTest.SharedAndHostEqual-
-// RecomputeOnTwoDocuments (two documents, shared and host against none) and
+// RecomputeOnALongDocument (shared and host against none) and
 // leaves this one out to stay within the suite's time; ASan runs it, as the
 // host fork for it to watch (tests/test_scope.cmake).
 TEST_P(ForkEquivalenceTest, HostForkEqualsRecomputeOnTheApacheLicence) {
@@ -768,65 +768,69 @@ constexpr const char* kLongPrompt =
     "places on a person who receives a copy, modifies it, or distributes it to others, and of "
     "every condition, notice and exception that applies to them when they do so.";
 
-// Six agents with prompts of different lengths (one over 63 tokens) over two
-// real documents, 48 greedy tokens each except one that stops after 8
+// Six agents with prompts of different lengths (one over 63 tokens) over a
+// real document, 48 greedy tokens each except one that stops after 8
 // while the others go on (its cells stay where they are): shared == none and
 // host == none, token for token (the README pipeline's shared == host is
 // cli.readme_pipeline_cold_then_warm's). The document is long enough (>= 512
 // cells) for one-row steps to take flash attention's split-KV path on
 // several threads, the path exact mode avoids.
-TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnTwoDocuments) {
-  for (const char* file : {"apache-2.0.txt", "mpl-2.0.txt"}) {
-    SCOPED_TRACE(file);
-    PipelineSpec spec = document_spec(
-        file, 2600, 48,
-        {"What is this?", "Name the parties.", "Explain in detail what the first section says.",
-         "Write a detailed paragraph about the definitions in this text, one by one.",
-         "Describe, step by step, what a person must do to redistribute this work.", kLongPrompt});
-    spec.exact = true;
-    spec.agents[1].max_tokens = 8;
-    const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
-    EXPECT_GE(prepared.prefix.size(), 520u);
-    EXPECT_GT(prepared.branches[5].size(), static_cast<size_t>(detail::kExactMaxRows));
-    spec.fork = ForkMode::kNone;
-    const PipelineResult none = run_pipeline(spec, model_);
-    spec.fork = ForkMode::kShared;
-    const PipelineResult shared = run_pipeline(spec, model_);
-    expect_same_answers(shared, none, "shared vs none");
-    spec.fork = ForkMode::kHost;
-    const PipelineResult host = run_pipeline(spec, model_);
-    expect_same_answers(host, none, "host vs none");
-    ASSERT_TRUE(host.ok());
-    EXPECT_GT(host.snapshot_bytes, 0u);
-    EXPECT_GT(host.prefill_ms, 0.0) << "the seed reported 0 here; the real prefill time is never 0";
-    for (size_t i = 0; i < spec.agents.size(); ++i) {
-      EXPECT_GT(host.agents[i].timings_ms.restore, 0.0) << i;
-      EXPECT_GT(none.agents[i].timings_ms.prefill, 0.0) << i;
-    }
-    ASSERT_TRUE(shared.ok());
-    EXPECT_TRUE(shared.exact);
-    EXPECT_TRUE(shared.engine.flash_attn);
-    // One-row steps on one thread unless ggml has our attention kernel.
-    EXPECT_EQ(shared.engine.n_threads,
-              attention_batch_invariant() ? shared.engine.n_threads_batch : 1);
-    EXPECT_EQ(shared.n_seq_max, 8u) << "6 branches, the document and the park sequence";
-    EXPECT_EQ(shared.agents[1].tokens.size(), 8u);
-    for (size_t i = 0; i < spec.agents.size(); ++i) {
-      if (i != 1 && !GetParam().instruct) {
-        EXPECT_EQ(shared.agents[i].tokens.size(), 48u);
-      }
-    }
-    ASSERT_FALSE(shared.decode_steps.empty());
-    EXPECT_GT(shared.decode_steps[0].prompt_tokens, static_cast<int32_t>(detail::kExactMaxRows))
-        << "the first step carries every prompt: several micro-batches";
-    // No cell is freed while agents run: every branch token decoded stays.
-    int64_t cells = shared.prefix_tokens;
-    for (const AgentResult& a : shared.agents) {  // the last sampled token is never decoded
-      cells += a.prompt_tokens + static_cast<int64_t>(a.tokens.size()) -
-               (a.stop_reason == StopReason::kEndOfGeneration ? 0 : 1);
-    }
-    EXPECT_EQ(shared.kv_cells_peak, cells);
+TEST_P(ExactForkTest, SharedAndHostEqualRecomputeOnALongDocument) {
+  // A licence per model (SmolLM2 the one ASan's host-fork test does not
+  // take), so that together they cover two: the property is the same on
+  // each, and one document per model halves the test's time (six
+  // re-prefills of 2,600 tokens each).
+  const char* file =
+      std::string_view(GetParam().name) == "gemma3" ? "apache-2.0.txt" : "mpl-2.0.txt";
+  SCOPED_TRACE(file);
+  PipelineSpec spec = document_spec(
+      file, 2600, 48,
+      {"What is this?", "Name the parties.", "Explain in detail what the first section says.",
+       "Write a detailed paragraph about the definitions in this text, one by one.",
+       "Describe, step by step, what a person must do to redistribute this work.", kLongPrompt});
+  spec.exact = true;
+  spec.agents[1].max_tokens = 8;
+  const PreparedPipeline prepared = prepare_pipeline(spec, *model_);
+  EXPECT_GE(prepared.prefix.size(), 520u);
+  EXPECT_GT(prepared.branches[5].size(), static_cast<size_t>(detail::kExactMaxRows));
+  spec.fork = ForkMode::kNone;
+  const PipelineResult none = run_pipeline(spec, model_);
+  spec.fork = ForkMode::kShared;
+  const PipelineResult shared = run_pipeline(spec, model_);
+  expect_same_answers(shared, none, "shared vs none");
+  spec.fork = ForkMode::kHost;
+  const PipelineResult host = run_pipeline(spec, model_);
+  expect_same_answers(host, none, "host vs none");
+  ASSERT_TRUE(host.ok());
+  EXPECT_GT(host.snapshot_bytes, 0u);
+  EXPECT_GT(host.prefill_ms, 0.0) << "the seed reported 0 here; the real prefill time is never 0";
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    EXPECT_GT(host.agents[i].timings_ms.restore, 0.0) << i;
+    EXPECT_GT(none.agents[i].timings_ms.prefill, 0.0) << i;
   }
+  ASSERT_TRUE(shared.ok());
+  EXPECT_TRUE(shared.exact);
+  EXPECT_TRUE(shared.engine.flash_attn);
+  // One-row steps on one thread unless ggml has our attention kernel.
+  EXPECT_EQ(shared.engine.n_threads,
+            attention_batch_invariant() ? shared.engine.n_threads_batch : 1);
+  EXPECT_EQ(shared.n_seq_max, 8u) << "6 branches, the document and the park sequence";
+  EXPECT_EQ(shared.agents[1].tokens.size(), 8u);
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    if (i != 1 && !GetParam().instruct) {
+      EXPECT_EQ(shared.agents[i].tokens.size(), 48u);
+    }
+  }
+  ASSERT_FALSE(shared.decode_steps.empty());
+  EXPECT_GT(shared.decode_steps[0].prompt_tokens, static_cast<int32_t>(detail::kExactMaxRows))
+      << "the first step carries every prompt: several micro-batches";
+  // No cell is freed while agents run: every branch token decoded stays.
+  int64_t cells = shared.prefix_tokens;
+  for (const AgentResult& a : shared.agents) {  // the last sampled token is never decoded
+    cells += a.prompt_tokens + static_cast<int64_t>(a.tokens.size()) -
+             (a.stop_reason == StopReason::kEndOfGeneration ? 0 : 1);
+  }
+  EXPECT_EQ(shared.kv_cells_peak, cells);
 }
 
 // More live branches than ggml's one-chunk attention takes: 70 agents, so
