@@ -290,11 +290,6 @@ bool patched() {
 }
 
 TEST(AttentionKernelTest, ARowGetsTheSameBitsInAnyBatchOnAnyThreadsAtAnyCells) {
-#ifdef SWARMKV_SANITIZED
-  // The kernel and its threads are ggml's, built without the sanitizers;
-  // only this test's own loops would be instrumented.
-  GTEST_SKIP() << "ggml is not instrumented: the release preset runs it";
-#endif
   if (!patched())
     GTEST_SKIP() << "the linked ggml lacks scripts/patches/ggml-fa-batch-invariant.patch";
   for (const Case& c : kCases) {

@@ -132,9 +132,6 @@ std::vector<std::vector<float>> random_columns(int k, int n, uint32_t seed) {
 }
 
 TEST(MatmulKernelTest, AColumnGetsTheSameBitsInAnyProductOnAnyThreads) {
-#ifdef SWARMKV_SANITIZED
-  GTEST_SKIP() << "ggml is not instrumented: the release preset runs it";
-#endif
   if (!patched()) GTEST_SKIP() << "the linked ggml lacks our patches";
   constexpr int kColumns = 70;  // more than a 64-row tile
   for (const Shape& s : kShapes) {
