@@ -1023,11 +1023,12 @@ TEST_P(ServerExactTest, TextCompletionsContinueTheirPromptAsAReprefill) {
   // Echo: each choice's text starts with its prompt; with logprobs the
   // prompt's tokens come first (a BOS the tokenizer added left out, a first
   // token with nothing before it null), each scored as a lone prefill
-  // scores it, bit for bit, though the cache holds this prompt (a prefix of
-  // the others): an echoed prompt is prefilled whole, 64 rows a step.
+  // scores it (in other chunks), bit for bit, though the cache holds this
+  // prompt (a prefix of the others): an echoed prompt is prefilled whole.
   const std::string echoed = prompts[1].substr(0, 700);
   const std::vector<Token> echoed_tokens = model_->tokenize(echoed, true, true);
-  ASSERT_GT(echoed_tokens.size(), 2u * 64);  // three steps of scored rows
+  // Gemma 3 scores 128 rows a step (scored_rows_per_step): two steps.
+  ASSERT_GT(echoed_tokens.size(), 128u);
   const Reference echo_ref = reprefill_tokens(model_, options, echoed_tokens, max_tokens);
   const std::vector<SampledLogprobs> scores = prompt_scores(model_, options, echoed_tokens, 2);
   const size_t added = echoed_tokens.size() - model_->tokenize(echoed, false, true).size();

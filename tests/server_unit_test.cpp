@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "server/completion_engine.h"
 #include "server/openai.h"
 #include "server/pipeline_runner.h"
 #include "server/request_guard.h"
@@ -169,6 +170,17 @@ TEST(ChatRequestTest, FieldsAreAppliedOrRefusedNeverIgnored) {
 // The completions endpoint's logprobs: the answer's tokens from the
 // prompt's end, or with echo the prompt's tokens first from offset 0, a
 // first token with nothing before it null.
+// An echoed prompt's steps hold at most 128 MiB of logits: SmolLM2's
+// vocabulary a whole step, Gemma 3's 128 rows, never fewer than 16 or more
+// than the step.
+TEST(CompletionLogprobsTest, ScoredStepsHoldABoundedNumberOfLogitRows) {
+  EXPECT_EQ(scored_rows_per_step(49152, 512), 512);
+  EXPECT_EQ(scored_rows_per_step(262144, 512), 128);
+  EXPECT_EQ(scored_rows_per_step(262144, 64), 64);
+  EXPECT_EQ(scored_rows_per_step(1 << 24, 512), 16);
+  EXPECT_EQ(scored_rows_per_step(1 << 24, 8), 8);
+}
+
 TEST(CompletionLogprobsTest, EchoedPromptTokensComeFirstFromOffsetZero) {
   const auto scored = [](Token t, std::string text, float lp) {
     SampledLogprobs s;

@@ -23,6 +23,13 @@ void Job::cancel() {
 
 // ------------------------------------------------------------------ engine
 
+int32_t scored_rows_per_step(int32_t n_vocab, uint32_t n_batch) {
+  constexpr int64_t kLogitsBytes = int64_t{128} << 20;
+  const int64_t rows = kLogitsBytes / (int64_t{4} * std::max(n_vocab, 1));
+  return static_cast<int32_t>(std::clamp<int64_t>(std::min<int64_t>(rows, n_batch),
+                                                  std::min<int64_t>(16, n_batch), n_batch));
+}
+
 namespace {
 
 Event failed(const ErrorValue& error) {
@@ -127,6 +134,7 @@ class CompletionEngine::Scheduler {
   detail::ContextStepDecoder decoder_;
   detail::StepExecutor executor_;
   std::vector<detail::StepToken> plan_;  // the step plan_step made
+  const int32_t scored_rows_;            // scored_rows_per_step
 };
 
 CompletionEngine::Scheduler::Scheduler(CompletionEngine& engine)
@@ -142,7 +150,8 @@ CompletionEngine::Scheduler::Scheduler(CompletionEngine& engine)
       n_ctx_(options_.context.n_ctx),
       slots_(static_cast<size_t>(options_.max_live + options_.max_cached)),
       decoder_(ctx_),
-      executor_(decoder_, table_) {
+      executor_(decoder_, table_),
+      scored_rows_(scored_rows_per_step(engine.model_->n_vocab(), options_.context.n_batch)) {
   for (size_t i = 0; i < slots_.size(); ++i) slots_[i].seq = static_cast<SeqId>(i);
   local_.kv_cells_total = static_cast<int32_t>(n_ctx_);
 }
@@ -556,7 +565,7 @@ size_t CompletionEngine::Scheduler::plan_step() {
       }
     }
     const bool scores = s.step.prompt_scores != nullptr;
-    if (scores) end = std::min(end, decoded(s) + static_cast<size_t>(kScoredRowsPerStep));
+    if (scores) end = std::min(end, decoded(s) + static_cast<size_t>(scored_rows_));
     prefilled += static_cast<size_t>(step.prefill(i, s.seq, 0, static_cast<int32_t>(decoded(s)),
                                                   static_cast<int32_t>(end),
                                                   static_cast<int32_t>(s.prompt_len) - 1, scores));

@@ -80,13 +80,15 @@ struct CompletionRequest {
   // many likeliest tokens beside each (`/v1/completions` echo with
   // logprobs): the prompt is then prefilled whole (no prefix of it forked
   // from the cache or restored: their cells have no output rows), at most
-  // kScoredRowsPerStep tokens a step.
+  // scored_rows_per_step() tokens a step.
   int32_t prompt_logprobs = -1;
 };
 
 // A scored prompt's tokens per step: each output row is a vocabulary's
-// logits (Gemma 3: 1 MiB), so a 512-token chunk would hold half a GiB.
-inline constexpr int32_t kScoredRowsPerStep = 64;
+// logits (SmolLM2 192 KiB, Gemma 3 1 MiB), so a step's rows are held to
+// 128 MiB of them (SmolLM2 a whole 512-token step, Gemma 3 128 rows), at
+// least 16 and at most n_batch.
+int32_t scored_rows_per_step(int32_t n_vocab, uint32_t n_batch);
 
 struct Usage {
   int32_t prompt_tokens = 0;
