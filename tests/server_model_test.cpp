@@ -1068,6 +1068,46 @@ TEST_P(ServerExactTest, TextCompletionsContinueTheirPromptAsAReprefill) {
     EXPECT_EQ(echo_stream.texts[k], echoed + echo_ref.text);
     EXPECT_EQ(echo_stream.logprobs[k], e["choices"][k]["logprobs"]);
   }
+  // Token ids (as lm-eval's completions client sends them by default):
+  // decoded as given, answered as the text they came from; a list of them;
+  // echo repeats their text, control tokens rendered, each id listed; an
+  // id outside the vocabulary is a 400 naming it.
+  const json by_ids =
+      post_chat(*c, {{"prompt", refs[0].prompt}, {"max_tokens", max_tokens}, {"temperature", 0}},
+                "/v1/completions");
+  EXPECT_EQ(by_ids["choices"][0]["text"], refs[0].text);
+  EXPECT_EQ(by_ids["usage"]["prompt_tokens"], refs[0].prompt.size());
+  const json two_ids = post_chat(*c,
+                                 {{"prompt", json::array({refs[2].prompt, refs[3].prompt})},
+                                  {"max_tokens", max_tokens},
+                                  {"temperature", 0}},
+                                 "/v1/completions");
+  ASSERT_EQ(two_ids["choices"].size(), 2u);
+  EXPECT_EQ(two_ids["choices"][0]["text"], refs[2].text);
+  EXPECT_EQ(two_ids["choices"][1]["text"], refs[3].text);
+  const json echo_ids = post_chat(*c,
+                                  {{"prompt", echoed_tokens},
+                                   {"max_tokens", max_tokens},
+                                   {"temperature", 0},
+                                   {"logprobs", 0},
+                                   {"echo", true}},
+                                  "/v1/completions");
+  const std::string ids_text = model_->detokenize(echoed_tokens, /*special=*/true);
+  EXPECT_EQ(echo_ids["choices"][0]["text"], ids_text + echo_ref.text);
+  const json& ilp = echo_ids["choices"][0]["logprobs"];
+  ASSERT_EQ(ilp["token_logprobs"].size(), echoed_tokens.size() + echo_ref.tokens.size()) << ilp;
+  EXPECT_TRUE(ilp["token_logprobs"][0].is_null());
+  for (size_t k = 1; k < echoed_tokens.size(); ++k) {
+    EXPECT_EQ(ilp["token_logprobs"][k].get<float>(), scores[k - 1].sampled.logprob) << k;
+  }
+  const auto outside = c->Post("/v1/completions", json{{"prompt", {1, model_->n_vocab()}}}.dump(),
+                               "application/json");
+  ASSERT_TRUE(outside);
+  EXPECT_EQ(outside->status, 400);
+  EXPECT_EQ(json::parse(outside->body)["error"]["message"],
+            fmt::format("prompt: token {} (prompt 0, position 1) is not in the model's vocabulary "
+                        "(ids 0 to {})",
+                        model_->n_vocab(), model_->n_vocab() - 1));
   // Without logprobs the prompt is repeated and forked from the cache as
   // any other.
   const json plain_echo = post_chat(

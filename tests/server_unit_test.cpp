@@ -365,8 +365,32 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   EXPECT_EQ(three.prompts, (std::vector<std::string>{"A", "B", "C"}));
   EXPECT_EQ(three.choices(), 6);
   EXPECT_EQ(refusal(R"({"prompt": ["a", ""]})", true), "prompt[1]: is empty");
-  EXPECT_EQ(refusal(R"({"prompt": []})", true),
-            "prompt: must be a string or a list of strings (got []); token arrays are not taken");
+  const std::string kShapes =
+      "prompt: must be a string, a list of strings, a list of token ids or a list of lists of "
+      "token ids ";
+  EXPECT_EQ(refusal(R"({"prompt": []})", true), kShapes + "(got [])");
+  // Token ids, as OpenAI takes them: one prompt's, or a list of prompts'.
+  const ChatRequest ids = parse_completion_request(R"({"prompt": [1, 2, 3]})", RequestLimits{});
+  EXPECT_TRUE(ids.prompts.empty());
+  EXPECT_EQ(ids.prompt_tokens, (std::vector<std::vector<Token>>{{1, 2, 3}}));
+  EXPECT_EQ(ids.choices(), 1);
+  const ChatRequest lists =
+      parse_completion_request(R"({"prompt": [[1], [4, 5]], "n": 2})", RequestLimits{});
+  EXPECT_EQ(lists.prompt_tokens, (std::vector<std::vector<Token>>{{1}, {4, 5}}));
+  EXPECT_EQ(lists.choices(), 4);
+  EXPECT_EQ(refusal(R"({"prompt": [1, -2]})", true),
+            "prompt[1]: must be a token id (a non-negative integer; got -2)");
+  EXPECT_EQ(refusal(R"({"prompt": [1, "a"]})", true),
+            "prompt[1]: must be a token id (a non-negative integer; got \"a\")");
+  EXPECT_EQ(refusal(R"({"prompt": [1.5]})", true),
+            "prompt[0]: must be a token id (a non-negative integer; got 1.5)");
+  EXPECT_EQ(refusal(R"({"prompt": [[1], []]})", true), "prompt[1]: is empty");
+  EXPECT_EQ(refusal(R"({"prompt": [[1], [2, 4294967296]]})", true),
+            "prompt[1][1]: must be a token id (a non-negative integer; got 4294967296)");
+  EXPECT_EQ(refusal(R"({"prompt": [[1], "a"]})", true),
+            "prompt[1]: must be a list of token ids like the first (got \"a\")");
+  EXPECT_EQ(refusal(R"({"prompt": ["a", [1]]})", true),
+            "prompt[1]: must be a string like the first (got [1])");
   RequestLimits two;
   two.max_prompts = 2;
   try {
@@ -377,11 +401,7 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   }
   EXPECT_EQ(refusal(R"({})", true), "prompt: is missing (a string)");
   EXPECT_EQ(refusal(R"({"prompt": ""})", true), "prompt: is empty");
-  EXPECT_EQ(refusal(R"({"prompt": [1, 2]})", true),
-            "prompt[0]: must be a string (got 1); token arrays are not taken");
-  EXPECT_EQ(refusal(R"({"prompt": 5})", true),
-            "prompt: must be a string or a list of strings (got 5); token arrays are not "
-            "taken");
+  EXPECT_EQ(refusal(R"({"prompt": 5})", true), kShapes + "(got 5)");
   EXPECT_EQ(refusal(R"({"prompt": "a", "echo": 1})", true), "echo: must be true or false (got 1)");
   EXPECT_EQ(refusal(R"({"prompt": "a", "suffix": "b"})", true),
             "suffix: is not supported (no fill-in-the-middle)");

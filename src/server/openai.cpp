@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string_view>
 
@@ -476,28 +477,60 @@ ChatRequest parse_completion_request(std::string_view body_text, const RequestLi
   }
   const auto prompt = body.find("prompt");
   if (prompt == body.end() || prompt->is_null()) refuse("prompt", "is missing (a string)");
+  // Token ids, as OpenAI takes them: a prompt's tokens exactly as the
+  // model decodes them (no BOS added); checked against the vocabulary by
+  // the server.
+  const auto token_ids = [](const json& ids, const std::string& field) {
+    if (ids.empty()) refuse(field, "is empty");
+    std::vector<Token> tokens;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const json& t = ids[i];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+          t.get<int64_t>() > std::numeric_limits<Token>::max()) {
+        refuse(fmt::format("{}[{}]", field, i),
+               fmt::format("must be a token id (a non-negative integer; got {})", shown(t)));
+      }
+      tokens.push_back(static_cast<Token>(t.get<int64_t>()));
+    }
+    return tokens;
+  };
+  const auto many = [&](size_t n) {
+    if (n > static_cast<size_t>(limits.max_prompts)) {
+      refuse("prompt",
+             fmt::format("has {} prompts; at most {} per request", n, limits.max_prompts));
+    }
+  };
+  const char* kShapes =
+      "a string, a list of strings, a list of token ids or a list of lists of token ids";
   if (prompt->is_string()) {
     r.prompts.push_back(prompt->get<std::string>());
-  } else if (prompt->is_array() && !prompt->empty()) {
-    if (prompt->size() > static_cast<size_t>(limits.max_prompts)) {
-      refuse("prompt", fmt::format("has {} prompts; at most {} per request", prompt->size(),
-                                   limits.max_prompts));
+  } else if (prompt->is_array() && !prompt->empty() && prompt->front().is_number()) {
+    r.prompt_tokens.push_back(token_ids(*prompt, "prompt"));
+  } else if (prompt->is_array() && !prompt->empty() && prompt->front().is_array()) {
+    many(prompt->size());
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      const json& p = (*prompt)[i];
+      const std::string field = fmt::format("prompt[{}]", i);
+      if (!p.is_array()) {
+        refuse(field, fmt::format("must be a list of token ids like the first (got {})", shown(p)));
+      }
+      r.prompt_tokens.push_back(token_ids(p, field));
     }
+  } else if (prompt->is_array() && !prompt->empty()) {
+    many(prompt->size());
     for (size_t i = 0; i < prompt->size(); ++i) {
       const json& p = (*prompt)[i];
       if (!p.is_string()) {
         refuse(fmt::format("prompt[{}]", i),
-               fmt::format("must be a string (got {}); token arrays are not taken", shown(p)));
+               fmt::format("must be a string like the first (got {})", shown(p)));
       }
       r.prompts.push_back(p.get<std::string>());
       if (r.prompts.back().empty()) refuse(fmt::format("prompt[{}]", i), "is empty");
     }
   } else {
-    refuse("prompt", fmt::format("must be a string or a list of strings (got {}); token arrays "
-                                 "are not taken",
-                                 shown(*prompt)));
+    refuse("prompt", fmt::format("must be {} (got {})", kShapes, shown(*prompt)));
   }
-  if (r.prompts.front().empty()) refuse("prompt", "is empty");
+  if (!r.prompts.empty() && r.prompts.front().empty()) refuse("prompt", "is empty");
   read_generation(body, limits, r);
   // OpenAI's default for this endpoint.
   if (r.max_tokens == 0) r.max_tokens = std::min(16, limits.max_tokens);

@@ -4,6 +4,7 @@
 // Pure functions, no engine, no sockets (unit-tested alone).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -41,6 +42,9 @@ struct ChatRequest {
   // kCompletions: the texts to continue (one or more); prompt p's choice j
   // is the answer's choice p * n + j.
   std::vector<std::string> prompts;
+  // kCompletions given as token ids instead (one list per prompt): decoded
+  // as they are; the server fills `prompts` with their text.
+  std::vector<std::vector<Token>> prompt_tokens;
   std::string model;  // "" when not given; the server answers 404 model_not_found to a name it does
                       // not list
   std::vector<ChatMessage> messages;
@@ -72,7 +76,10 @@ struct ChatRequest {
   std::vector<EchoedPrompt> echoed;
 
   // The answer's choices: n, or n for each prompt.
-  int32_t choices() const { return prompts.empty() ? n : n * static_cast<int32_t>(prompts.size()); }
+  int32_t choices() const {
+    const size_t p = std::max(prompts.size(), prompt_tokens.size());
+    return p == 0 ? n : n * static_cast<int32_t>(p);
+  }
 };
 
 // Throws Error(kInvalidArgument) "<field>: <what>", the shape of every
@@ -87,7 +94,8 @@ nlohmann::json parse_body(std::string_view body);
 // \"tool\")" or "body: not JSON (...)"; param_of() recovers the path.
 ChatRequest parse_chat_request(std::string_view body, const RequestLimits& limits);
 // Parses and checks a /v1/completions body the same way: "prompt" (a string,
-// or an array of up to max_prompts strings), max_tokens (default 16, as OpenAI's), the sampling
+// an array of up to max_prompts strings, an array of token ids or an array
+// of up to max_prompts arrays of them), max_tokens (default 16, as OpenAI's), the sampling
 // fields, "logprobs" (an integer, 0 to 5), "stream", "echo"; "suffix" and a
 // "best_of" other than n are refused by name.
 ChatRequest parse_completion_request(std::string_view body, const RequestLimits& limits);

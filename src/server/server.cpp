@@ -680,6 +680,27 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
           chat.echoed.push_back(echoed_prompt(prompts.back(), text));
         }
       }
+      // Token ids are decoded as given; their text (control tokens
+      // rendered) is what echo repeats and offsets count in.
+      for (size_t p = 0; p < chat.prompt_tokens.size(); ++p) {
+        std::vector<Token>& tokens = chat.prompt_tokens[p];
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          if (tokens[i] >= model->n_vocab()) {
+            throw Error(
+                ErrorCode::kInvalidArgument,
+                fmt::format("prompt: token {} (prompt {}, position {}) is not in the model's "
+                            "vocabulary (ids 0 to {})",
+                            tokens[i], p, i, model->n_vocab() - 1));
+          }
+        }
+        chat.prompts.push_back(model->detokenize(tokens, /*special=*/true));
+        if (chat.echo && chat.sampling.top_logprobs >= 0) {
+          chat.echoed.push_back(
+              {.added = 0, .first_text = model->token_to_piece(tokens.front(), true)});
+        }
+        prompts.push_back(std::move(tokens));
+      }
+      chat.prompt_tokens.clear();
     }
     std::vector<server::CompletionRequest> parts;
     for (std::vector<Token>& prompt : prompts) {
