@@ -458,6 +458,22 @@ TEST(MessageFuzzTest, ChatRequestParserOnlyEverThrowsErrors) {
   EXPECT_GT(refused, 0u);
 }
 
+// The legacy completions body: prompts as strings, lists of them, token
+// ids and lists of ids, echo and logprobs.
+TEST(MessageFuzzTest, CompletionRequestParserOnlyEverThrowsErrors) {
+  const std::vector<std::string> seeds = {
+      R"({"model": "m", "prompt": "Once upon", "max_tokens": 8, "echo": true, "logprobs": 2,
+          "n": 2, "stream": true, "stop": "\n"})",
+      R"({"prompt": ["A", "B"], "best_of": 1, "suffix": null, "seed": 3})",
+      R"({"prompt": [1, 2, 3], "echo": false, "logprobs": 0})",
+      R"({"prompt": [[1, 2], [3]], "temperature": 0, "user": "u"})"};
+  const auto [parsed, refused] = fuzz_text(
+      seeds, seed() + 6, "completion request",
+      [](const std::string& t) { server::parse_completion_request(t, server::RequestLimits{}); });
+  EXPECT_GT(parsed, 0u);
+  EXPECT_GT(refused, 0u);
+}
+
 // A snapshot file with other metadata and every checksum recomputed: what
 // someone who can write to a store or to Redis can make.
 std::vector<uint8_t> reseal(const std::vector<uint8_t>& file, const std::string& meta) {
