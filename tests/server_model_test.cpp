@@ -1068,6 +1068,20 @@ TEST_P(ServerExactTest, TextCompletionsContinueTheirPromptAsAReprefill) {
     EXPECT_EQ(echo_stream.texts[k], echoed + echo_ref.text);
     EXPECT_EQ(echo_stream.logprobs[k], e["choices"][k]["logprobs"]);
   }
+  // max_tokens 0 with echo (older loglikelihood clients): the prompt
+  // alone, its scores the same, nothing generated.
+  json prompt_only = echo_body;
+  prompt_only["max_tokens"] = 0;
+  const json po = post_chat(*c, prompt_only, "/v1/completions");
+  ASSERT_EQ(po["choices"].size(), 2u) << po;
+  EXPECT_EQ(po["choices"][1]["text"], echoed);
+  EXPECT_EQ(po["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(po["usage"]["completion_tokens"], 0);
+  const json& plp = po["choices"][1]["logprobs"];
+  ASSERT_EQ(plp["token_logprobs"].size(), echoed_tokens.size() - added) << plp;
+  for (size_t k = 0; k < plp["token_logprobs"].size(); ++k) {
+    EXPECT_EQ(plp["token_logprobs"][k], e["choices"][0]["logprobs"]["token_logprobs"][k]) << k;
+  }
   // Token ids (as lm-eval's completions client sends them by default):
   // decoded as given, answered as the text they came from; a list of them;
   // echo repeats their text, control tokens rendered, each id listed; an

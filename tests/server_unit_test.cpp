@@ -360,6 +360,15 @@ TEST(CompletionRequestTest, APromptIsReadAndWhatCannotBeDoneIsRefusedByName) {
   EXPECT_EQ(one.sampling.top_logprobs, -1);
   EXPECT_FALSE(one.echo);
   EXPECT_TRUE(parse_completion_request(R"({"prompt": "a", "echo": true})", RequestLimits{}).echo);
+  // max_tokens 0 only with echo: the prompt alone.
+  const ChatRequest scoring = parse_completion_request(
+      R"({"prompt": "a", "echo": true, "max_tokens": 0, "logprobs": 1})", RequestLimits{});
+  EXPECT_TRUE(scoring.prompt_only);
+  EXPECT_EQ(scoring.max_tokens, 0);
+  EXPECT_FALSE(r.prompt_only);
+  EXPECT_EQ(refusal(R"({"prompt": "a", "max_tokens": 0})", true),
+            "max_tokens: must be in [1, 4096] (got 0); 0 only with echo: the prompt alone, scored "
+            "with logprobs");
   const ChatRequest three =
       parse_completion_request(R"({"prompt": ["A", "B", "C"], "n": 2})", RequestLimits{});
   EXPECT_EQ(three.prompts, (std::vector<std::string>{"A", "B", "C"}));

@@ -62,17 +62,21 @@ TEST(StepComposerTest, ABranchPromptThenTheStreamedDocumentInTheRoomLeft) {
                                                       "o99:p28@28", "o99:p29@29"}));
 }
 
-// An echoed prompt's logprobs (serve's /v1/completions): every row scores
-// the token after it but the sampling row, in each chunk.
+// An echoed prompt's logprobs (serve's /v1/completions): every row before
+// the prompt's last token scores the token after it, in each chunk; the
+// last samples, or (max_tokens 0) has no output row at all.
 TEST(StepComposerTest, AScoredPromptHasEveryRowButItsLastScoringInEachChunk) {
   StepComposer step(4);
-  EXPECT_EQ(step.prefill(0, 0, 0, 0, 3, 2, /*score=*/true), 3);
+  EXPECT_EQ(step.prefill(0, 0, 0, 0, 3, 2, /*score_until=*/2), 3);
   EXPECT_EQ(step.prefill(1, 1, 0, 0, 3, 2), 1);
   EXPECT_EQ(describe(step),
             (std::vector<std::string>{"o0:p0@0s", "o0:p1@1s", "o0:p2@2*", "o1:p0@0"}));
   StepComposer next(2);
-  EXPECT_EQ(next.prefill(5, 5, 0, 4, 9, 8, /*score=*/true), 2);
+  EXPECT_EQ(next.prefill(5, 5, 0, 4, 9, 8, /*score_until=*/8), 2);
   EXPECT_EQ(describe(next), (std::vector<std::string>{"o5:p4@4s", "o5:p5@5s"}));
+  StepComposer unsampled(4);
+  EXPECT_EQ(unsampled.prefill(2, 2, 0, 0, 3, -1, /*score_until=*/2), 3);
+  EXPECT_EQ(describe(unsampled), (std::vector<std::string>{"o2:p0@0s", "o2:p1@1s", "o2:p2@2"}));
 }
 
 TEST(StepComposerTest, AFullStepTakesNothingAndAGeneratedTokenAfterAPromptIsABug) {

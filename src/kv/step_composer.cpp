@@ -24,11 +24,11 @@ bool StepComposer::generating(size_t owner, SeqId seq, Pos pos) {
 }
 
 int32_t StepComposer::prefill(size_t owner, SeqId seq, Pos pos0, int32_t next, int32_t end,
-                              int32_t logits_at, bool score) {
+                              int32_t logits_at, int32_t score_until) {
   prompts_started_ = true;
   int32_t added = 0;
   for (int32_t i = next; i < end && has_room(); ++i, ++added) {
-    tokens_.push_back({owner, seq, pos0 + i, i, i == logits_at, score && i != logits_at});
+    tokens_.push_back({owner, seq, pos0 + i, i, i == logits_at, i < score_until && i != logits_at});
   }
   return added;
 }

@@ -40,11 +40,12 @@ class StepComposer {
   bool generating(size_t owner, SeqId seq, Pos pos);
   // Prompt tokens `next` .. `end` - 1 of a prefilling sequence, token i at
   // position pos0 + i, as many as fit; the token at `logits_at` (-1: none)
-  // has its logits. With `score` every other one has its output row too,
-  // to score the prompt token after it (StepToken::score). Returns how many
-  // were added.
+  // has its logits. Each token before `score_until` (-1: none; the prompt's
+  // last token when its tokens are scored) other than that one has its
+  // output row too, to score the prompt token after it (StepToken::score).
+  // Returns how many were added.
   int32_t prefill(size_t owner, SeqId seq, Pos pos0, int32_t next, int32_t end, int32_t logits_at,
-                  bool score = false);
+                  int32_t score_until = -1);
 
   bool has_room() const noexcept { return static_cast<int32_t>(tokens_.size()) < capacity_; }
   // In batch order: the logits rows count up in this order.

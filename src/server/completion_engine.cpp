@@ -442,7 +442,7 @@ void CompletionEngine::Scheduler::start_choices(Pending& p, int source, size_t s
     SamplingOptions sampling = req.sampling;
     sampling.seed += static_cast<uint32_t>(c);
     GenerateOptions gen;
-    gen.max_tokens = req.max_tokens;
+    gen.max_tokens = std::max(req.max_tokens, 1);  // max_tokens 0 never samples
     gen.stop = req.stop;
     s.step.start(*engine_.model_, sampling, gen);
     s.step.prompt_scores = scores;
@@ -564,11 +564,13 @@ size_t CompletionEngine::Scheduler::plan_step() {
         end = std::min(end, w.fork_len);
       }
     }
+    const auto last = static_cast<int32_t>(s.prompt_len) - 1;
     const bool scores = s.step.prompt_scores != nullptr;
     if (scores) end = std::min(end, decoded(s) + static_cast<size_t>(scored_rows_));
-    prefilled += static_cast<size_t>(step.prefill(i, s.seq, 0, static_cast<int32_t>(decoded(s)),
-                                                  static_cast<int32_t>(end),
-                                                  static_cast<int32_t>(s.prompt_len) - 1, scores));
+    // max_tokens 0: nothing is sampled (the prompt alone, scored).
+    prefilled += static_cast<size_t>(
+        step.prefill(i, s.seq, 0, static_cast<int32_t>(decoded(s)), static_cast<int32_t>(end),
+                     s.max_tokens == 0 ? -1 : last, scores ? last : -1));
   }
   plan_ = step.tokens();
   return prefilled;
@@ -612,6 +614,13 @@ void CompletionEngine::Scheduler::decode_step(size_t prefilled) {
     return s.live() ? &s.step : nullptr;
   };
   if (!executor_.run(plan_, owner, on)) return;
+  // A choice of max_tokens 0 is complete once its prompt is decoded.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == Slot::State::kPrefill && s.max_tokens == 0 && decoded(s) >= s.prompt_len) {
+      finish(i);
+    }
+  }
   for (Slot& w : slots_) {
     if (w.state != Slot::State::kWaiting) continue;
     const Slot& src = slot(w.source);
@@ -706,9 +715,9 @@ void CompletionEngine::check(const CompletionRequest& request) const {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("n: must be in [1, {}] (got {})", options_.max_live, request.n));
   }
-  if (request.max_tokens < 1) {
+  if (request.max_tokens < 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("max_tokens must be >= 1 (got {})", request.max_tokens));
+                fmt::format("max_tokens must be >= 0 (got {})", request.max_tokens));
   }
   validate_sampling(request.sampling, model_->n_vocab());
   if (request.prompt_logprobs < -1 || request.prompt_logprobs > 20) {

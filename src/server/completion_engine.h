@@ -73,7 +73,7 @@ struct EngineOptions {
 struct CompletionRequest {
   std::vector<Token> prompt;  // the rendered chat, tokenised (>= 1 token)
   SamplingOptions sampling;   // choice i samples with seed + i
-  int32_t max_tokens = 128;
+  int32_t max_tokens = 128;   // 0: the prompt is decoded (and scored) and nothing sampled
   std::vector<std::string> stop;
   int32_t n = 1;
   // >= 0 (0..20): score every prompt token after the first too, with this

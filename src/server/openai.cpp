@@ -531,12 +531,28 @@ ChatRequest parse_completion_request(std::string_view body_text, const RequestLi
     refuse("prompt", fmt::format("must be {} (got {})", kShapes, shown(*prompt)));
   }
   if (!r.prompts.empty() && r.prompts.front().empty()) refuse("prompt", "is empty");
-  read_generation(body, limits, r);
+  // "max_tokens": 0 with echo: the prompt alone (scored, with logprobs), as
+  // older loglikelihood clients ask for it.
+  r.echo = boolean(body, "echo");
+  const auto zero = body.find("max_tokens");
+  const bool prompt_only =
+      zero != body.end() && zero->is_number_integer() && zero->get<int64_t>() == 0;
+  if (prompt_only && !r.echo) {
+    refuse("max_tokens", "must be in [1, " + std::to_string(limits.max_tokens) +
+                             "] (got 0); 0 only with echo: the prompt alone, scored with logprobs");
+  }
+  if (prompt_only) {
+    json rest = body;
+    rest.erase("max_tokens");
+    read_generation(rest, limits, r);
+    r.prompt_only = true;
+  } else {
+    read_generation(body, limits, r);
+  }
   // OpenAI's default for this endpoint.
-  if (r.max_tokens == 0) r.max_tokens = std::min(16, limits.max_tokens);
+  if (r.max_tokens == 0 && !r.prompt_only) r.max_tokens = std::min(16, limits.max_tokens);
   if (const auto top = integer(body, "logprobs", 0, 5))
     r.sampling.top_logprobs = static_cast<int32_t>(*top);
-  r.echo = boolean(body, "echo");
   if (const auto it = body.find("suffix"); it != body.end() && !it->is_null() && *it != json("")) {
     refuse("suffix", "is not supported (no fill-in-the-middle)");
   }

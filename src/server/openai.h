@@ -65,6 +65,9 @@ struct ChatRequest {
   // kCompletions "echo": each choice's text (and logprobs) starts with its
   // prompt's.
   bool echo = false;
+  // kCompletions "max_tokens": 0 with echo: nothing is generated (the
+  // prompt alone, scored with logprobs); max_tokens stays 0.
+  bool prompt_only = false;
   // With echo and logprobs, per prompt as tokenised (the server fills it):
   // the tokens the tokenizer put before the text (BOS), which are not
   // listed, and the first listed token's text when nothing came before it

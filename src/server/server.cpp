@@ -711,7 +711,9 @@ std::shared_ptr<server::Job> Server::Impl::submit_chat(const std::string& body,
       c.n = chat.n;
       if (!chat.echoed.empty()) c.prompt_logprobs = chat.sampling.top_logprobs;
       c.max_tokens = chat.max_tokens > 0 ? chat.max_tokens : options.default_max_tokens;
-      if (chat.max_tokens == 0) {
+      if (chat.prompt_only) {
+        c.max_tokens = 0;
+      } else if (chat.max_tokens == 0) {
         // No max_tokens: whatever the context leaves, up to the default.
         const int64_t room = static_cast<int64_t>(engine->options().context.n_ctx) -
                              static_cast<int64_t>(c.prompt.size());
