@@ -46,8 +46,7 @@ set(_swarmkv_not_under_tsan
     # ServerForkTest.AStoredDocumentPrefixIsRestoredInsteadOfPrefilled drives the same store threads
     "ServerExactTest\\.AStoredDocumentPrefixIsRestoredWholeAndAnswersBitForBit"
     # the engine thread's own bookkeeping (which cached prefix a request forks, when the cache
-    # starts over) and one request at a time: the queue and threads they cross are the
-    # concurrent tests'
+    # starts over): the queue and threads their requests cross are the concurrent tests' above
     "ServerExactTest\\.TheCacheStartsOverWhenItsCellsRunOut"
     "ServerForkTest\\.(ALaterRequestForksOnlyWhatTheCacheStillHolds|ALoneRequestEqualsAReprefillBitForBit)")
 
