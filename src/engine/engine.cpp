@@ -600,8 +600,9 @@ int32_t hardware_threads() noexcept {
 
 int32_t effective_threads(int32_t n_threads) noexcept {
   int32_t threads = n_threads > 0 ? n_threads : hardware_threads();
-  // The TSan preset sets $SWARMKV_MAX_THREADS=1: ggml's OpenMP workers are
-  // invisible to TSan and drown it in false reports.
+  // The sanitizer presets set $SWARMKV_MAX_THREADS=1: ggml's OpenMP workers
+  // are invisible to TSan and drown it in false reports, and one thread a
+  // model test lets ctest run two of them at a time (tests/CMakeLists.txt).
   if (const char* cap = std::getenv("SWARMKV_MAX_THREADS"); cap != nullptr && std::atoi(cap) > 0) {
     threads = std::min(threads, std::atoi(cap));
   }
