@@ -1,6 +1,6 @@
 """Exact mode against llama.cpp's stock kernels (--no-exact) on the CPUs'
-code paths this machine can run (issue 56): the native build (here AVX-512)
-and the portable one (SWARMKV_NATIVE=0: AVX2, FMA, F16C; the kernels' AVX2
+code paths this machine can run (issue 56): the native build (whatever this
+machine has: AVX-512, or AVX2 on an AVX2-only CPU) and the portable one (SWARMKV_NATIVE=0: AVX2, FMA, F16C; the kernels' AVX2
 paths), one swarmkv binary pointed at each build's lib/ folder with
 LD_LIBRARY_PATH.
 
@@ -16,13 +16,15 @@ LD_LIBRARY_PATH.
            --fork shared, host and none, exact, for each --answers-weights
            file: are shared's and host's tokens none's, agent by agent?
 
-Each trial runs every point on both builds in both modes, the order of the
+Each trial runs every point on both builds (--builds: one of them alone on a
+machine whose native build is the AVX2 code) in both modes, the order of the
 builds and of the modes swapped every other trial; medians over --trials.
 Writes OUT/results.json, OUT/trials.csv, OUT/report.md, OUT/plots/ and
 OUT/answers-BUILD.{json,md}; OUT/command.sh holds the invocations.
 
 usage: /usr/bin/python3 bench/every_cpu.py --bin build/release/swarmkv
-           --native-lib DIR --portable-lib DIR [--weights NAME=GGUF ...]
+           --native-lib DIR [--portable-lib DIR] [--builds native,portable]
+           [--weights NAME=GGUF ...]
            [--out bench/results/every-cpu] [--trials 3]
            [--parts timing|answers|report] [--answers-build native|portable]
            [--answers-weights GGUF ...]
@@ -117,7 +119,7 @@ def plot(out, rows, builds, weights):
         line = ps.reference_line(ax, label="1× = as fast as --no-exact", legend=False)
         ps.panel_title(ax, name)
     ps.arm_legend(axes[0][1], builds, dots="one trial", points=True, extra=[line])
-    ps.title(fig, "Exact mode against --no-exact, native (AVX-512) and portable (AVX2) builds")
+    ps.title(fig, "Exact mode against --no-exact, " + " and ".join(builds) + " build" + ("s" if len(builds) > 1 else ""))
     ps.save(fig, os.path.join(out, "plots", "exact-over-stock.png"))
 
 
@@ -125,7 +127,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--native-lib", required=True)
-    ap.add_argument("--portable-lib", required=True)
+    ap.add_argument("--portable-lib")
+    ap.add_argument("--builds", default="native,portable",
+                    help="comma-separated: native, portable (default both; portable needs --portable-lib)")
     ap.add_argument("--weights", nargs="*", default=[f"F16={F16}"],
                     help="NAME=GGUF for the prefill part (default: SmolLM2 F16)")
     ap.add_argument("--out", default=os.path.join(two_builds.ROOT, "bench", "results", "every-cpu"))
@@ -137,6 +141,11 @@ def main():
                          "--answers-build), report (report.md, trials.csv and the plot again from results.json)")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
+    a.builds = [b for b in a.builds.split(",") if b]
+    if not a.builds or set(a.builds) - {"native", "portable"}:
+        ap.error(f"--builds: native and/or portable (got {','.join(a.builds)!r})")
+    if "portable" in a.builds and not a.portable_lib:
+        ap.error("--builds portable needs --portable-lib")
     if parts - {"timing", "answers", "report"}:
         ap.error(f"unknown part(s): {', '.join(sorted(parts - {'timing', 'answers', 'report'}))}")
     if "answers" in parts and not a.answers_build:
@@ -166,7 +175,8 @@ def main():
 def timing(a, tmp):
     weights = [w.split("=", 1) for w in a.weights]
     pipeline = readme_one_agent(tmp)
-    builds = [("native", a.native_lib), ("portable", a.portable_lib)]
+    libs = {"native": a.native_lib, "portable": a.portable_lib}
+    builds = [(b, libs[b]) for b in a.builds]
     modes = [True, False]
     rows = []
     for trial in range(a.trials):
@@ -189,8 +199,21 @@ def timing(a, tmp):
                           flush=True)
 
     with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump({"trials": rows}, f, indent=1)
+        json.dump({"cpu": cpu(), "trials": rows}, f, indent=1)
     report(a.out)
+
+
+def cpu():
+    """This machine's CPU model and the vector extensions that pick ggml's code paths."""
+    name, flags = "unknown", []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == "unknown":
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = [x for x in value.split() if x.startswith(("avx", "fma", "f16c", "asimd", "sve"))]
+    return f"{name}, {os.cpu_count()} hardware threads ({' '.join(flags) or 'no vector flags listed'})"
 
 
 def ratios(rows, part, build, group):
@@ -210,8 +233,10 @@ def report(out):
     """OUT/results.json's summary, OUT/report.md, OUT/trials.csv and the plot, from its trials."""
     path = os.path.join(out, "results.json")
     with open(path) as f:
-        rows = json.load(f)["trials"]
-    builds = ["native", "portable"]
+        saved = json.load(f)
+    rows = saved["trials"]
+    machine = saved.get("cpu", "not recorded")
+    builds = [b for b in ("native", "portable") if any(r["build"] == b for r in rows)]
     weights = list(dict.fromkeys(r["weights"] for r in rows if r["part"] == "prefill"))
     trials = len({r["trial"] for r in rows})
 
@@ -238,11 +263,12 @@ def report(out):
                 "stock_over_exact": statistics.median(ratios(rows, "step", build, n)),
                 # one set of answers over every trial of the mode on this build
                 "exact_answers_stable": len(answer_sets(build, "exact", n)) == 1})
-    summary["exact_answers_equal_across_builds"] = {
-        str(n): answer_sets("native", "exact", n) == answer_sets("portable", "exact", n) for n in STEP_POINTS}
+    if len(builds) == 2:
+        summary["exact_answers_equal_across_builds"] = {
+            str(n): answer_sets("native", "exact", n) == answer_sets("portable", "exact", n) for n in STEP_POINTS}
 
     with open(path, "w") as f:
-        json.dump({"summary": summary, "trials": rows}, f, indent=1)
+        json.dump({"cpu": machine, "summary": summary, "trials": rows}, f, indent=1)
     with open(os.path.join(out, "trials.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "build", "mode", "part", "weights", "agents", "prefill_tok_s", "step_ms"])
@@ -250,8 +276,9 @@ def report(out):
             w.writerow([r["trial"], r["build"], r["mode"], r["part"], r["weights"], r["agents"],
                         round(r["prefill_tok_s"], 1), round(r["step_ms"], 2) if "step_ms" in r else ""])
     with open(os.path.join(out, "report.md"), "w") as f:
-        f.write("# Exact mode vs --no-exact on the native and the portable build\n\n"
-                f"One swarmkv binary on two builds of the pinned llama.cpp, {trials} alternated trials, "
+        f.write(f"# Exact mode vs --no-exact on the {' and the '.join(builds)} build\n\n"
+                f"CPU: {machine}.\n\n"
+                f"One swarmkv binary on {len(builds)} build(s) of the pinned llama.cpp, {trials} alternated trials, "
                 "2 threads (command.sh). Speeds are medians; ratios the median of the trials' own "
                 "ratios (each trial ran both modes back to back). Plot: plots/exact-over-stock.png.\n\n"
                 "## Prefill, README pipeline document (2,239 tokens)\n\n"
@@ -265,10 +292,11 @@ def report(out):
         for s in summary["steps"]:
             f.write(f"| {s['build']} | {s['agents']} | {s['exact_step_ms']:.1f} | {s['stock_step_ms']:.1f} | "
                     f"{s['stock_over_exact']:.2f}x | {'yes' if s['exact_answers_stable'] else 'NO'} |\n")
-        f.write("\nExact answers equal across the two builds: "
-                + ", ".join(f"{n} agents: {'yes' if v else 'no'}"
-                            for n, v in summary["exact_answers_equal_across_builds"].items())
-                + " (not promised: exact mode's answers are those of the same build's re-prefill).\n")
+        if "exact_answers_equal_across_builds" in summary:
+            f.write("\nExact answers equal across the two builds: "
+                    + ", ".join(f"{n} agents: {'yes' if v else 'no'}"
+                                for n, v in summary["exact_answers_equal_across_builds"].items())
+                    + " (not promised: exact mode's answers are those of the same build's re-prefill).\n")
     plot(out, rows, builds, weights)
     print(json.dumps(summary, indent=1))
 
