@@ -199,21 +199,8 @@ def timing(a, tmp):
                           flush=True)
 
     with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump({"cpu": cpu(), "trials": rows}, f, indent=1)
+        json.dump({"cpu": two_builds.cpu(), "trials": rows}, f, indent=1)
     report(a.out)
-
-
-def cpu():
-    """This machine's CPU model and the vector extensions that pick ggml's code paths."""
-    name, flags = "unknown", []
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name == "unknown":
-                name = value.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
-                flags = [x for x in value.split() if x.startswith(("avx", "fma", "f16c", "asimd", "sve"))]
-    return f"{name}, {os.cpu_count()} hardware threads ({' '.join(flags) or 'no vector flags listed'})"
 
 
 def ratios(rows, part, build, group):

@@ -30,7 +30,7 @@ import sys
 
 sys.dont_write_bytecode = True  # importing swarmbench must not leave a __pycache__ there
 from swarmbench import MODEL, ROOT, report  # noqa: E402
-from swarmbench.builds import requantised  # noqa: E402
+from swarmbench.builds import cpu_model, requantised  # noqa: E402
 from swarmbench.trials import log, run  # noqa: E402
 
 CACHE = os.environ.get("SWARMKV_CACHE", os.path.expanduser("~/.cache/swarmkv"))
@@ -101,7 +101,7 @@ def perplexity(path, text, arm):
             "env": env, "flags": flags}
 
 
-cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+cpu = cpu_model()
 results = {"environment": {"cpu": cpu, "cores": os.cpu_count(), "llama": llama,
                            "tiled_batch_invariant": tiles_invariant},
            "params": {"texts": texts, "n_ctx": 512, "threads": args.threads, "trials": 1,

@@ -5,7 +5,7 @@ arguments, the command.sh that reproduces a run, the environment that
 points the binary at one build's lib/ folder (its RUNPATH overridden with
 LD_LIBRARY_PATH), one `swarmkv bench` run on a build, and a model
 requantised once by a build's llama-quantize (bench/real_sizes.py,
-bench/perplexity.py).
+bench/perplexity.py), and the CPU that picked the builds' code paths.
 """
 import argparse
 import json
@@ -83,3 +83,25 @@ def requantised(bin_dir, src, weights, out, threads=None):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.replace(out + ".part", out)
     return out
+
+
+def cpu_model():
+    """This machine's CPU model name, from /proc/cpuinfo ("unknown" where it has none)."""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    return "unknown"
+
+
+def cpu():
+    """The CPU model, its hardware threads and the vector extensions that pick ggml's code paths."""
+    flags = []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                flags = [x for x in value.split() if x.startswith(("avx", "fma", "f16c", "asimd", "sve"))]
+                break
+    return f"{cpu_model()}, {os.cpu_count()} hardware threads ({' '.join(flags) or 'no vector flags listed'})"
