@@ -795,6 +795,60 @@ def info_names_slow_weight_types(ctx):
     assert "hint:" not in err, err
 
 
+# ------------------------------------------------------------------ repacked weights
+
+REPACK_DOCUMENT = " ".join(
+    f"Clause {i}. The tenant pays {100 + 7 * i} EUR on day {i % 28 + 1} of each month; "
+    f"late payment costs {i % 5 + 1} percent a week, and notice is {i % 3 + 1} months."
+    for i in range(1, 25))
+
+REPACK_AGENTS = """defaults: {max_tokens: 12, top_logprobs: 2}
+agents:
+  - {name: rent, prompt: "What does the tenant pay under clause 3?"}
+  - {name: late, prompt: "What does late payment cost under clause 7?"}
+  - {name: notice, prompt: "What notice does clause 11 give?"}
+  - {name: day, prompt: "On which day is clause 20's rent due?"}
+  - {name: sum, prompt: "Name two clauses and their sums."}
+"""
+
+
+def cpu_repacks_q4_0():
+    """Whether ggml repacks Q4_0 on this CPU: x86 with AVX2, ARM with dot products."""
+    with open("/proc/cpuinfo") as f:
+        flags = set()
+        for line in f:
+            if line.startswith(("flags", "Features")):
+                flags.update(line.split(":", 1)[1].split())
+    return "avx2" in flags or "asimddp" in flags
+
+
+@case
+def exact_q4_0_repacked_answers_equal_a_re_prefill(ctx):
+    """argv[5]: llama-quantize of the llama.cpp we build against; SWARMKV_TEST_QUANT (default
+    Q4_0) the weight type made from the F16 test model. Exact mode repacks Q4_0 for ggml's int8
+    gemm (four agents' rows at once) and gemv (the rest): every agent's tokens and log
+    probabilities, bits included, are the same under shared, host and none."""
+    quant = os.environ.get("SWARMKV_TEST_QUANT", "Q4_0")
+    model = ctx.path(f"model.{quant}.gguf")
+    q = subprocess.run([sys.argv[5], ctx.model, model, quant], capture_output=True, timeout=120)
+    assert q.returncode == 0, q.stderr.decode("utf-8", "replace")[-2000:]
+    ctx.write("doc.txt", REPACK_DOCUMENT)
+    pipeline = ctx.write("p.yaml", "document: {file: doc.txt}\n" + REPACK_AGENTS)
+    agents = {}
+    for fork in ("shared", "host", "none"):
+        rc, out, err = ctx.run("run", pipeline, "--model", model, "--fork", fork, "--json",
+                               env={"SWARMKV_LOG_LEVEL": "debug"} if fork == "shared" else None)
+        assert rc == 0, f"exit {rc}: {err[-2000:]}"
+        if fork == "shared" and cpu_repacks_q4_0():
+            # llama.cpp's load report: the weights went to the repack buffer.
+            assert re.search(r"CPU_REPACK model buffer size = +[1-9]", err), \
+                "exact mode loaded the weights without repacking: " + err[-2000:]
+        agents[fork] = [(a["name"], a["tokens"], a["logprobs"]) for a in json.loads(out)["agents"]]
+        assert len(agents[fork]) == 5 and all(a[1] for a in agents[fork]), agents[fork]
+    assert agents["shared"] == agents["none"], "shared differs from none"
+    assert agents["host"] == agents["none"], "host differs from none"
+
+
 # ------------------------------------------------------------------ a corpus
 
 CORPUS_AGENTS = """defaults: {max_tokens: 12}

@@ -6,22 +6,29 @@
 // (one token) gets the same bits whatever the other columns of its product
 // (none, a few, more than a tile holds) and the thread count, for every
 // weight type a model file commonly holds; and its result is within
-// rounding of the product in double precision.
+// rounding of the product in double precision. The same for the weights
+// exact mode lets into the CPU's extra buffer types (Q4_0 and IQ4_NL
+// repacked for ggml's int8 gemm and gemv), and no other weight goes there
+// under the switch.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <ggml-alloc.h>
+#include <ggml-backend.h>
 #include <ggml-cpu.h>
 #include <ggml.h>
 #include <gtest/gtest.h>
 
 extern "C" __attribute__((weak)) int ggml_cpu_has_fa_batch_invariant(void);
 extern "C" __attribute__((weak)) int ggml_cpu_has_tiled_batch_invariant(void);
+extern "C" __attribute__((weak)) int ggml_cpu_has_repack_batch_invariant(void);
 
 namespace {
 
@@ -66,16 +73,69 @@ Weights random_weights(ggml_type type, int k, int m, uint32_t seed) {
   return w;
 }
 
-// Columns `cols` of `x` (k floats each) times `w`, in one product on `threads` threads.
+// The CPU's extra buffer types (repacked weights, AMX where built), by name.
+std::vector<ggml_backend_buffer_type_t> extra_buffer_types() {
+  ggml_backend_reg_t reg = ggml_backend_cpu_reg();
+  auto get = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+      ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+  std::vector<ggml_backend_buffer_type_t> out;
+  if (get == nullptr) return out;
+  for (ggml_backend_buffer_type_t* b = get(ggml_backend_reg_dev_get(reg, 0)); *b != nullptr; ++b) {
+    out.push_back(*b);
+  }
+  return out;
+}
+
+ggml_backend_buffer_type_t repack_buffer_type() {
+  for (ggml_backend_buffer_type_t b : extra_buffer_types()) {
+    if (std::strcmp(ggml_backend_buft_name(b), "CPU_REPACK") == 0) return b;
+  }
+  return nullptr;
+}
+
+// Whether llama.cpp would place a weight of this type and shape in `buft`: it asks the CPU device
+// whether it supports the weight's product with the weight in a dummy buffer of that type.
+bool placed_in(ggml_backend_buffer_type_t buft, ggml_type type, int k, int m) {
+  ggml_init_params params{};
+  params.mem_size = 8 * ggml_tensor_overhead();
+  params.no_alloc = true;
+  ggml_context* ctx = ggml_init(params);
+  ggml_tensor* w = ggml_new_tensor_2d(ctx, type, k, m);
+  ggml_tensor* op = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, 2));
+  w->buffer = ggml_backend_buft_alloc_buffer(buft, 0);
+  const bool supported =
+      ggml_backend_dev_supports_op(ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0), op);
+  ggml_backend_buffer_free(w->buffer);
+  ggml_free(ctx);
+  return supported;
+}
+
+// Columns `cols` of `x` (k floats each) times `w`, in one product on `threads` threads; the
+// weights in `buft` (repacked there) when given, else in plain memory.
 Columns product(const Weights& w, const std::vector<std::vector<float>>& x,
-                const std::vector<int>& cols, int threads) {
+                const std::vector<int>& cols, int threads,
+                ggml_backend_buffer_type_t buft = nullptr) {
   const int n = static_cast<int>(cols.size());
   ggml_init_params params{};
   params.mem_size = 64u << 20;
   ggml_context* ctx = ggml_init(params);
-  ggml_tensor* a = ggml_new_tensor_2d(ctx, w.type, w.k, w.m);
+  ggml_context* weights_ctx = nullptr;
+  ggml_backend_buffer_t weights_buffer = nullptr;
+  ggml_tensor* a = nullptr;
+  if (buft != nullptr) {
+    ggml_init_params wp{};
+    wp.mem_size = 2 * ggml_tensor_overhead();
+    wp.no_alloc = true;
+    weights_ctx = ggml_init(wp);
+    a = ggml_new_tensor_2d(weights_ctx, w.type, w.k, w.m);
+    weights_buffer = ggml_backend_alloc_ctx_tensors_from_buft(weights_ctx, buft);
+    EXPECT_NE(a->extra, nullptr) << "the weights were not repacked";
+    ggml_backend_tensor_set(a, w.data.data(), 0, w.data.size());
+  } else {
+    a = ggml_new_tensor_2d(ctx, w.type, w.k, w.m);
+    std::memcpy(a->data, w.data.data(), w.data.size());
+  }
   ggml_tensor* b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w.k, n);
-  std::memcpy(a->data, w.data.data(), w.data.size());
   for (int j = 0; j < n; ++j) {
     std::memcpy(static_cast<float*>(b->data) + static_cast<size_t>(j) * w.k, x[cols[j]].data(),
                 sizeof(float) * w.k);
@@ -91,6 +151,8 @@ Columns product(const Weights& w, const std::vector<std::vector<float>>& x,
                 sizeof(float) * w.m);
   }
   ggml_free(ctx);
+  if (weights_buffer != nullptr) ggml_backend_buffer_free(weights_buffer);
+  if (weights_ctx != nullptr) ggml_free(weights_ctx);
   return result;
 }
 
@@ -131,66 +193,122 @@ std::vector<std::vector<float>> random_columns(int k, int n, uint32_t seed) {
   return x;
 }
 
-TEST(MatmulKernelTest, AColumnGetsTheSameBitsInAnyProductOnAnyThreads) {
-  if (!patched()) GTEST_SKIP() << "the linked ggml lacks our patches";
+// Each column alone on one thread, then among 2 to 70 columns on 1 to 3 threads: the same bits.
+// (Repacked weights: gemm takes the columns in fours, gemv the rest.)
+void expect_column_invariance(const Shape& s, ggml_backend_buffer_type_t buft) {
   constexpr int kColumns = 70;  // more than a 64-row tile
-  for (const Shape& s : kShapes) {
-    SCOPED_TRACE(describe(s));
-    const Weights w = random_weights(s.type, s.k, s.m, 11 + static_cast<uint32_t>(s.type));
-    const auto x = random_columns(s.k, kColumns, 5);
-    Columns alone;
-    for (int j = 0; j < kColumns; ++j) alone.push_back(product(w, x, {j}, 1)[0]);
-    for (int n : {2, 3, 4, 5, 6, 7, 8, 9, 16, 33, kColumns}) {
-      for (int threads : {1, 2, 3}) {
-        std::vector<int> cols;
-        for (int j = 0; j < n; ++j) cols.push_back((j * 7 + n) % kColumns);
-        const Columns got = product(w, x, cols, threads);
-        for (int j = 0; j < n; ++j) {
-          EXPECT_EQ(got[j], alone[cols[j]])
-              << "column " << cols[j] << " among " << n << " on " << threads << " threads";
-        }
+  const Weights w = random_weights(s.type, s.k, s.m, 11 + static_cast<uint32_t>(s.type));
+  const auto x = random_columns(s.k, kColumns, 5);
+  Columns alone;
+  for (int j = 0; j < kColumns; ++j) alone.push_back(product(w, x, {j}, 1, buft)[0]);
+  for (int n : {2, 3, 4, 5, 6, 7, 8, 9, 16, 33, kColumns}) {
+    for (int threads : {1, 2, 3}) {
+      std::vector<int> cols;
+      for (int j = 0; j < n; ++j) cols.push_back((j * 7 + n) % kColumns);
+      const Columns got = product(w, x, cols, threads, buft);
+      for (int j = 0; j < n; ++j) {
+        EXPECT_EQ(got[j], alone[cols[j]])
+            << "column " << cols[j] << " among " << n << " on " << threads << " threads";
       }
     }
   }
+}
+
+// The weight types exact mode lets into the repack buffer, and shapes it repacks (rows in
+// eights on x86, fours on ARM).
+const std::vector<Shape> kRepackedShapes = {
+    {GGML_TYPE_Q4_0, 768, 96}, {GGML_TYPE_Q4_0, 2048, 104}, {GGML_TYPE_IQ4_NL, 768, 96}};
+
+TEST(MatmulKernelTest, AColumnGetsTheSameBitsInAnyProductOnAnyThreads) {
+  if (!patched()) GTEST_SKIP() << "the linked ggml lacks our patches";
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(describe(s));
+    expect_column_invariance(s, nullptr);
+  }
+}
+
+TEST(MatmulKernelTest, ExactModeLetsNoOtherWeightIntoTheExtraBuffers) {
+  if (ggml_cpu_has_repack_batch_invariant == nullptr)
+    GTEST_SKIP() << "the linked ggml lacks our repack patch (exact mode loads without extra buffers)";
+  for (ggml_backend_buffer_type_t buft : extra_buffer_types()) {
+    const bool repack = std::strcmp(ggml_backend_buft_name(buft), "CPU_REPACK") == 0;
+    for (const Shape& s : kShapes) {
+      if (repack && (s.type == GGML_TYPE_Q4_0 || s.type == GGML_TYPE_IQ4_NL)) continue;
+      EXPECT_FALSE(placed_in(buft, s.type, s.k, s.m))
+          << describe(s) << " would be placed in " << ggml_backend_buft_name(buft);
+    }
+  }
+}
+
+TEST(MatmulKernelTest, RepackedWeightsGiveAColumnTheSameBitsInAnyProductOnAnyThreads) {
+  if (ggml_cpu_has_repack_batch_invariant == nullptr)
+    GTEST_SKIP() << "the linked ggml lacks our repack patch";
+  ggml_backend_buffer_type_t buft = repack_buffer_type();
+  int tested = 0;
+  for (const Shape& s : kRepackedShapes) {
+    if (buft == nullptr || !placed_in(buft, s.type, s.k, s.m)) continue;
+    SCOPED_TRACE(describe(s) + " repacked");
+    expect_column_invariance(s, buft);
+    ++tested;
+  }
+  if (tested == 0) GTEST_SKIP() << "this CPU repacks none of these weights (no AVX2, no dot products)";
+}
+
+// Five columns on two threads against the product in double precision.
+void expect_within_rounding(const Shape& s, ggml_backend_buffer_type_t buft) {
+  const Weights w = random_weights(s.type, s.k, s.m, 11 + static_cast<uint32_t>(s.type));
+  const auto x = random_columns(s.k, 5, 5);
+  const Columns got = product(w, x, {0, 1, 2, 3, 4}, 2, buft);
+  // The activations are rounded to the weights' vec_dot type first: F32
+  // not at all, F16 (11 bits), BF16 (8 bits), else q8_0 or q8_K blocks
+  // (a step of max|x| / 127). Relative to the dot product's scale,
+  // sqrt(k) for N(0, 1) inputs, the worst of 500 outputs measured: < 1e-6,
+  // 8e-4, 6e-3, 2.5e-2; F16 rows not in fours on ARM with fp16 arithmetic
+  // (ggml's own dot product, which sums in fp16 there) 3.1e-3.
+  const double bound = s.type == GGML_TYPE_F32    ? 1e-5
+                       : s.type == GGML_TYPE_F16  ? 5e-3
+                       : s.type == GGML_TYPE_BF16 ? 2e-2
+                                                  : 5e-2;
+  double worst = 0.0;
+  for (int j = 0; j < 5; ++j) {
+    for (int r = 0; r < s.m; ++r) {
+      double want = 0.0;
+      for (int i = 0; i < s.k; ++i) {
+        want += static_cast<double>(w.decoded[static_cast<size_t>(r) * s.k + i]) * x[j][i];
+      }
+      float f;
+      std::memcpy(&f, &got[j][r], sizeof f);
+      worst = std::max(worst, std::abs(f - want) / std::sqrt(static_cast<double>(s.k)));
+    }
+  }
+  EXPECT_LT(worst, bound);
+  testing::Test::RecordProperty(describe(s) + (buft != nullptr ? " repacked" : ""), std::to_string(worst));
 }
 
 TEST(MatmulKernelTest, EveryColumnIsWithinRoundingOfDoublePrecision) {
   if (!patched()) GTEST_SKIP() << "the linked ggml lacks our patches";
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(describe(s));
-    const Weights w = random_weights(s.type, s.k, s.m, 11 + static_cast<uint32_t>(s.type));
-    const auto x = random_columns(s.k, 5, 5);
-    const Columns got = product(w, x, {0, 1, 2, 3, 4}, 2);
-    // The activations are rounded to the weights' vec_dot type first: F32
-    // not at all, F16 (11 bits), BF16 (8 bits), else q8_0 or q8_K blocks
-    // (a step of max|x| / 127). Relative to the dot product's scale,
-    // sqrt(k) for N(0, 1) inputs, the worst of 500 outputs measured: < 1e-6,
-    // 8e-4, 6e-3, 2.5e-2; F16 rows not in fours on ARM with fp16 arithmetic
-    // (ggml's own dot product, which sums in fp16 there) 3.1e-3.
-    const double bound = s.type == GGML_TYPE_F32    ? 1e-5
-                         : s.type == GGML_TYPE_F16  ? 5e-3
-                         : s.type == GGML_TYPE_BF16 ? 2e-2
-                                                    : 5e-2;
-    double worst = 0.0;
-    for (int j = 0; j < 5; ++j) {
-      for (int r = 0; r < s.m; ++r) {
-        double want = 0.0;
-        for (int i = 0; i < s.k; ++i) {
-          want += static_cast<double>(w.decoded[static_cast<size_t>(r) * s.k + i]) * x[j][i];
-        }
-        float f;
-        std::memcpy(&f, &got[j][r], sizeof f);
-        worst = std::max(worst, std::abs(f - want) / std::sqrt(static_cast<double>(s.k)));
-      }
-    }
-    EXPECT_LT(worst, bound);
-    RecordProperty(describe(s), std::to_string(worst));
+    expect_within_rounding(s, nullptr);
+  }
+  ggml_backend_buffer_type_t buft = repack_buffer_type();
+  if (ggml_cpu_has_repack_batch_invariant == nullptr || buft == nullptr) return;
+  for (const Shape& s : kRepackedShapes) {
+    if (!placed_in(buft, s.type, s.k, s.m)) continue;
+    SCOPED_TRACE(describe(s) + " repacked");
+    expect_within_rounding(s, buft);
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // ggml logs each repacked tensor; keep warnings and errors only.
+  ggml_log_set(
+      [](ggml_log_level level, const char* text, void*) {
+        if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+      },
+      nullptr);
   setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
   // As Engine does: a ggml whose tiles are not batch-invariant keeps them off.
   if (ggml_cpu_has_tiled_batch_invariant == nullptr) setenv("GGML_CPU_TILED_MM", "0", 1);

@@ -52,8 +52,11 @@ struct ModelOptions {
   // default llama.cpp picks the kernel by the number of rows — repacked
   // quantised weights (its "extra buffer types"), ggml's tiled K-quant
   // matmul from 8 rows, llamafile's sgemm from 2 rows, ggml's vec_dot for
-  // one — and each rounds a row differently. On: no repacking and,
-  // process-wide, GGML_CPU_TILED_MM=0, GGML_CPU_SGEMM_SINGLE_ROW=1 and
+  // one — and each rounds a row differently. On: only the weights whose
+  // repacked kernels round a row alike at every row count are repacked
+  // (Q4_0 and IQ4_NL; none with a llama.cpp without our patches) and,
+  // process-wide, GGML_CPU_SGEMM_SINGLE_ROW=1, GGML_CPU_TILED_MM=0 (only
+  // where the tiles lack our patch) and
   // (unless set) GGML_CPU_FA_BATCH_INVARIANT=1 (our llama.cpp patches),
   // which ggml reads once, at the first such kernel: Model::load with this
   // on throws Error(kInvalidArgument) once any context of the process

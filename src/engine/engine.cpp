@@ -168,6 +168,10 @@ extern "C" __attribute__((weak)) int ggml_cpu_has_fa_batch_invariant(void);
 // Defined by scripts/patches/ggml-sgemm-single-row.patch (its tiled K-quant
 // kernels give a column the same bits at every column count).
 extern "C" __attribute__((weak)) int ggml_cpu_has_tiled_batch_invariant(void);
+// Defined by the same patch where, under GGML_CPU_SGEMM_SINGLE_ROW=1, the CPU's
+// extra buffer types take only weights whose products are batch-invariant
+// (repacked Q4_0 and IQ4_NL; no AMX): exact mode may then load with them.
+extern "C" __attribute__((weak)) int ggml_cpu_has_repack_batch_invariant(void);
 
 namespace {
 
@@ -256,7 +260,8 @@ std::shared_ptr<const Model> Model::load(const std::string& path, const ModelOpt
   }
   llama_model_params params = llama_model_default_params();
   params.n_gpu_layers = options.n_gpu_layers;
-  params.use_extra_bufts = !loaded_options.batch_invariant;
+  params.use_extra_bufts =
+      !loaded_options.batch_invariant || ggml_cpu_has_repack_batch_invariant != nullptr;
   params.no_alloc = options.metadata_only;
   if (options.metadata_only) params.load_mode = LLAMA_LOAD_MODE_NONE;  // no_alloc maps nothing
   if (loaded_options.batch_invariant) row_invariant_kernels();
