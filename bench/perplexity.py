@@ -9,8 +9,10 @@ For every model x weight file x text, llama-perplexity of the pinned build,
          row_invariant_kernels; Model::load, Context): GGML_CPU_SGEMM_SINGLE_ROW=1,
          GGML_CPU_FA_BATCH_INVARIANT=1 (and GGML_CPU_TILED_MM=0 only where
          libggml-cpu lacks ggml_cpu_has_tiled_batch_invariant), flash attention
-         on, q8_0 K/V, no weight repacking (use_extra_bufts = false):
-         `-fa on -ctk q8_0 -ctv q8_0 --no-repack`
+         on, q8_0 K/V, and repacking as exact mode does it: with a libggml-cpu that has
+         ggml_cpu_has_repack_batch_invariant the switch itself keeps every weight type but
+         Q4_0 and IQ4_NL out of the repack buffer, else none is repacked (`--no-repack`):
+         `-fa on -ctk q8_0 -ctv q8_0 [--no-repack]`
   stock  llama-perplexity's defaults: no switches, -fa auto, f16 K/V, repacking
 
 The weight files besides the shipped ones are made once into --cache with
@@ -52,6 +54,8 @@ ap.add_argument("--cache", default=os.path.join(CACHE, "perplexity"), help="wher
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--arms", default="exact,stock,exact-f16kv", help="which arms to measure (table: exact, stock)")
 ap.add_argument("--resume", action="store_true", help="keep the points OUT/results.json has")
+ap.add_argument("--weights", help="only these MODEL:WEIGHTS, comma-separated (default: all), e.g. "
+                                  "SmolLM2-135M:F16,SmolLM2-135M:Q4_0 (a model's first weights are its base)")
 args = ap.parse_args()
 
 llama = args.llama or subprocess.run([os.path.join(ROOT, "scripts", "build-llama.sh")], capture_output=True,
@@ -66,12 +70,17 @@ report.write_command(args.out)
 cpu_lib = os.path.join(llama, "lib", "libggml-cpu.so")
 tiles_invariant = "ggml_cpu_has_tiled_batch_invariant" in subprocess.run(
     ["nm", "-D", cpu_lib], capture_output=True, text=True).stdout
+repack_invariant = "ggml_cpu_has_repack_batch_invariant" in subprocess.run(
+    ["nm", "-D", cpu_lib], capture_output=True, text=True).stdout
+if args.weights:
+    WEIGHTS = [w for w in WEIGHTS if f"{w[0]}:{w[1]}" in args.weights.split(",")]
 exact_env = {"GGML_CPU_SGEMM_SINGLE_ROW": "1", "GGML_CPU_FA_BATCH_INVARIANT": "1"}
 if not tiles_invariant:
     exact_env["GGML_CPU_TILED_MM"] = "0"
-ARMS = {"exact": (exact_env, ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "--no-repack"]), "stock": ({}, []),
+no_repack = [] if repack_invariant else ["--no-repack"]
+ARMS = {"exact": (exact_env, ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", *no_repack]), "stock": ({}, []),
         # exact's kernels with stock's f16 K/V: splits exact vs stock into the K/V type and the kernels
-        "exact-f16kv": (exact_env, ["-fa", "on", "--no-repack"])}
+        "exact-f16kv": (exact_env, ["-fa", "on", *no_repack])}
 SWITCHES = ("GGML_CPU_SGEMM_SINGLE_ROW", "GGML_CPU_FA_BATCH_INVARIANT", "GGML_CPU_TILED_MM", "LLAMA_ARG_FLASH_ATTN",
             "LLAMA_ARG_REPACK")
 base_env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
@@ -103,7 +112,7 @@ def perplexity(path, text, arm):
 
 cpu = cpu_model()
 results = {"environment": {"cpu": cpu, "cores": os.cpu_count(), "llama": llama,
-                           "tiled_batch_invariant": tiles_invariant},
+                           "tiled_batch_invariant": tiles_invariant, "repack_batch_invariant": repack_invariant},
            "params": {"texts": texts, "n_ctx": 512, "threads": args.threads, "trials": 1,
                       "arms": {a: {"env": e, "flags": f} for a, (e, f) in ARMS.items()}},
            "points": old.get("points", []), "kld": old.get("kld", {})}
