@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -229,7 +229,8 @@ TEST(MatmulKernelTest, AColumnGetsTheSameBitsInAnyProductOnAnyThreads) {
 
 TEST(MatmulKernelTest, ExactModeLetsNoOtherWeightIntoTheExtraBuffers) {
   if (ggml_cpu_has_repack_batch_invariant == nullptr)
-    GTEST_SKIP() << "the linked ggml lacks our repack patch (exact mode loads without extra buffers)";
+    GTEST_SKIP()
+        << "the linked ggml lacks our repack patch (exact mode loads without extra buffers)";
   for (ggml_backend_buffer_type_t buft : extra_buffer_types()) {
     const bool repack = std::strcmp(ggml_backend_buft_name(buft), "CPU_REPACK") == 0;
     for (const Shape& s : kShapes) {
@@ -251,7 +252,8 @@ TEST(MatmulKernelTest, RepackedWeightsGiveAColumnTheSameBitsInAnyProductOnAnyThr
     expect_column_invariance(s, buft);
     ++tested;
   }
-  if (tested == 0) GTEST_SKIP() << "this CPU repacks none of these weights (no AVX2, no dot products)";
+  if (tested == 0)
+    GTEST_SKIP() << "this CPU repacks none of these weights (no AVX2, no dot products)";
 }
 
 // Five columns on two threads against the product in double precision.
@@ -282,7 +284,8 @@ void expect_within_rounding(const Shape& s, ggml_backend_buffer_type_t buft) {
     }
   }
   EXPECT_LT(worst, bound);
-  testing::Test::RecordProperty(describe(s) + (buft != nullptr ? " repacked" : ""), std::to_string(worst));
+  testing::Test::RecordProperty(describe(s) + (buft != nullptr ? " repacked" : ""),
+                                std::to_string(worst));
 }
 
 TEST(MatmulKernelTest, EveryColumnIsWithinRoundingOfDoublePrecision) {
