@@ -256,6 +256,56 @@ TEST(MatmulKernelTest, RepackedWeightsGiveAColumnTheSameBitsInAnyProductOnAnyThr
     GTEST_SKIP() << "this CPU repacks none of these weights (no AVX2, no dot products)";
 }
 
+// A model loaded before exact mode's switch was set (another model of the process, say) keeps the
+// layout its weights were given: the CPU still runs its products, only new weights are refused.
+TEST(MatmulKernelTest, AWeightRepackedBeforeTheSwitchKeepsItsKernel) {
+  if (ggml_cpu_has_repack_batch_invariant == nullptr)
+    GTEST_SKIP() << "the linked ggml lacks our repack patch";
+  ggml_backend_buffer_type_t buft = repack_buffer_type();
+  const Shape s{GGML_TYPE_Q4_K, 768, 96};
+  unsetenv("GGML_CPU_SGEMM_SINGLE_ROW");
+  if (buft == nullptr || !placed_in(buft, s.type, s.k, s.m)) {
+    setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
+    GTEST_SKIP() << "this CPU does not repack " << describe(s);
+  }
+  const Weights w = random_weights(s.type, s.k, s.m, 7);
+  ggml_init_params wp{};
+  wp.mem_size = 2 * ggml_tensor_overhead();
+  wp.no_alloc = true;
+  ggml_context* weights_ctx = ggml_init(wp);
+  ggml_tensor* a = ggml_new_tensor_2d(weights_ctx, w.type, w.k, w.m);
+  ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors_from_buft(weights_ctx, buft);
+  ggml_backend_tensor_set(a, w.data.data(), 0, w.data.size());
+  setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
+
+  EXPECT_FALSE(placed_in(buft, s.type, s.k, s.m)) << "a new weight is still taken";
+  ggml_init_params params{};
+  params.mem_size = 16u << 20;
+  ggml_context* ctx = ggml_init(params);
+  ggml_tensor* b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w.k, 4);
+  const auto x = random_columns(s.k, 4, 5);
+  for (int j = 0; j < 4; ++j) {
+    std::memcpy(static_cast<float*>(b->data) + static_cast<size_t>(j) * w.k, x[j].data(),
+                sizeof(float) * w.k);
+  }
+  ggml_tensor* out = ggml_mul_mat(ctx, a, b);
+  EXPECT_TRUE(
+      ggml_backend_dev_supports_op(ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0), out))
+      << "the CPU refuses the product of a weight it repacked before the switch";
+  ggml_cgraph* graph = ggml_new_graph(ctx);
+  ggml_build_forward_expand(graph, out);
+  ASSERT_EQ(ggml_graph_compute_with_ctx(ctx, graph, 2), GGML_STATUS_SUCCESS);
+  double want = 0.0;
+  for (int i = 0; i < s.k; ++i) want += static_cast<double>(w.decoded[i]) * x[0][i];
+  EXPECT_LT(std::abs(static_cast<const float*>(out->data)[0] - want) /
+                std::sqrt(static_cast<double>(s.k)),
+            5e-2)
+      << "the repacked product is not the weights' (row 0, column 0)";
+  ggml_free(ctx);
+  ggml_backend_buffer_free(buffer);
+  ggml_free(weights_ctx);
+}
+
 // Five columns on two threads against the product in double precision.
 void expect_within_rounding(const Shape& s, ggml_backend_buffer_type_t buft) {
   const Weights w = random_weights(s.type, s.k, s.m, 11 + static_cast<uint32_t>(s.type));
