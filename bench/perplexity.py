@@ -68,10 +68,9 @@ old = json.load(open(results_path)) if args.resume and os.path.exists(results_pa
 report.write_command(args.out)
 
 cpu_lib = os.path.join(llama, "lib", "libggml-cpu.so")
-tiles_invariant = "ggml_cpu_has_tiled_batch_invariant" in subprocess.run(
-    ["nm", "-D", cpu_lib], capture_output=True, text=True).stdout
-repack_invariant = "ggml_cpu_has_repack_batch_invariant" in subprocess.run(
-    ["nm", "-D", cpu_lib], capture_output=True, text=True).stdout
+cpu_symbols = subprocess.run(["nm", "-D", cpu_lib], capture_output=True, text=True).stdout
+tiles_invariant = "ggml_cpu_has_tiled_batch_invariant" in cpu_symbols
+repack_invariant = "ggml_cpu_has_repack_batch_invariant" in cpu_symbols
 if args.weights:
     WEIGHTS = [w for w in WEIGHTS if f"{w[0]}:{w[1]}" in args.weights.split(",")]
 exact_env = {"GGML_CPU_SGEMM_SINGLE_ROW": "1", "GGML_CPU_FA_BATCH_INVARIANT": "1"}
