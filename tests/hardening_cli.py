@@ -9,6 +9,7 @@ registered only when the build has a test model. Every child runs with a
 time limit; the memory cases also under an address-space limit, so that a
 regression fails the test instead of the machine.
 """
+import concurrent.futures
 import json
 import os
 import re
@@ -427,10 +428,10 @@ def bench_second_ctrl_c_exits_at_once(ctx):
     assert waited < 2, f"took {waited:.1f} s after the second Ctrl-C"
 
 
-def serve_process(ctx, *extra):
-    """`swarmkv serve --port 0` and the port it printed."""
+def serve_process(ctx, *extra, model=None):
+    """`swarmkv serve --port 0` (on `model`, else the test model) and the port it printed."""
     env = dict(os.environ, SWARMKV_CACHE=ctx.path("cache"))
-    p = subprocess.Popen([ctx.cli, "serve", "--port", "0", "--model", ctx.model, *extra],
+    p = subprocess.Popen([ctx.cli, "serve", "--port", "0", "--model", model or ctx.model, *extra],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:
         m = re.match(r"swarmkv serve: http://127\.0\.0\.1:(\d+)/v1", line)
@@ -827,7 +828,8 @@ def exact_q4_0_repacked_answers_equal_a_re_prefill(ctx):
     """argv[5]: llama-quantize of the llama.cpp we build against; SWARMKV_TEST_QUANT (default
     Q4_0) the weight type made from the F16 test model. Exact mode repacks Q4_0 for ggml's int8
     gemm (four agents' rows at once) and gemv (the rest): every agent's tokens and log
-    probabilities, bits included, are the same under shared, host and none."""
+    probabilities, bits included, are the same under shared, host and none, and through serve
+    a chat's are the same asked alone and among five at once."""
     quant = os.environ.get("SWARMKV_TEST_QUANT", "Q4_0")
     model = ctx.path(f"model.{quant}.gguf")
     q = subprocess.run([sys.argv[5], ctx.model, model, quant], capture_output=True, timeout=120)
@@ -847,6 +849,33 @@ def exact_q4_0_repacked_answers_equal_a_re_prefill(ctx):
         assert len(agents[fork]) == 5 and all(a[1] for a in agents[fork]), agents[fork]
     assert agents["shared"] == agents["none"], "shared differs from none"
     assert agents["host"] == agents["none"], "host differs from none"
+    # serve's door: each question asked alone first (--max-cached 0: nothing kept to fork, so
+    # its whole prompt is prefilled and its steps are one row), then all five at once on a
+    # server that forks the document and steps them in one batch (the repacked gemm's columns in
+    # fours, the gemv the rest): the same tokens and log probabilities, bits included.
+    questions = re.findall(r'prompt: "([^"]+)"', REPACK_AGENTS)
+    bodies = [{"messages": [{"role": "user", "content": REPACK_DOCUMENT + "\n\n" + q}],
+               "max_tokens": 12, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+              for q in questions]
+
+    def answers(concurrently, *extra):  # no snapshot store: the runs above filled one
+        srv, port = serve_process(ctx, "--snapshot-cache", "off", *extra, model=model)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(len(bodies) if concurrently else 1) as pool:
+                got = list(pool.map(lambda b: json.loads(
+                    http(port, "/v1/chat/completions", b, timeout=120)[1]), bodies))
+            reused = re.search(r"^swarmkv_reused_tokens_total (\S+)", http(port, "/metrics")[1], re.M)
+            return got, float(reused.group(1))
+        finally:
+            srv.kill()
+            srv.wait(10)
+
+    alone, reused_alone = answers(False, "--max-cached", "0")
+    together, reused_together = answers(True)
+    assert reused_alone == 0 and reused_together > 0, (reused_alone, reused_together)
+    for q, a, b in zip(questions, alone, together):
+        assert a["choices"][0]["message"] == b["choices"][0]["message"], (q, a, b)
+        assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"], f"{q}: logprobs differ"
 
 
 # ------------------------------------------------------------------ a corpus

@@ -33,7 +33,8 @@ void EngineFlags::add_to(CLI::App* app) {
       "exact mode (file key exact; default on): batch-invariant decoding, so that every "
       "answer equals --fork none's, a re-prefill's, token for token under every fork strategy "
       "and with needs: flash attention through our batch-invariant kernel, no cell reused while "
-      "agents run, batch-invariant matmuls, no weight repacking (our llama.cpp patches; a "
+      "agents run, batch-invariant matmuls, of the repacked weight layouts only Q4_0's and "
+      "IQ4_NL's (our llama.cpp patches; a "
       "llama.cpp without them, or layers on a GPU, runs without, says why once and reports "
       "exact false). --no-exact: llama.cpp's stock kernels, whose rounding depends on the "
       "other tokens of a decode call (docs/exact-mode.md)");
