@@ -441,6 +441,36 @@ def shared_on_workers_matches_the_reference(c):
 
 
 @case
+def repacked_q4_0_on_workers_equals_local(c):
+    """Q4_0 weights, made from the test model by the llama-quantize of the
+    llama.cpp we build against ($SWARMKV_TEST_QUANTIZE): exact mode repacks
+    them on every side (ggml's int8 gemm and gemv), and two workers' --fork
+    shared answers and logprobs equal the local --fork none's."""
+    q4 = os.path.join(c.tmp, "model.Q4_0.gguf")
+    q = subprocess.run([os.environ["SWARMKV_TEST_QUANTIZE"], c.model, q4, "Q4_0"],
+                       capture_output=True, timeout=120)
+    assert q.returncode == 0, q.stderr.decode("utf-8", "replace")[-2000:]
+    c.model = q4
+    c.use_small_pipeline()
+    with open(c.pipeline) as f:
+        spec = f.read()
+    with open(c.pipeline, "w") as f:
+        f.write(spec.replace("max_tokens: 24", "max_tokens: 24\n  top_logprobs: 2", 1))
+    c.start_redis()
+    c.start_worker("w1")
+    c.start_worker("w2")
+    rc, out, err = c.run("--redis", c.url(), "--fork", "shared", "--json", "--timeout", "300")
+    assert rc == 0, err
+    remote, local = json.loads(out), c.local("none")
+    assert remote["model"].endswith("model.Q4_0.gguf"), remote["model"]
+    expect_equal_answers(remote, local)
+    r, l = agents_by_name(remote), agents_by_name(local)
+    for name in l:
+        assert r[name]["logprobs"] == l[name]["logprobs"], f"agent {name}: logprobs differ"
+    stop_worker(c, "w1")
+
+
+@case
 def q8_0_kv_on_workers_equals_local(c):
     """kv_type q8_0 travels with the job: two workers answer as the local
     --fork none of the same K/V type does, token for token (exact holds over
