@@ -414,12 +414,11 @@ def needs_on_workers_equal_local(c):
     stop_worker(c, "w1")
 
 
-@case
-def shared_on_workers_matches_the_reference(c):
-    """--fork shared on the workers: every agent ok and, exact by default, every
-    answer equals --fork none's token for token, and so do the logprobs an
-    agent asks for (top_logprobs travels with the job, its logprobs with the
-    result)."""
+def shared_on_two_workers_equals_none(c):
+    """The small pipeline with top_logprobs 2 run --fork shared on two
+    workers: every agent ok, its answer equal to a local --fork none's token
+    for token, and so are its logprobs (top_logprobs travels with the job,
+    the logprobs with the result). The remote result."""
     c.use_small_pipeline()
     with open(c.pipeline) as f:
         spec = f.read()
@@ -437,7 +436,15 @@ def shared_on_workers_matches_the_reference(c):
     r, l = agents_by_name(remote), agents_by_name(local)
     for name in l:
         assert len(l[name]["logprobs"]) == len(l[name]["tokens"]), l[name]
-        assert r[name]["logprobs"] == l[name]["logprobs"], name
+        assert r[name]["logprobs"] == l[name]["logprobs"], f"agent {name}: logprobs differ"
+    return remote
+
+
+@case
+def shared_on_workers_matches_the_reference(c):
+    """--fork shared on the workers: exact by default, every answer and its
+    logprobs equal --fork none's."""
+    shared_on_two_workers_equals_none(c)
 
 
 @case
@@ -451,22 +458,8 @@ def repacked_q4_0_on_workers_equals_local(c):
                        capture_output=True, timeout=120)
     assert q.returncode == 0, q.stderr.decode("utf-8", "replace")[-2000:]
     c.model = q4
-    c.use_small_pipeline()
-    with open(c.pipeline) as f:
-        spec = f.read()
-    with open(c.pipeline, "w") as f:
-        f.write(spec.replace("max_tokens: 24", "max_tokens: 24\n  top_logprobs: 2", 1))
-    c.start_redis()
-    c.start_worker("w1")
-    c.start_worker("w2")
-    rc, out, err = c.run("--redis", c.url(), "--fork", "shared", "--json", "--timeout", "300")
-    assert rc == 0, err
-    remote, local = json.loads(out), c.local("none")
+    remote = shared_on_two_workers_equals_none(c)
     assert remote["model"].endswith("model.Q4_0.gguf"), remote["model"]
-    expect_equal_answers(remote, local)
-    r, l = agents_by_name(remote), agents_by_name(local)
-    for name in l:
-        assert r[name]["logprobs"] == l[name]["logprobs"], f"agent {name}: logprobs differ"
     stop_worker(c, "w1")
 
 
