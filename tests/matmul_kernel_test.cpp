@@ -11,6 +11,7 @@
 // repacked for ggml's int8 gemm and gemv), and no other weight goes there
 // under the switch.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -93,67 +94,99 @@ ggml_backend_buffer_type_t repack_buffer_type() {
   return nullptr;
 }
 
-// Whether llama.cpp would place a weight of this type and shape in `buft`: it asks the CPU device
-// whether it supports the weight's product with the weight in a dummy buffer of that type.
+// Whether the CPU device runs the product of weight `a` (llama.cpp's question before it places a
+// weight in a buffer, and before it schedules the product on the CPU).
+bool cpu_runs_product_of(ggml_tensor* a) {
+  ggml_init_params params{};
+  params.mem_size = 4 * ggml_tensor_overhead();
+  params.no_alloc = true;
+  ggml_context* ctx = ggml_init(params);
+  ggml_tensor* op = ggml_mul_mat(ctx, a, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, a->ne[0], 2));
+  const bool supported =
+      ggml_backend_dev_supports_op(ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0), op);
+  ggml_free(ctx);
+  return supported;
+}
+
+// Whether llama.cpp would place a weight of this type and shape in `buft`: the CPU device is asked
+// about the weight's product with the weight in a dummy buffer of that type.
 bool placed_in(ggml_backend_buffer_type_t buft, ggml_type type, int k, int m) {
   ggml_init_params params{};
-  params.mem_size = 8 * ggml_tensor_overhead();
+  params.mem_size = 2 * ggml_tensor_overhead();
   params.no_alloc = true;
   ggml_context* ctx = ggml_init(params);
   ggml_tensor* w = ggml_new_tensor_2d(ctx, type, k, m);
-  ggml_tensor* op = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, 2));
   w->buffer = ggml_backend_buft_alloc_buffer(buft, 0);
-  const bool supported =
-      ggml_backend_dev_supports_op(ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0), op);
+  const bool supported = cpu_runs_product_of(w);
   ggml_backend_buffer_free(w->buffer);
   ggml_free(ctx);
   return supported;
 }
 
-// Columns `cols` of `x` (k floats each) times `w`, in one product on `threads` threads; the
-// weights in `buft` (repacked there) when given, else in plain memory.
-Columns product(const Weights& w, const std::vector<std::vector<float>>& x,
-                const std::vector<int>& cols, int threads,
-                ggml_backend_buffer_type_t buft = nullptr) {
+// A weight tensor holding `w`: in `buft` (repacked there) when given, else in plain memory.
+class PlacedWeight {
+ public:
+  PlacedWeight(const Weights& w, ggml_backend_buffer_type_t buft) {
+    ggml_init_params params{};
+    params.mem_size = 2 * ggml_tensor_overhead() + (buft == nullptr ? w.data.size() + 64 : 0);
+    params.no_alloc = buft != nullptr;
+    ctx_ = ggml_init(params);
+    tensor_ = ggml_new_tensor_2d(ctx_, w.type, w.k, w.m);
+    if (buft != nullptr) {
+      buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, buft);
+      EXPECT_NE(tensor_->extra, nullptr) << "the weights were not repacked";
+      ggml_backend_tensor_set(tensor_, w.data.data(), 0, w.data.size());
+    } else {
+      std::memcpy(tensor_->data, w.data.data(), w.data.size());
+    }
+  }
+  ~PlacedWeight() {
+    if (buffer_ != nullptr) ggml_backend_buffer_free(buffer_);
+    ggml_free(ctx_);
+  }
+  PlacedWeight(const PlacedWeight&) = delete;
+  PlacedWeight& operator=(const PlacedWeight&) = delete;
+  ggml_tensor* tensor() const { return tensor_; }
+
+ private:
+  ggml_context* ctx_ = nullptr;
+  ggml_backend_buffer_t buffer_ = nullptr;
+  ggml_tensor* tensor_ = nullptr;
+};
+
+// Columns `cols` of `x` (k floats each) times the weight `a`, in one product on `threads` threads.
+Columns product(ggml_tensor* a, const std::vector<std::vector<float>>& x,
+                const std::vector<int>& cols, int threads) {
   const int n = static_cast<int>(cols.size());
+  const int64_t k = a->ne[0];
+  const int64_t m = a->ne[1];
   ggml_init_params params{};
   params.mem_size = 64u << 20;
   ggml_context* ctx = ggml_init(params);
-  ggml_context* weights_ctx = nullptr;
-  ggml_backend_buffer_t weights_buffer = nullptr;
-  ggml_tensor* a = nullptr;
-  if (buft != nullptr) {
-    ggml_init_params wp{};
-    wp.mem_size = 2 * ggml_tensor_overhead();
-    wp.no_alloc = true;
-    weights_ctx = ggml_init(wp);
-    a = ggml_new_tensor_2d(weights_ctx, w.type, w.k, w.m);
-    weights_buffer = ggml_backend_alloc_ctx_tensors_from_buft(weights_ctx, buft);
-    EXPECT_NE(a->extra, nullptr) << "the weights were not repacked";
-    ggml_backend_tensor_set(a, w.data.data(), 0, w.data.size());
-  } else {
-    a = ggml_new_tensor_2d(ctx, w.type, w.k, w.m);
-    std::memcpy(a->data, w.data.data(), w.data.size());
-  }
-  ggml_tensor* b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w.k, n);
+  ggml_tensor* b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n);
   for (int j = 0; j < n; ++j) {
-    std::memcpy(static_cast<float*>(b->data) + static_cast<size_t>(j) * w.k, x[cols[j]].data(),
-                sizeof(float) * w.k);
+    std::memcpy(static_cast<float*>(b->data) + static_cast<size_t>(j) * k, x[cols[j]].data(),
+                sizeof(float) * k);
   }
   ggml_tensor* out = ggml_mul_mat(ctx, a, b);
   ggml_cgraph* graph = ggml_new_graph(ctx);
   ggml_build_forward_expand(graph, out);
   EXPECT_EQ(ggml_graph_compute_with_ctx(ctx, graph, threads), GGML_STATUS_SUCCESS);
-  Columns result(n, std::vector<uint32_t>(static_cast<size_t>(w.m)));
+  Columns result(n, std::vector<uint32_t>(static_cast<size_t>(m)));
   for (int j = 0; j < n; ++j) {
-    std::memcpy(result[j].data(),
-                static_cast<const float*>(out->data) + static_cast<size_t>(j) * w.m,
-                sizeof(float) * w.m);
+    std::memcpy(result[j].data(), static_cast<const float*>(out->data) + static_cast<size_t>(j) * m,
+                sizeof(float) * m);
   }
   ggml_free(ctx);
-  if (weights_buffer != nullptr) ggml_backend_buffer_free(weights_buffer);
-  if (weights_ctx != nullptr) ggml_free(weights_ctx);
   return result;
+}
+
+// The same with the weights `w` placed in `buft` (repacked there) when given, else in plain memory.
+Columns product(const Weights& w, const std::vector<std::vector<float>>& x,
+                const std::vector<int>& cols, int threads,
+                ggml_backend_buffer_type_t buft = nullptr) {
+  const PlacedWeight a(w, buft);
+  return product(a.tensor(), x, cols, threads);
 }
 
 bool patched() {
@@ -269,41 +302,18 @@ TEST(MatmulKernelTest, AWeightRepackedBeforeTheSwitchKeepsItsKernel) {
     GTEST_SKIP() << "this CPU does not repack " << describe(s);
   }
   const Weights w = random_weights(s.type, s.k, s.m, 7);
-  ggml_init_params wp{};
-  wp.mem_size = 2 * ggml_tensor_overhead();
-  wp.no_alloc = true;
-  ggml_context* weights_ctx = ggml_init(wp);
-  ggml_tensor* a = ggml_new_tensor_2d(weights_ctx, w.type, w.k, w.m);
-  ggml_backend_buffer_t buffer = ggml_backend_alloc_ctx_tensors_from_buft(weights_ctx, buft);
-  ggml_backend_tensor_set(a, w.data.data(), 0, w.data.size());
+  const PlacedWeight a(w, buft);
   setenv("GGML_CPU_SGEMM_SINGLE_ROW", "1", /*overwrite=*/1);
 
   EXPECT_FALSE(placed_in(buft, s.type, s.k, s.m)) << "a new weight is still taken";
-  ggml_init_params params{};
-  params.mem_size = 16u << 20;
-  ggml_context* ctx = ggml_init(params);
-  ggml_tensor* b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w.k, 4);
-  const auto x = random_columns(s.k, 4, 5);
-  for (int j = 0; j < 4; ++j) {
-    std::memcpy(static_cast<float*>(b->data) + static_cast<size_t>(j) * w.k, x[j].data(),
-                sizeof(float) * w.k);
-  }
-  ggml_tensor* out = ggml_mul_mat(ctx, a, b);
-  EXPECT_TRUE(
-      ggml_backend_dev_supports_op(ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0), out))
+  EXPECT_TRUE(cpu_runs_product_of(a.tensor()))
       << "the CPU refuses the product of a weight it repacked before the switch";
-  ggml_cgraph* graph = ggml_new_graph(ctx);
-  ggml_build_forward_expand(graph, out);
-  ASSERT_EQ(ggml_graph_compute_with_ctx(ctx, graph, 2), GGML_STATUS_SUCCESS);
+  const auto x = random_columns(s.k, 4, 5);
+  const float got = std::bit_cast<float>(product(a.tensor(), x, {0, 1, 2, 3}, 2)[0][0]);
   double want = 0.0;
   for (int i = 0; i < s.k; ++i) want += static_cast<double>(w.decoded[i]) * x[0][i];
-  EXPECT_LT(std::abs(static_cast<const float*>(out->data)[0] - want) /
-                std::sqrt(static_cast<double>(s.k)),
-            5e-2)
+  EXPECT_LT(std::abs(got - want) / std::sqrt(static_cast<double>(s.k)), 5e-2)
       << "the repacked product is not the weights' (row 0, column 0)";
-  ggml_free(ctx);
-  ggml_backend_buffer_free(buffer);
-  ggml_free(weights_ctx);
 }
 
 // Five columns on two threads against the product in double precision.
